@@ -1,0 +1,20 @@
+"""Stage `curate`: sources -> one schema -> dedup -> train / held-out test splits."""
+from __future__ import annotations
+
+from prefect import flow
+
+from flows.stage import finish, main
+from rung import config, layout, tracking
+from tasks import data as data_tasks
+
+
+@flow(name="curate")
+def curate(params_file: str = str(layout.PARAMS)) -> None:
+    params = config.load(params_file)
+    with tracking.stage_run("curate", params, logged={"seed": params.seed, "curate": params.curate.model_dump()}, inputs={}):
+        stats = data_tasks.curate(params.curate, params.seed, layout.TRAIN, layout.TEST)
+        finish("curate", stats)
+
+
+if __name__ == "__main__":
+    main(curate)

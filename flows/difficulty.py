@@ -1,0 +1,30 @@
+"""Stage `difficulty`: pass rate of each train prompt under the base model; the filtered train set."""
+from __future__ import annotations
+
+from prefect import flow
+
+from flows.stage import finish, main
+from rung import config, difficulty as diff, io, layout, tracking
+from rung.errors import InputError
+from rung.seeding import derive
+from tasks import generation
+
+
+@flow(name="difficulty")
+def difficulty(params_file: str = str(layout.PARAMS)) -> None:
+    params = config.load(params_file)
+    p = params.difficulty
+    logged = {"seed": params.seed, "difficulty": p.model_dump(), "format": params.format.model_dump()}
+    with tracking.stage_run("difficulty", params, logged, inputs={"model": layout.BASE, "train": layout.TRAIN}):
+        rows = io.read_jsonl(layout.TRAIN)[: p.max_prompts]
+        scores = generation.score_difficulty(layout.BASE, rows, params.format, p, params.model.dtype, derive(params.seed, "difficulty"))
+        kept = diff.keep(scores, p)
+        if not kept:
+            raise InputError(f"difficulty: no prompt has a pass rate in [{p.pass_rate_min}, {p.pass_rate_max}]; widen the window")
+        io.write_jsonl(layout.SCORES, scores)
+        io.write_jsonl(layout.FILTERED, [r for r in rows if r["id"] in kept])
+        finish("difficulty", diff.summarize(scores, len(kept)))
+
+
+if __name__ == "__main__":
+    main(difficulty)

@@ -1,0 +1,20 @@
+"""Stage `model`: materialize the base model as an HF directory at data/models/base."""
+from __future__ import annotations
+
+from prefect import flow
+
+from flows.stage import finish, main
+from rung import config, layout, tracking
+from tasks import model as model_tasks
+
+
+@flow(name="model")
+def model(params_file: str = str(layout.PARAMS)) -> None:
+    params = config.load(params_file)
+    with tracking.stage_run("model", params, logged={"model": params.model.model_dump()}, inputs={}):
+        n = model_tasks.materialize(params.model, layout.BASE)
+        finish("model", {"parameters": n})
+
+
+if __name__ == "__main__":
+    main(model)

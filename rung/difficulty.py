@@ -1,0 +1,48 @@
+"""Offline difficulty: per-prompt pass rate from N rollouts of a reference model, and a keep-window.
+
+Prompts whose N rewards are all equal give GRPO a zero gradient ("Vanishing Gradients in RFT");
+open-r1 keeps pass rates in [0.1, 0.6] from 8 generations.
+"""
+from __future__ import annotations
+
+from statistics import mean
+from typing import Any
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from rung import answer_format
+from rung.config import DifficultyParams, FormatParams
+from rung.generation import generate, render
+from rung.verify import score
+
+
+def pass_rates(model: PreTrainedModel, tok: PreTrainedTokenizerBase, rows: list[dict[str, Any]], fmt: FormatParams, params: DifficultyParams, seed: int) -> list[dict[str, Any]]:
+    """One score record per row: pass rate over `num_generations` samples.
+
+    Correctness here ignores the answer format (last number counts): difficulty measures whether
+    the reference model can solve the problem, not whether it already follows rung's format.
+    """
+    prompts = render(tok, [answer_format.messages(r["prompt"], fmt) for r in rows])
+    samples = generate(model, tok, prompts, params.sampling, n=params.num_generations, seed=seed, desc="difficulty")
+    out = []
+    for row, completions in zip(rows, samples, strict=True):
+        scores = [score(answer_format.extract_lenient(c.text, fmt), row) for c in completions]
+        out.append({"id": row["id"], "source": row["source"], "pass_rate": mean(scores), "scores": scores})
+    return out
+
+
+def keep(scores: list[dict[str, Any]], params: DifficultyParams) -> set[str]:
+    """Ids whose pass rate lies in the keep-window."""
+    return {s["id"] for s in scores if params.pass_rate_min <= s["pass_rate"] <= params.pass_rate_max}
+
+
+def summarize(scores: list[dict[str, Any]], kept: int) -> dict[str, Any]:
+    rates = [s["pass_rate"] for s in scores]
+    return {
+        "prompts": len(scores),
+        "kept": kept,
+        "mean_pass_rate": mean(rates),
+        "zero_variance_fraction": mean(float(len(set(s["scores"])) == 1) for s in scores),
+        "unsolved_fraction": mean(float(r == 0) for r in rates),
+        "solved_fraction": mean(float(r == 1) for r in rates),
+    }

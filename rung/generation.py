@@ -1,0 +1,70 @@
+"""Batched rollouts with transformers: shared by difficulty scoring, rejection sampling and eval.
+
+Prompts are sorted by length (less padding), left-padded, and each prompt is encoded once for
+its n samples (num_return_sequences).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from rung.config import SamplingParams
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    tokens: int
+    truncated: bool
+    """True when generation stopped at max_new_tokens instead of an end-of-sequence token."""
+
+
+def render(tok: PreTrainedTokenizerBase, conversations: list[list[dict[str, str]]]) -> list[str]:
+    """Chat-template each conversation with the assistant turn opened."""
+    return [tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in conversations]
+
+
+@torch.inference_mode()
+def generate(
+    model: PreTrainedModel,
+    tok: PreTrainedTokenizerBase,
+    prompts: list[str],
+    sampling: SamplingParams,
+    n: int = 1,
+    seed: int = 0,
+    desc: str = "generate",
+) -> list[list[Completion]]:
+    """`n` completions for each rendered prompt, in input order. Deterministic given `seed`."""
+    greedy = sampling.temperature == 0
+    if greedy and n > 1:
+        raise ValueError("sampling.temperature: 0 (greedy) gives identical samples; use n=1 or temperature > 0")
+    order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
+    per_batch = max(1, sampling.batch_size // n)
+    eos_ids = set(_as_list(model.generation_config.eos_token_id) or [tok.eos_token_id])
+    out: list[list[Completion]] = [[] for _ in prompts]
+    with tqdm(total=len(prompts) * n, desc=desc, unit="seq") as bar:
+        for b, start in enumerate(range(0, len(order), per_batch)):
+            idx = order[start : start + per_batch]
+            enc = tok([prompts[i] for i in idx], return_tensors="pt", padding=True, add_special_tokens=False)
+            torch.manual_seed(seed + b)  # per-batch seed: results do not depend on earlier batches' lengths
+            kwargs = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+            seqs = model.generate(
+                **enc, max_new_tokens=sampling.max_new_tokens, num_return_sequences=n,
+                pad_token_id=tok.pad_token_id, **kwargs,
+            )
+            new = seqs[:, enc["input_ids"].shape[1] :]  # (len(idx) * n, <= max_new_tokens)
+            for row, ids in enumerate(new.tolist()):
+                ended = next((j for j, t in enumerate(ids) if t in eos_ids), None)
+                kept = ids if ended is None else ids[:ended]
+                out[idx[row // n]].append(
+                    Completion(tok.decode(kept, skip_special_tokens=True), len(kept), ended is None)
+                )
+            bar.update(len(idx) * n)
+    return out
+
+
+def _as_list(x: int | list[int] | None) -> list[int] | None:
+    return [x] if isinstance(x, int) else x

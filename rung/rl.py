@@ -1,0 +1,72 @@
+"""RL stages with TRL's GRPOTrainer on verifiable rewards."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from trl import GRPOConfig, GRPOTrainer
+
+from rung import answer_format, io, rewards
+from rung.config import FormatParams, RLStageParams
+
+
+def prompts(rows: list[dict[str, Any]], fmt: FormatParams) -> Dataset:
+    """Conversational prompts plus the columns the reward functions read."""
+    return Dataset.from_list(
+        [
+            {
+                "prompt": answer_format.messages(r["prompt"], fmt),
+                "prompt_text": r["prompt"],
+                "answer": r["answer"],
+                "task": r["task"],
+                "meta": io.dumps(r["meta"]),
+            }
+            for r in rows
+        ]
+    )
+
+
+def grpo_config(stage: RLStageParams, seed: int, work_dir: Path) -> GRPOConfig:
+    """TRL's GRPOConfig from a stage's params (TRL's own names pass straight through)."""
+    return GRPOConfig(
+        output_dir=str(work_dir),
+        max_steps=stage.max_steps,
+        learning_rate=stage.learning_rate,
+        per_device_train_batch_size=stage.prompts_per_step * stage.num_generations,
+        num_generations=stage.num_generations,
+        max_completion_length=stage.max_completion_length,
+        temperature=stage.temperature,
+        top_p=stage.top_p,
+        beta=stage.beta,
+        loss_type=stage.loss_type,
+        epsilon=stage.epsilon,
+        epsilon_high=stage.epsilon_high,
+        scale_rewards=stage.scale_rewards,
+        reward_weights=list(stage.rewards.values()),
+        lr_scheduler_type="constant",
+        logging_steps=1,
+        save_strategy="no",
+        report_to=["mlflow"],
+        seed=seed,
+        data_seed=seed,
+        use_cpu=True,
+        dataloader_num_workers=0,  # a curriculum sampler must see fresh state
+        gradient_checkpointing=False,
+    )
+
+
+def train(model_dir: Path, rows: list[dict[str, Any]], fmt: FormatParams, stage: RLStageParams, seed: int, work_dir: Path, dtype: str = "float32") -> tuple[Any, Any, dict[str, float]]:
+    """Run one GRPO stage from `model_dir`; returns (model, tokenizer, summary metrics)."""
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    funcs, _ = rewards.build(stage.rewards, fmt)
+    trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=grpo_config(stage, seed, work_dir), train_dataset=prompts(rows, fmt), processing_class=tok)
+    result = trainer.train()
+    history = [h for h in trainer.state.log_history if "reward" in h]
+    summary = {"train_loss": float(result.training_loss), "steps": float(result.global_step)}
+    if history:
+        summary["reward_last"] = float(history[-1]["reward"])
+        summary["frac_reward_zero_std"] = sum(h.get("frac_reward_zero_std", 0.0) for h in history) / len(history)
+    return trainer.model, tok, summary

@@ -1,0 +1,147 @@
+"""MLflow: one parent run per pipeline execution, one child run per stage.
+
+The parent is found through RUNG_PIPELINE_RUN_ID (set by `python -m flows.pipeline`) or, under a
+plain `dvc repro`, through a tag keyed on the invoking dvc process, so the stages of one
+`dvc repro` share a parent.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import psutil
+from mlflow.entities import Run
+
+from rung.config import Params
+from rung.io import md5
+
+PARENT_ENV = "RUNG_PIPELINE_RUN_ID"
+VERSIONED = ("torch", "transformers", "trl", "datasets", "accelerate", "reasoning-gym", "math-verify", "vllm", "prefect", "dvc", "mlflow")
+
+
+def repo_root() -> Path:
+    """The DVC workspace the stage runs in (DVC sets DVC_ROOT for stage commands)."""
+    return Path(os.environ.get("DVC_ROOT") or Path.cwd()).resolve()
+
+
+def tracking_uri(params: Params) -> str:
+    """MLFLOW_TRACKING_URI, else params.tracking.uri, else sqlite at <repo>/mlflow.db (absolute,
+    so that DVC temp workspaces and Prefect workers share one store)."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or params.tracking.uri or f"sqlite:///{repo_root() / 'mlflow.db'}"
+
+
+def setup(params: Params) -> str:
+    """Point MLflow at the store and experiment of `params`; returns the experiment id."""
+    mlflow.set_tracking_uri(tracking_uri(params))
+    return mlflow.set_experiment(params.tracking.experiment).experiment_id
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return "unknown"
+
+
+def versions() -> dict[str, str]:
+    """Resolved versions of the packages that decide results, as MLflow tags."""
+    out = {}
+    for name in VERSIONED:
+        try:
+            out[f"version.{name}"] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def _dvc_invocation() -> str | None:
+    """'<pid>-<start time>' of the `dvc` process running this stage, if any."""
+    try:
+        for proc in psutil.Process().parents():
+            cmd = proc.cmdline()
+            if any(Path(a).name == "dvc" for a in cmd[:2]) or cmd[1:3] == ["-m", "dvc"]:
+                return f"{proc.pid}-{proc.create_time():.0f}"
+    except psutil.Error:
+        return None
+    return None
+
+
+def start_parent(params: Params, name: str = "pipeline", key: str | None = None) -> Run:
+    """Start (and leave open) a parent run for one pipeline execution."""
+    experiment_id = setup(params)
+    tags = {"rung.role": "pipeline", "git.commit": git_commit(), **versions()}
+    if key:
+        tags["rung.pipeline_key"] = key
+    if os.environ.get("DVC_EXP_NAME"):
+        tags["dvc.exp_name"] = os.environ["DVC_EXP_NAME"]
+    client = mlflow.MlflowClient()
+    return client.create_run(experiment_id, run_name=name, tags=tags)
+
+
+def _parent_id(params: Params) -> str:
+    if os.environ.get(PARENT_ENV):
+        return os.environ[PARENT_ENV]
+    key = _dvc_invocation()
+    if key:
+        found = mlflow.search_runs(
+            experiment_names=[params.tracking.experiment],
+            filter_string=f"tags.`rung.pipeline_key` = '{key}'",
+            output_format="list",
+            max_results=1,
+        )
+        if found:
+            return found[0].info.run_id
+    return start_parent(params, name="dvc-repro" if key else "stage", key=key).info.run_id
+
+
+@contextlib.contextmanager
+def stage_run(stage: str, params: Params, logged: dict[str, Any], inputs: dict[str, Path]) -> Iterator[Run]:
+    """A child run for `stage` under the pipeline's parent, with params, tags and input md5s."""
+    setup(params)
+    parent = _parent_id(params)
+    tags = {
+        "rung.role": "stage",
+        "dvc.stage": os.environ.get("DVC_STAGE", stage),
+        "git.commit": git_commit(),
+        **versions(),
+        **{f"md5.{k}": md5(p) for k, p in inputs.items() if Path(p).exists()},
+    }
+    if os.environ.get("DVC_EXP_NAME"):
+        tags["dvc.exp_name"] = os.environ["DVC_EXP_NAME"]
+    status = "FAILED"
+    try:
+        with mlflow.start_run(run_name=stage, parent_run_id=parent, tags=tags) as run:
+            mlflow.log_params({k: str(v)[:6000] for k, v in _flatten(logged).items()})
+            try:
+                yield run
+            finally:
+                mlflow.flush_async_logging()
+        status = "FINISHED"
+    finally:
+        if not os.environ.get(PARENT_ENV):
+            # Under plain `dvc repro` no process outlives the stages: each closes the parent, and
+            # the next stage of the same invocation adds its child run to it all the same.
+            mlflow.MlflowClient().set_terminated(parent, status)
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, f"{key}."))
+        else:
+            out[key] = v
+    return out
+
+
+def log_metrics(metrics: dict[str, Any], prefix: str, step: int | None = None) -> None:
+    """Log the numeric leaves of a (nested) metrics dict as `<prefix>/<key>`."""
+    flat = _flatten(metrics)
+    mlflow.log_metrics({f"{prefix}/{k.replace('.', '/')}": float(v) for k, v in flat.items() if isinstance(v, (int, float))}, step=step)
