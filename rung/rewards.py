@@ -50,7 +50,6 @@ class Format:
 REGISTRY: dict[str, Callable[[FormatParams], RewardFunc]] = {"accuracy": Accuracy, "format": Format}
 
 
-def build(weights: dict[str, float], fmt: FormatParams) -> tuple[list[RewardFunc], list[float]]:
-    """Reward functions and weights, in params order, for GRPOTrainer(reward_funcs=..., reward_weights=...)."""
-    funcs = [REGISTRY[name](fmt) for name in weights]
-    return funcs, list(weights.values())
+def build(weights: dict[str, float], fmt: FormatParams) -> list[RewardFunc]:
+    """Reward functions in params order (their weights go to GRPOConfig.reward_weights)."""
+    return [REGISTRY[name](fmt) for name in weights]

@@ -61,7 +61,7 @@ def train(model_dir: Path, rows: list[dict[str, Any]], fmt: FormatParams, stage:
     """Run one GRPO stage from `model_dir`; returns (model, tokenizer, summary metrics)."""
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-    funcs, _ = rewards.build(stage.rewards, fmt)
+    funcs = rewards.build(stage.rewards, fmt)
     trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=grpo_config(stage, seed, work_dir), train_dataset=prompts(rows, fmt), processing_class=tok)
     result = trainer.train()
     history = [h for h in trainer.state.log_history if "reward" in h]

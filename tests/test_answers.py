@@ -1,0 +1,71 @@
+"""Answer extraction, verification, worked solutions and rewards on literal completions."""
+from __future__ import annotations
+
+import ast
+
+import pytest
+
+from rung import answer_format
+from rung.config import FormatParams
+from rung.rewards import Accuracy, Format, build
+from rung.solutions import arithmetic_steps
+from rung.verify import is_known_task, score
+
+FMT = FormatParams()
+ROW = {"task": "basic_arithmetic", "prompt": "Calculate 5 - 3.", "answer": "2", "meta": {"expression": "5 - 3"}}
+
+
+@pytest.mark.parametrize(
+    "completion, strict, lenient",
+    [
+        ("5 - 3 = 2\nAnswer: 2", "2", "2"),
+        ("Answer: 1\nwait\nAnswer: 2", "2", "2"),  # the last answer line wins
+        ("The result is 2.", None, "2"),
+        ("Answer:", None, None),  # an empty answer line is no answer
+        ("no numbers here", None, None),
+        ("  Answer:  -14  ", "-14", "-14"),
+    ],
+)
+def test_extract(completion, strict, lenient):
+    assert answer_format.extract(completion, FMT) == strict
+    assert answer_format.extract_lenient(completion, FMT) == lenient
+
+
+def test_custom_prefix_and_target():
+    fmt = FormatParams(answer_prefix="####")
+    assert answer_format.target("7", "3 + 4 = 7", fmt) == "3 + 4 = 7\n#### 7"
+    assert answer_format.target("7", None, fmt) == "#### 7"
+    assert answer_format.extract("3 + 4 = 7\n#### 7", fmt) == "7"
+
+
+def test_verify_uses_reasoning_gym_scorer():
+    assert score("2", ROW) == 1.0
+    assert score("3", ROW) == 0.0
+    assert score(None, ROW) == 0.0
+    assert is_known_task("chain_sum") and not is_known_task("no_such_task")
+
+
+@pytest.mark.parametrize("expr", ["5 - 3", "2 - -1", "( -9 / 9 )", "3 + 4 * 2 - 6 / 3", "-(3 + 4) * 2", "1 - 4 - 8"])
+def test_arithmetic_steps_end_at_the_value(expr):
+    steps = arithmetic_steps(expr)
+    assert steps is not None
+    final = float(steps.split(" = ")[-1])
+    assert final == pytest.approx(eval(compile(ast.parse(expr, mode="eval"), "<expr>", "eval")))
+
+
+def test_arithmetic_steps_refuses_non_arithmetic():
+    assert arithmetic_steps("2 ** 3") is None
+    assert arithmetic_steps("x + 1") is None
+
+
+def test_rewards_on_conversational_completions():
+    completions = [
+        [{"role": "assistant", "content": "5 - 3 = 2\nAnswer: 2"}],
+        [{"role": "assistant", "content": "Answer: 3"}],
+        [{"role": "assistant", "content": "it is 2"}],
+    ]
+    cols = dict(answer=["2"] * 3, task=["basic_arithmetic"] * 3, prompt_text=["Calculate 5 - 3."] * 3, meta=['{"expression": "5 - 3"}'] * 3)
+    assert Accuracy(FMT)(completions, **cols) == [1.0, 0.0, 0.0]
+    assert Format(FMT)(completions, **cols) == [1.0, 1.0, 0.0]
+    funcs = build({"accuracy": 1.0, "format": 0.1}, FMT)
+    assert [f.__name__ for f in funcs] == ["accuracy", "format"]

@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from rung import config
+
+
+def _error(data: dict) -> str:
+    with pytest.raises(config.ConfigError) as e:
+        config.parse(data)
+    return str(e.value)
+
+
+def test_default_params_are_valid(default_params):
+    params = config.parse(default_params)
+    assert params.checkpoints == ["base", "sft", "rl/main"]
+
+
+@pytest.mark.parametrize(
+    "path, value, expected",
+    [
+        (("rl", "stages", "main", "learning_rate"), -1.0, "params.yaml: rl.stages.main.learning_rate: Input should be greater than 0"),
+        (("sft", "max_steps"), "ten", "params.yaml: sft.max_steps: Input should be a valid integer"),
+        (("difficulty", "sampling", "top_p"), 1.5, "params.yaml: difficulty.sampling.top_p: Input should be less than or equal to 1"),
+        (("rl", "stages", "main", "loss_type"), "ppo", "params.yaml: rl.stages.main.loss_type: Input should be"),
+        (("rl", "stages", "main", "init"), "rl/later", "params.yaml: rl.stages.main.init: 'rl/later' is not one of ['base', 'sft']"),
+        (("difficulty", "pass_rate_max"), -0.1, "params.yaml: difficulty.pass_rate_max: Input should be greater than or equal to 0"),
+        (("sft", "lr"), 1e-5, "params.yaml: sft.lr: unknown key"),
+    ],
+)
+def test_bad_values_name_the_dotted_key(default_params, path, value, expected):
+    data = copy.deepcopy(default_params)
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    message = _error(data)
+    assert message.startswith(expected)
+    assert "\n" not in message
+
+
+def test_empty_keep_window_rejected(default_params):
+    default_params["difficulty"].update(pass_rate_min=0.8, pass_rate_max=0.2)
+    assert _error(default_params) == "params.yaml: difficulty: pass_rate_min (0.8) exceeds pass_rate_max (0.2)"
+
+
+def test_duplicate_source_names_rejected(default_params):
+    default_params["curate"]["sources"].append(dict(default_params["curate"]["sources"][0]))
+    assert "curate: source names must be unique" in _error(default_params)
+
+
+def test_rl_stage_can_chain_from_earlier_stage(default_params):
+    stages = default_params["rl"]["stages"]
+    stages["long"] = {**stages["main"], "init": "rl/main", "max_completion_length": 96}
+    assert config.parse(default_params).checkpoints == ["base", "sft", "rl/main", "rl/long"]
+
+
+def test_cli_validate_exit_codes(tmp_path, default_params):
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(default_params))
+    ok = subprocess.run([sys.executable, "-m", "rung.cli", "validate", str(good)], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    default_params["eval"]["sampling"]["batch_size"] = 0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(default_params))
+    res = subprocess.run([sys.executable, "-m", "rung.cli", "validate", str(bad)], capture_output=True, text=True)
+    assert res.returncode == 2
+    assert res.stderr.strip() == f"error: {bad}: eval.sampling.batch_size: Input should be greater than 0"
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(config.ConfigError, match="file not found"):
+        config.load(tmp_path / "nope.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("seed: [1,\n")
+    with pytest.raises(config.ConfigError, match="not valid YAML"):
+        config.load(broken)

@@ -1,0 +1,170 @@
+"""End to end: the whole DAG with `dvc repro` and with the Prefect pipeline flow, on a tiny model,
+in a temporary git repo, against a real Prefect server (loopback) and a real MLflow sqlite store."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import mlflow
+import pytest
+import yaml
+
+from tests.conftest import ROOT
+
+STAGES = {"model", "curate", "difficulty", "sft", "rl@main", "eval@base", "eval@sft", "eval@rl-main", "report"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def prefect_server(tmp_path_factory):
+    """A Prefect server on loopback: stages report to it instead of starting ephemeral servers."""
+    home = tmp_path_factory.mktemp("prefect")
+    port = _free_port()
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}/api"
+    deadline = time.time() + 120
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/health", timeout=2)
+            break
+        except OSError:
+            if time.time() > deadline or proc.poll() is not None:
+                proc.kill()
+                pytest.fail("prefect server did not start")
+            time.sleep(1)
+    yield {"PREFECT_API_URL": url, "PREFECT_HOME": str(home)}
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def tiny_params(model_dir: Path) -> dict:
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["model"]["source"] = str(model_dir)
+    for src in params["curate"]["sources"]:
+        src["size"] = 40
+    params["curate"]["max_test"] = 8
+    params["difficulty"].update(num_generations=2, max_prompts=8, sampling=dict(max_new_tokens=8, batch_size=16))
+    params["sft"].update(max_steps=2, per_device_train_batch_size=2)
+    params["rl"]["stages"]["main"].update(max_steps=2, num_generations=2, max_completion_length=8, beta=0.01)
+    params["eval"]["sampling"]["max_new_tokens"] = 8
+    return params
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory, tiny_model, prefect_server):
+    """A git + DVC repo holding the project's files, with params pointing at the tiny model."""
+    ws = tmp_path_factory.mktemp("ws")
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    for f in files:
+        if f.startswith(("data/", "tests/")) or f == "dvc.lock" or not (ROOT / f).is_file():
+            continue
+        (ws / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / f, ws / f)
+    (ws / "params.yaml").write_text(yaml.safe_dump(tiny_params(tiny_model), sort_keys=False))
+    env = {**os.environ, **prefect_server, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env.pop("MLFLOW_TRACKING_URI", None)  # the default store: sqlite at <repo>/mlflow.db
+    run = lambda *cmd: subprocess.run(cmd, cwd=ws, env=env, capture_output=True, text=True)  # noqa: E731
+    for cmd in (["git", "init", "-q"], ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "init"]):
+        assert run(*cmd).returncode == 0
+    if not (ws / ".dvc").exists():
+        assert run("dvc", "init", "-q").returncode == 0
+    assert run("git", "add", "-A").returncode == 0
+    assert run("git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "project").returncode == 0
+    return ws, run
+
+
+def _runs(ws: Path) -> list:
+    mlflow.set_tracking_uri(f"sqlite:///{ws / 'mlflow.db'}")
+    return mlflow.search_runs(experiment_names=["rung"], output_format="list")
+
+
+def test_dvc_repro_runs_every_stage(workspace):
+    ws, run = workspace
+    res = run("dvc", "repro")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+
+    for path in ["data/models/base/model.safetensors", "data/models/sft/model.safetensors", "data/models/rl/main/model.safetensors",
+                 "data/curated/train.jsonl", "data/curated/test.jsonl", "data/difficulty/scores.jsonl", "data/difficulty/train.jsonl",
+                 "data/eval/base.jsonl", "data/eval/sft.jsonl", "data/eval/rl-main.jsonl", "data/reports/report.md"]:
+        assert (ws / path).is_file(), path
+    assert json.loads((ws / "data/models/sft/rung.json").read_text())["stage"] == "sft"
+
+    test_rows = (ws / "data/curated/test.jsonl").read_text().splitlines()
+    assert len(test_rows) == 8
+    for ckpt in ("base", "sft", "rl-main"):
+        m = json.loads((ws / f"data/metrics/eval-{ckpt}.json").read_text())
+        assert m["n"] == 8 and 0 <= m["accuracy"] <= 1 and m["sampling"]["temperature"] == 0
+    report = (ws / "data/reports/report.md").read_text()
+    for ckpt in ("| base |", "| sft |", "| rl/main |"):
+        assert ckpt in report
+
+    shown = run("dvc", "metrics", "show", "--json")
+    assert shown.returncode == 0 and "eval-rl-main.json" in shown.stdout
+
+    runs = _runs(ws)
+    parents = [r for r in runs if r.data.tags.get("rung.role") == "pipeline"]
+    children = [r for r in runs if r.data.tags.get("rung.role") == "stage"]
+    assert len(parents) == 1
+    assert {r.info.run_name for r in children} == STAGES and len(children) == len(STAGES)
+    assert all(r.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for r in children)
+    by_name = {r.info.run_name: r for r in children}
+    sft, rl = by_name["sft"], by_name["rl@main"]
+    assert sft.data.tags["dvc.stage"] == "sft" and len(sft.data.tags["git.commit"]) == 40
+    assert sft.data.tags["md5.model"] and sft.data.tags["version.trl"]
+    client = mlflow.MlflowClient()
+    assert len(client.get_metric_history(sft.info.run_id, "loss")) == 2  # per step
+    for key in ("reward", "kl", "entropy", "completions/mean_length", "rewards/accuracy/mean", "frac_reward_zero_std"):
+        assert len(client.get_metric_history(rl.info.run_id, key)) == 2, key
+    assert "eval-sft/accuracy" in by_name["eval@sft"].data.metrics
+
+    again = run("dvc", "repro")
+    assert again.returncode == 0 and "Running stage" not in again.stdout
+
+
+def test_pipeline_flow_runs_only_stale_stages(workspace):
+    ws, run = workspace
+    params = yaml.safe_load((ws / "params.yaml").read_text())
+    params["eval"]["sampling"]["max_new_tokens"] = 6
+    (ws / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    sft_before = (ws / "data/models/sft/model.safetensors").stat().st_mtime
+
+    res = run(sys.executable, "-m", "flows.pipeline")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert (ws / "data/models/sft/model.safetensors").stat().st_mtime == sft_before
+    assert json.loads((ws / "data/metrics/eval-base.json").read_text())["sampling"]["max_new_tokens"] == 6
+
+    parent = [r for r in _runs(ws) if r.info.run_name == "pipeline"]
+    assert len(parent) == 1 and parent[0].info.status == "FINISHED"
+    assert parent[0].data.tags["rung.stages_run"] == "eval_base,eval_sft,eval_rl@main,report"
+    kids = [r for r in _runs(ws) if r.data.tags.get("mlflow.parentRunId") == parent[0].info.run_id]
+    assert {r.info.run_name for r in kids} == {"eval@base", "eval@sft", "eval@rl-main", "report"}
+
+
+def test_bad_params_fail_fast_and_keep_outputs(workspace):
+    ws, run = workspace
+    report = (ws / "data/reports/report.md").read_text()
+    params = yaml.safe_load((ws / "params.yaml").read_text())
+    params["rl"]["stages"]["main"]["learning_rate"] = "fast"
+    (ws / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    for cmd in (["rung", "validate"], [sys.executable, "-m", "flows.pipeline"], [sys.executable, "-m", "flows.report"]):
+        res = run(*cmd)
+        assert res.returncode == 2, cmd
+        assert res.stderr.strip().splitlines()[-1] == "error: params.yaml: rl.stages.main.learning_rate: Input should be a valid number, unable to parse string as a number"
+    assert (ws / "data/reports/report.md").read_text() == report
