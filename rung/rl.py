@@ -10,6 +10,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from rung import answer_format, io, rewards
 from rung.config import FormatParams, RLStageParams
+from rung.trainer import common_args
 
 
 def prompts(rows: list[dict[str, Any]], fmt: FormatParams) -> Dataset:
@@ -28,10 +29,10 @@ def prompts(rows: list[dict[str, Any]], fmt: FormatParams) -> Dataset:
     )
 
 
-def grpo_config(stage: RLStageParams, seed: int, work_dir: Path) -> GRPOConfig:
+def grpo_config(stage: RLStageParams, seed: int, work_dir: Path, dtype: str = "float32") -> GRPOConfig:
     """TRL's GRPOConfig from a stage's params (TRL's own names pass straight through)."""
     return GRPOConfig(
-        output_dir=str(work_dir),
+        **common_args(seed, work_dir, dtype),
         max_steps=stage.max_steps,
         learning_rate=stage.learning_rate,
         per_device_train_batch_size=stage.prompts_per_step * stage.num_generations,
@@ -46,14 +47,6 @@ def grpo_config(stage: RLStageParams, seed: int, work_dir: Path) -> GRPOConfig:
         scale_rewards=stage.scale_rewards,
         reward_weights=list(stage.rewards.values()),
         lr_scheduler_type="constant",
-        logging_steps=1,
-        save_strategy="no",
-        report_to=["mlflow"],
-        seed=seed,
-        data_seed=seed,
-        use_cpu=True,
-        dataloader_num_workers=0,  # a curriculum sampler must see fresh state
-        gradient_checkpointing=False,
     )
 
 
@@ -62,7 +55,7 @@ def train(model_dir: Path, rows: list[dict[str, Any]], fmt: FormatParams, stage:
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     funcs = rewards.build(stage.rewards, fmt)
-    trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=grpo_config(stage, seed, work_dir), train_dataset=prompts(rows, fmt), processing_class=tok)
+    trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=grpo_config(stage, seed, work_dir, dtype), train_dataset=prompts(rows, fmt), processing_class=tok)
     result = trainer.train()
     history = [h for h in trainer.state.log_history if "reward" in h]
     summary = {"train_loss": float(result.training_loss), "steps": float(result.global_step)}

@@ -1,11 +1,10 @@
-"""One seed in params.yaml; each stage derives its own so that stages stay independent."""
+"""One seed in params.yaml; each stage derives its own so that stages stay independent.
+
+Trainers seed themselves from it (TrainingArguments.seed), generation per batch (rung.generation).
+"""
 from __future__ import annotations
 
 import hashlib
-import random
-
-import numpy as np
-import torch
 
 
 def derive(seed: int, *scope: str) -> int:
@@ -13,10 +12,3 @@ def derive(seed: int, *scope: str) -> int:
     h = hashlib.sha256(":".join([str(seed), *scope]).encode()).digest()
     return int.from_bytes(h[:4], "big") & 0x7FFFFFFF
 
-
-def seed_everything(seed: int) -> None:
-    """Seed python, numpy and torch (CPU and CUDA) and ask torch for deterministic kernels."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    torch.use_deterministic_algorithms(True, warn_only=True)

@@ -10,6 +10,7 @@ from trl import SFTConfig, SFTTrainer
 
 from rung import answer_format
 from rung.config import FormatParams, SFTParams
+from rung.trainer import common_args
 
 
 def examples(rows: list[dict[str, Any]], fmt: FormatParams) -> Dataset:
@@ -33,7 +34,7 @@ def train(model_dir: Path, rows: list[dict[str, Any]], fmt: FormatParams, params
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     config = SFTConfig(
-        output_dir=str(work_dir),
+        **common_args(seed, work_dir, dtype),
         max_steps=params.max_steps,
         learning_rate=params.learning_rate,
         per_device_train_batch_size=params.per_device_train_batch_size,
@@ -42,14 +43,6 @@ def train(model_dir: Path, rows: list[dict[str, Any]], fmt: FormatParams, params
         lr_scheduler_type="cosine",
         max_length=params.max_length,
         completion_only_loss=True,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=["mlflow"],
-        seed=seed,
-        data_seed=seed,
-        use_cpu=True,
-        dataloader_num_workers=0,
-        gradient_checkpointing=False,
     )
     trainer = SFTTrainer(model=model, args=config, train_dataset=examples(rows, fmt), processing_class=tok)
     result = trainer.train()
