@@ -40,10 +40,8 @@ class ModelParams(Section):
 class FormatParams(Section):
     """The one response format: used for SFT targets, reward functions and answer extraction."""
 
-    system_prompt: str = (
-        "Solve the problem. Work it out in a few short steps, then give the final result on the"
-        " last line as 'Answer: <result>'."
-    )
+    system_prompt: str = "Show your steps, then end with 'Answer: <result>'."
+    """Short on purpose: every prompt token is paid again in every rollout and training step."""
     answer_prefix: str = Field("Answer:", min_length=1)
     """Marker before the final answer; the answer is the rest of the last line that starts with it."""
 

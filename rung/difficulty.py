@@ -13,7 +13,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from rung import answer_format
 from rung.config import DifficultyParams, FormatParams
 from rung.generation import generate, render
-from rung.verify import score
+from rung.verify import is_correct
 
 
 def pass_rates(model: PreTrainedModel, tok: PreTrainedTokenizerBase, rows: list[dict[str, Any]], fmt: FormatParams, params: DifficultyParams, seed: int) -> list[dict[str, Any]]:
@@ -26,7 +26,7 @@ def pass_rates(model: PreTrainedModel, tok: PreTrainedTokenizerBase, rows: list[
     samples = generate(model, tok, prompts, params.sampling, n=params.num_generations, seed=seed, desc="difficulty")
     out = []
     for row, completions in zip(rows, samples, strict=True):
-        scores = [score(answer_format.extract_lenient(c.text, fmt), row) for c in completions]
+        scores = [float(is_correct(answer_format.extract_lenient(c.text, fmt), row)) for c in completions]
         out.append({"id": row["id"], "source": row["source"], "pass_rate": mean(scores), "scores": scores})
     return out
 

@@ -10,7 +10,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from rung import answer_format
 from rung.config import FormatParams, SamplingParams
 from rung.generation import Completion, generate, render
-from rung.verify import score
+from rung.verify import is_correct
 
 
 def grade(rows: list[dict[str, Any]], completions: list[Completion], fmt: FormatParams) -> list[dict[str, Any]]:
@@ -21,8 +21,8 @@ def grade(rows: list[dict[str, Any]], completions: list[Completion], fmt: Format
         lenient = answer_format.extract_lenient(c.text, fmt)
         records.append(
             dict(id=row["id"], source=row["source"], task=row["task"], prompt=row["prompt"], answer=row["answer"],
-                 completion=c.text, extracted=strict, correct=score(strict, row),
-                 correct_lenient=score(lenient, row), formatted=strict is not None,
+                 completion=c.text, extracted=strict, correct=is_correct(strict, row),
+                 correct_lenient=is_correct(lenient, row), formatted=strict is not None,
                  tokens=c.tokens, truncated=c.truncated)
         )
     return records
@@ -32,11 +32,11 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Headline metrics plus accuracy per source."""
     by_source: dict[str, list[float]] = defaultdict(list)
     for r in records:
-        by_source[r["source"]].append(r["correct"])
+        by_source[r["source"]].append(float(r["correct"]))
     return {
         "n": len(records),
-        "accuracy": mean(r["correct"] for r in records),
-        "accuracy_lenient": mean(r["correct_lenient"] for r in records),
+        "accuracy": mean(float(r["correct"]) for r in records),
+        "accuracy_lenient": mean(float(r["correct_lenient"]) for r in records),
         "format_rate": mean(float(r["formatted"]) for r in records),
         "mean_tokens": mean(r["tokens"] for r in records),
         "truncation_rate": mean(float(r["truncated"]) for r in records),

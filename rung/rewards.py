@@ -10,7 +10,7 @@ from typing import Any
 
 from rung import answer_format
 from rung.config import FormatParams
-from rung.verify import score
+from rung.verify import is_correct
 
 RewardFunc = Callable[..., list[float | None]]
 
@@ -30,7 +30,7 @@ class Accuracy:
 
     def __call__(self, completions: list[Any], answer: list[str], task: list[str], prompt_text: list[str], meta: list[str], **_: Any) -> list[float | None]:
         return [
-            score(answer_format.extract(_text(c), self.fmt), dict(answer=a, task=t, prompt=p, meta=m))
+            float(is_correct(answer_format.extract(_text(c), self.fmt), dict(answer=a, task=t, prompt=p, meta=m)))
             for c, a, t, p, m in zip(completions, answer, task, prompt_text, meta, strict=True)
         ]
 

@@ -21,14 +21,18 @@ def is_known_task(task: str) -> bool:
     return True
 
 
-def score(answer: str | None, row: dict[str, Any]) -> float:
-    """Score in [0, 1] of `answer` for a curated row (task, answer, prompt, meta)."""
+def is_correct(answer: str | None, row: dict[str, Any]) -> bool:
+    """Whether `answer` is right for a curated row (task, answer, prompt, meta).
+
+    Only a full score counts: reasoning-gym's default scorer gives partial credit when the
+    reference is a substring of the answer ('114' for '14'), which a policy learns to exploit.
+    """
     if answer is None:
-        return 0.0
+        return False
     meta = row["meta"]
     entry = {
         "question": row["prompt"],
         "answer": row["answer"],
         "metadata": json.loads(meta) if isinstance(meta, str) else meta,
     }
-    return float(_scorer(row["task"])(answer, entry))
+    return _scorer(row["task"])(answer, entry) >= 1.0

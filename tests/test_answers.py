@@ -9,7 +9,7 @@ from rung import answer_format
 from rung.config import FormatParams
 from rung.rewards import Accuracy, Format, build
 from rung.solutions import arithmetic_steps
-from rung.verify import is_known_task, score
+from rung.verify import is_correct, is_known_task
 
 FMT = FormatParams()
 ROW = {"task": "basic_arithmetic", "prompt": "Calculate 5 - 3.", "answer": "2", "meta": {"expression": "5 - 3"}}
@@ -39,9 +39,10 @@ def test_custom_prefix_and_target():
 
 
 def test_verify_uses_reasoning_gym_scorer():
-    assert score("2", ROW) == 1.0
-    assert score("3", ROW) == 0.0
-    assert score(None, ROW) == 0.0
+    assert is_correct("2", ROW)
+    assert not is_correct("3", ROW)
+    assert not is_correct(None, ROW)
+    assert not is_correct("12", ROW)  # reasoning-gym would give 0.5 partial credit
     assert is_known_task("chain_sum") and not is_known_task("no_such_task")
 
 

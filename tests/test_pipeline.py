@@ -168,3 +168,17 @@ def test_bad_params_fail_fast_and_keep_outputs(workspace):
         assert res.returncode == 2, cmd
         assert res.stderr.strip().splitlines()[-1] == "error: params.yaml: rl.stages.main.learning_rate: Input should be a valid number, unable to parse string as a number"
     assert (ws / "data/reports/report.md").read_text() == report
+
+
+def test_bad_data_in_a_stage_is_one_line_and_keeps_outputs(workspace):
+    ws, run = workspace
+    train = (ws / "data/curated/train.jsonl").read_bytes()
+    params = tiny_params(Path(yaml.safe_load((ws / "params.yaml").read_text())["model"]["source"]))
+    params["curate"]["sources"][1]["task"] = "no_such_task"
+    (ws / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    res = run(sys.executable, "-m", "flows.curate")
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines()[-1] == "error: curate.sources.chain_sum.task: unknown reasoning-gym task 'no_such_task'"
+    assert (ws / "data/curated/train.jsonl").read_bytes() == train
+    failed = [r for r in _runs(ws) if r.info.run_name == "curate" and r.info.status == "FAILED"]
+    assert len(failed) == 1
