@@ -8,10 +8,10 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
 
 from rung.errors import InputError
 
@@ -60,8 +60,70 @@ class ReasoningGymSource(Section):
     """Rows generated before deduplication and splitting."""
 
 
+Scalar = str | int | float | bool
+
+
+class ColumnMap(Section):
+    """Which columns of the source hold the row's fields."""
+
+    prompt: str = Field("prompt", min_length=1)
+    answer: str = Field("answer", min_length=1)
+    """Reference answer; numbers are converted to text (42 and 42.0 -> "42", 1.5 -> "1.5")."""
+    solution: str | None = None
+    """Worked solution, used as an SFT target; None if the source has none."""
+
+
+class _TabularSource(Section):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    """Label of this source in the data, metrics and reports (unique)."""
+    columns: ColumnMap = ColumnMap()
+    task: str = Field("math", min_length=1)
+    """Verifier of the answers: 'math' (math-verify) or a reasoning-gym task name."""
+    size: int | None = Field(None, gt=0)
+    """Cap on rows: a seeded random sample of the usable rows, kept in source order; None keeps all.
+    A sample, not the first N, because files are often sorted (by subject, difficulty, origin)."""
+    where: dict[str, list[Scalar]] = Field(default_factory=dict)
+    """Keep only rows whose column value is one of the listed values, compared as text,
+    e.g. {level: ["Level 1", "Level 2"]}."""
+
+
+class FileSource(_TabularSource):
+    """A local JSON Lines, Parquet or CSV file (track it with DVC so that changes rerun curate)."""
+
+    type: Literal["file"] = "file"
+    path: str = Field(min_length=1)
+    format: Literal["jsonl", "parquet", "csv"] | None = None
+    """None infers it from the suffix (.jsonl/.ndjson, .parquet/.pq, .csv)."""
+
+
+class HFSource(_TabularSource):
+    """A dataset from the Hugging Face hub (needs network), a local directory of data files that
+    `datasets.load_dataset` reads (the same call as for the hub), or a directory written by
+    `Dataset.save_to_disk` / `DatasetDict.save_to_disk` (read with `datasets.load_from_disk`)."""
+
+    type: Literal["hf"] = "hf"
+    dataset: str = Field(min_length=1)
+    """Hub id ('org/name') or local directory (a path starting with '.', '/' or '~', or existing)."""
+    config: str | None = None
+    """Dataset configuration (subset) name."""
+    split: str = "train"
+    revision: str | None = None
+    """Hub branch, tag or commit; pin it for reproducibility. Not allowed for local directories."""
+
+
+def _source_type(value: Any) -> str:
+    # Sources written without `type` are reasoning-gym tasks.
+    return value.get("type", "reasoning_gym") if isinstance(value, dict) else value.type
+
+
+Source = Annotated[
+    Annotated[ReasoningGymSource, Tag("reasoning_gym")] | Annotated[FileSource, Tag("file")] | Annotated[HFSource, Tag("hf")],
+    Discriminator(_source_type),
+]
+
+
 class CurateParams(Section):
-    sources: list[ReasoningGymSource] = Field(min_length=1)
+    sources: list[Source] = Field(min_length=1)
     test_fraction: float = Field(0.2, gt=0, lt=1)
     """Share of unique prompts held out as the in-domain test split (assigned by hash of the id,
     so a prompt's split does not depend on the order or size of the other sources)."""
@@ -187,9 +249,13 @@ class Params(Section):
         return ["base", "sft", *(f"rl/{name}" for name in self.rl.stages)]
 
 
+_SOURCE_TAGS = {"reasoning_gym", "file", "hf"}
+
+
 def _one_line(err: ValidationError) -> str:
     first = err.errors()[0]
-    key = ".".join(str(p) for p in first["loc"]) or "<root>"
+    # Drop the tag pydantic inserts for tagged unions (curate.sources.0.file.path -> ...0.path).
+    key = ".".join(str(p) for p in first["loc"] if p not in _SOURCE_TAGS) or "<root>"
     msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         msg = "unknown key"

@@ -1,0 +1,258 @@
+"""A self-contained HTML report of every evaluated checkpoint: tables and inline SVG plots.
+
+The page reads offline: no external CSS, JavaScript or fonts, and the plots are matplotlib SVG
+inlined in the document, with their text kept as SVG text (the viewer's sans-serif font) so it
+stays small, searchable and selectable. The same inputs give the same bytes.
+"""
+from __future__ import annotations
+
+import html
+import io
+import re
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import NullLocator
+
+# Applied while plots are built and saved. A fixed hash salt makes matplotlib's SVG ids the same
+# on every render (they are random otherwise); fonttype "none" writes text as <text>, not paths.
+_RC = {
+    "svg.hashsalt": "rung",
+    "svg.fonttype": "none",
+    "font.size": 10,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "legend.frameon": False,
+}
+_FIGSIZE = (7.2, 3.8)
+_MISSING = "—"
+
+_CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif;
+       color: #222; margin: 0; background: #fff; }
+main { max-width: 980px; margin: 0 auto; padding: 1.5rem; }
+h1 { font-size: 1.6rem; margin: 0 0 1rem; }
+h2 { font-size: 1.2rem; margin: 2rem 0 0.5rem; border-bottom: 1px solid #ddd; padding-bottom: 0.2rem; }
+table { border-collapse: collapse; margin: 0.5rem 0 1.5rem; font-size: 0.92rem; }
+caption { caption-side: top; text-align: left; font-weight: 600; padding-bottom: 0.4rem; }
+th, td { padding: 0.3rem 0.7rem; border-bottom: 1px solid #e4e4e4; text-align: left; }
+thead th { border-bottom: 2px solid #bbb; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+.ci { color: #666; font-size: 0.85em; }
+figure.plot { margin: 0.5rem 0 2rem; }
+figure.plot svg { width: 100%; max-width: 760px; height: auto; display: block; }
+figcaption { color: #444; font-size: 0.9rem; margin-top: 0.3rem; }
+"""
+
+
+def _pct(v: float) -> str:
+    return f"{100 * v:.1f}%"
+
+
+# Headline columns: (metrics key, header, cell format, always shown). A column that is not always
+# shown appears only when some checkpoint has that key.
+_HEADLINE: list[tuple[str, str, Callable[[Any], str], bool]] = [
+    ("accuracy", "accuracy", _pct, True),
+    ("accuracy_lenient", "accuracy (any format)", _pct, False),
+    ("format_rate", "format rate", _pct, True),
+    ("mean_tokens", "mean tokens", lambda v: f"{v:.1f}", True),
+    ("truncation_rate", "truncated", _pct, True),
+    ("n", "prompts", str, True),
+]
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value))
+
+
+def _mpl_text(s: str) -> str:
+    """A name as literal plot text: matplotlib reads text between two `$` as mathtext."""
+    return s.replace("$", r"\$")
+
+
+def _table(table_id: str, caption: str, header: Sequence[str], body: Sequence[Sequence[tuple[str, bool]]]) -> str:
+    """An HTML table; body cells are (html, is_number), the html already escaped."""
+    # Written out rather than pandas' DataFrame.to_html: cells carry markup (the CI span) and classes.
+    head = "".join(f"<th>{_e(h)}</th>" for h in header)
+    rows = [
+        "<tr>" + "".join(f'<td class="num">{c}</td>' if num else f"<td>{c}</td>" for c, num in row) + "</tr>"
+        for row in body
+    ]
+    return "\n".join(
+        [f'<table id="{table_id}">', f"<caption>{_e(caption)}</caption>", f"<thead><tr>{head}</tr></thead>",
+         "<tbody>", *rows, "</tbody>", "</table>"]
+    )
+
+
+def _headline(evals: Mapping[str, Mapping[str, Any]]) -> str:
+    columns = [c for c in _HEADLINE if c[3] or any(c[0] in m for m in evals.values())]
+    with_sampling = any(m.get("sampling") for m in evals.values())
+    body = []
+    for name, m in evals.items():
+        row = [(_e(name), False)]
+        for key, _, fmt, _ in columns:
+            cell = _e(fmt(m[key])) if key in m else _MISSING
+            if key == "accuracy" and m.get("accuracy_ci"):
+                lo, hi = m["accuracy_ci"]
+                cell += f' <span class="ci">[{100 * lo:.1f}, {100 * hi:.1f}]</span>'
+            row.append((cell, True))
+        if with_sampling:
+            row.append((_e(", ".join(f"{k}={v}" for k, v in sorted(m.get("sampling", {}).items()))), False))
+        body.append(row)
+    header = ["checkpoint", *(title for _, title, _, _ in columns), *(["sampling"] if with_sampling else [])]
+    caption = "Held-out results per checkpoint"
+    if any(m.get("accuracy_ci") for m in evals.values()):
+        caption += " (accuracy with its bootstrap confidence interval, in points)"
+    return _table("headline", caption, header, body)
+
+
+def _sources(evals: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    return sorted({s for m in evals.values() for s in m.get("accuracy_by_source", {})})
+
+
+def _by_source(evals: Mapping[str, Mapping[str, Any]]) -> str:
+    body = [
+        [(_e(s), False)]
+        + [(_pct(m["accuracy_by_source"][s]) if s in m.get("accuracy_by_source", {}) else _MISSING, True)
+           for m in evals.values()]
+        for s in _sources(evals)
+    ]
+    return _table("by-source", "Held-out accuracy per task source", ["source", *evals], body)
+
+
+def _settings(settings: Mapping[str, Any]) -> str:
+    body = [[(_e(k), False), (_e(v), False)] for k, v in settings.items()]
+    return _table("settings", "Settings", ["setting", "value"], body)
+
+
+def _pass_at_k_plot(evals: Mapping[str, Mapping[str, Any]], colors: Mapping[str, str]) -> Figure | None:
+    curves = {name: sorted((int(k), v) for k, v in m["pass_at_k"].items()) for name, m in evals.items() if m.get("pass_at_k")}
+    if not curves:
+        return None
+    fig = Figure(figsize=_FIGSIZE, layout="constrained")
+    ax = fig.add_subplot()
+    for name, points in curves.items():
+        ks, values = zip(*points)
+        ax.plot(ks, [100 * v for v in values], marker="o", color=colors[name], label=_mpl_text(name))
+    ks = sorted({k for points in curves.values() for k, _ in points})
+    ax.set_xscale("log", base=2)  # k is usually 1, 2, 4, ...: evenly spaced on a log2 axis
+    ax.set_xticks(ks, labels=[str(k) for k in ks])
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_ylim(bottom=0)
+    ax.set(xlabel="k (samples per prompt)", ylabel="pass@k (%)")
+    ax.legend()
+    return fig
+
+
+def _by_source_plot(evals: Mapping[str, Mapping[str, Any]], colors: Mapping[str, str]) -> Figure | None:
+    sources = _sources(evals)
+    names = [name for name, m in evals.items() if m.get("accuracy_by_source")]
+    if not names:
+        return None
+    fig = Figure(figsize=_FIGSIZE, layout="constrained")
+    ax = fig.add_subplot()
+    x = np.arange(len(sources))
+    width = 0.8 / len(names)
+    for i, name in enumerate(names):
+        by = evals[name]["accuracy_by_source"]
+        heights = [100 * by[s] if s in by else np.nan for s in sources]  # no bar where a source is missing
+        ax.bar(x + (i - (len(names) - 1) / 2) * width, heights, width, color=colors[name], label=_mpl_text(name))
+    ax.set_xticks(x, labels=[_mpl_text(s) for s in sources], rotation=25 if len(sources) > 3 else 0,
+                  ha="right" if len(sources) > 3 else "center")
+    ax.grid(axis="x", visible=False)
+    ax.set_ylim(bottom=0)
+    ax.set(ylabel="accuracy (%)")
+    ax.legend()
+    return fig
+
+
+def _reward_plot(reward_curves: Mapping[str, Sequence[tuple[int, float]]]) -> Figure | None:
+    curves = {stage: sorted(points) for stage, points in reward_curves.items() if points}
+    if not curves:
+        return None
+    fig = Figure(figsize=_FIGSIZE, layout="constrained")
+    ax = fig.add_subplot()
+    for i, (stage, points) in enumerate(curves.items()):
+        steps, rewards = zip(*points)
+        ax.plot(steps, rewards, marker="o" if len(points) <= 40 else None, markersize=4, color=f"C{i % 10}",
+                label=_mpl_text(stage))
+    ax.set(xlabel="training step", ylabel="mean reward")
+    ax.legend()
+    return fig
+
+
+def _svg(fig: Figure, prefix: str) -> str:
+    """The figure as an SVG element to inline in HTML (call inside the rc context)."""
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", metadata={"Date": None})  # no date: same bytes on every render
+    text = buf.getvalue()
+    text = text[text.index("<svg"):]  # the XML declaration and DOCTYPE have no place inside HTML
+    # All inline SVGs share the page's id namespace and matplotlib numbers ids afresh in each
+    # (figure_1, axes_1, ...): prefix every id and every reference to one.
+    return re.sub(r'(id="|url\(#|href="#)', rf"\1{prefix}-", text)
+
+
+def _figure(fig_id: str, svg: str, caption: str) -> str:
+    return f'<figure id="{fig_id}" class="plot">\n{svg}<figcaption>{_e(caption)}</figcaption>\n</figure>'
+
+
+def render(evals: Mapping[str, Mapping[str, Any]], reward_curves: Mapping[str, Sequence[tuple[int, float]]] | None = None,
+           *, title: str = "rung results", settings: Mapping[str, Any] | None = None) -> str:
+    """The whole HTML document.
+
+    evals maps checkpoint name to its metrics (keys accuracy, format_rate, mean_tokens,
+    truncation_rate, n; optionally accuracy_lenient, accuracy_ci [lo, hi], pass_at_k {"k": v},
+    accuracy_by_source {source: v}, sampling {name: value}), in the order the rows should have;
+    reward_curves maps RL stage name to (step, mean reward) points; settings is shown as a table.
+    """
+    colors = {name: f"C{i % 10}" for i, name in enumerate(evals)}  # one colour per checkpoint in every plot
+    with matplotlib.rc_context(_RC):
+        plots = [
+            ("plot-pass-at-k", _pass_at_k_plot(evals, colors),
+             "pass@k per checkpoint: the chance that at least one of k samples is correct "
+             "(unbiased estimator of Chen et al. 2021)."),
+            ("plot-by-source", _by_source_plot(evals, colors), "Held-out accuracy per task source and checkpoint."),
+            ("plot-reward", _reward_plot(reward_curves or {}), "Mean reward per logged training step of each RL stage."),
+        ]
+        figures = [_figure(fig_id, _svg(fig, fig_id), caption) for fig_id, fig, caption in plots if fig is not None]
+    tables = [_headline(evals)]
+    if _sources(evals):
+        tables.append(_by_source(evals))
+    if settings:
+        tables.append(_settings(settings))
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en">',
+        "<head>",
+        '<meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{_e(title)}</title>",
+        f"<style>{_CSS}</style>",
+        "</head>",
+        "<body>",
+        "<main>",
+        f"<h1>{_e(title)}</h1>",
+        '<section id="tables">',
+        *tables,
+        "</section>",
+    ]
+    if figures:
+        parts += ['<section id="plots">', "<h2>Plots</h2>", *figures, "</section>"]
+    parts += ["</main>", "</body>", "</html>", ""]
+    return "\n".join(parts)
+
+
+def write(path: str | Path, evals: Mapping[str, Mapping[str, Any]],
+          reward_curves: Mapping[str, Sequence[tuple[int, float]]] | None = None,
+          *, title: str = "rung results", settings: Mapping[str, Any] | None = None) -> Path:
+    """Render the report and write it to path (parent directories created); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render(evals, reward_curves, title=title, settings=settings), encoding="utf-8")
+    return path

@@ -1,0 +1,244 @@
+"""Tabular data sources (local files, Hugging Face datasets) loaded into the curated row schema.
+
+A source names the columns holding the prompt, the reference answer and optionally a worked
+solution (each stripped of surrounding whitespace); every other column goes into `meta` verbatim.
+Loading is deterministic: rows come in file (or dataset) order, and a size cap takes a seeded
+sample. Bad input raises InputError with one line naming `curate.sources.<name>.<field>`.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import datasets
+import pyarrow as pa
+import pyarrow.parquet as pq
+from datasets.exceptions import DatasetNotFoundError, DatasetsError
+
+from rung.config import FileSource, HFSource, _TabularSource
+from rung.errors import InputError
+from rung.seeding import derive
+from rung.verify import is_known_task
+
+Row = dict[str, Any]
+
+_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """Rows of one source and what happened to the rest: `stats` has read, dropped_empty
+    (null or blank prompt or answer), dropped_where, dropped_size and rows."""
+
+    rows: list[Row]
+    stats: dict[str, int]
+
+
+def load(source: FileSource | HFSource, seed: int) -> Loaded:
+    """Read a source into schema rows; `seed` (the global seed) fixes the size-cap sample."""
+    if source.task != "math" and not is_known_task(source.task):
+        raise InputError(f"{_key(source, 'task')}: unknown task {source.task!r}: use 'math' or a reasoning-gym task name")
+    if isinstance(source, FileSource):
+        records, columns, origin = _read_file(source)
+    elif isinstance(source, HFSource):
+        records, columns, origin = _read_hf(source)
+    else:
+        raise TypeError(f"not a tabular source: {type(source).__name__}")
+    return _to_rows(source, records, columns, origin, seed)
+
+
+# --- reading ----------------------------------------------------------------------------------
+
+
+def _key(src: _TabularSource, field: str) -> str:
+    return f"curate.sources.{src.name}.{field}"
+
+
+def _read_file(src: FileSource) -> tuple[list[dict[str, Any]], list[str], str]:
+    """(records, column names, origin) of a file.
+
+    Not through pandas or `datasets`: their type inference turns an integer answer column with
+    an empty cell into floats (CSV "42" becomes "42.0"; pandas does it to JSON Lines too). Here
+    JSON Lines keeps JSON's types, CSV cells stay the file's text, Parquet keeps its schema.
+    """
+    path = Path(src.path)
+    if not path.is_file():
+        raise InputError(f"{_key(src, 'path')}: file not found: {path}")
+    fmt = src.format or _SUFFIXES.get(path.suffix.lower())
+    if fmt is None:
+        raise InputError(f"{_key(src, 'format')}: cannot infer the format of {path} from its suffix; set jsonl, parquet or csv")
+    try:
+        if fmt == "parquet":
+            table = pq.read_table(path)
+            return table.to_pylist(), table.column_names, str(path)
+        with path.open(encoding="utf-8", newline="") as f:
+            records = _jsonl_records(f, src, path) if fmt == "jsonl" else _csv_records(f, src, path)
+    except (UnicodeDecodeError, csv.Error, pa.ArrowException, OSError) as e:
+        raise InputError(f"{_key(src, 'path')}: cannot read {path} as {fmt}: {_first_line(e)}") from None
+    return records, list(dict.fromkeys(k for r in records for k in r)), str(path)
+
+
+def _jsonl_records(lines: Any, src: FileSource, path: Path) -> list[dict[str, Any]]:
+    records = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{_key(src, 'path')}: cannot read {path} as jsonl: line {n}: {e.msg}") from None
+        if not isinstance(obj, dict):
+            raise InputError(f"{_key(src, 'path')}: cannot read {path} as jsonl: line {n} is not a JSON object")
+        records.append(obj)
+    return records
+
+
+def _csv_records(lines: Any, src: FileSource, path: Path) -> list[dict[str, Any]]:
+    reader = csv.DictReader(lines, strict=True)
+    records = []
+    for rec in reader:
+        # DictReader files surplus cells under the key None instead of failing.
+        if None in rec:
+            raise InputError(f"{_key(src, 'path')}: cannot read {path} as csv: line {reader.line_num} has more cells than the header")
+        records.append(rec)
+    return records
+
+
+def _read_hf(src: HFSource) -> tuple[list[dict[str, Any]], list[str], str]:
+    local = Path(src.dataset).expanduser()
+    is_local = src.dataset.startswith((".", "/", "~")) or local.exists()
+    if is_local and not local.is_dir():
+        raise InputError(f"{_key(src, 'dataset')}: directory not found: {src.dataset}")
+    if is_local and src.revision is not None:
+        raise InputError(f"{_key(src, 'revision')}: applies to hub datasets only; {src.dataset} is a local directory")
+    origin = f"{src.dataset}[{src.split}]"
+    if is_local and ((local / "state.json").is_file() or (local / "dataset_dict.json").is_file()):
+        ds = _from_disk(src, local)
+    else:
+        try:
+            ds = datasets.load_dataset(src.dataset, src.config, split=src.split, revision=src.revision)
+        except (DatasetNotFoundError, FileNotFoundError) as e:
+            raise InputError(f"{_key(src, 'dataset')}: {_first_line(e)}") from None
+        except ValueError as e:
+            # datasets reports a bad split or config as a ValueError; its message says which.
+            msg = _first_line(e)
+            field = "split" if "split" in msg.lower() else "config" if "config" in msg.lower() else "dataset"
+            raise InputError(f"{_key(src, field)}: {msg}") from None
+        except DatasetsError as e:
+            raise InputError(f"{_key(src, 'dataset')}: cannot read {src.dataset}: {_first_line(e)}") from None
+        # ConnectionError (no network) propagates on purpose: it is transient, not the user's input,
+        # so the pipeline's retries apply to it.
+    return ds.to_list(), list(ds.column_names), origin
+
+
+def _from_disk(src: HFSource, path: Path) -> datasets.Dataset:
+    if src.config is not None:
+        raise InputError(f"{_key(src, 'config')}: {src.dataset} was written by save_to_disk and has no configs")
+    ds = datasets.load_from_disk(str(path))
+    if isinstance(ds, datasets.DatasetDict):
+        if src.split not in ds:
+            raise InputError(f"{_key(src, 'split')}: split {src.split!r} not in {src.dataset} (has: {', '.join(ds)})")
+        return ds[src.split]
+    return ds  # a saved single Dataset is one split already: `split` does not apply
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+# --- conversion -------------------------------------------------------------------------------
+
+
+def _text(value: Any, src: _TabularSource, field: str, n: int) -> str | None:
+    """A cell as stripped text (integral floats as integers); None for null or blank."""
+    if value is None:
+        return None
+    if isinstance(value, (list, dict)):
+        raise InputError(f"{_key(src, field)}: row {n} holds a {type(value).__name__}, expected text or a number")
+    if isinstance(value, float) and value.is_integer():
+        # A numeric column with one fraction is a float column throughout (Arrow, Parquet):
+        # its 42 must still read "42", not "42.0".
+        value = int(value)
+    return str(value).strip() or None
+
+
+def _to_rows(src: FileSource | HFSource, records: list[dict[str, Any]], columns: list[str], origin: str, seed: int) -> Loaded:
+    # Imported here: rung.data imports this module to dispatch sources, so a module-level import
+    # of rung.data would be circular whichever module is imported first.
+    from rung.data import row_id
+
+    if not records:
+        raise InputError(f"{_key(src, 'path' if isinstance(src, FileSource) else 'dataset')}: {origin} has no rows")
+    mapped = {"prompt": src.columns.prompt, "answer": src.columns.answer, "solution": src.columns.solution}
+    wanted = [(f"columns.{k}", c) for k, c in mapped.items() if c is not None] + [(f"where.{c}", c) for c in src.where]
+    for field, col in wanted:
+        if col not in columns:
+            raise InputError(f"{_key(src, field)}: column {col!r} not in {origin} (has: {', '.join(columns)})")
+    allowed = {c: {_text(v, src, f"where.{c}", 0) for v in vs} for c, vs in src.where.items()}
+    rows, empty, unmatched = [], 0, 0
+    for n, rec in enumerate(records, 1):
+        if any(_text(rec.get(c), src, f"where.{c}", n) not in vs for c, vs in allowed.items()):
+            unmatched += 1
+            continue
+        prompt = _text(rec.get(mapped["prompt"]), src, "columns.prompt", n)
+        answer = _text(rec.get(mapped["answer"]), src, "columns.answer", n)
+        if prompt is None or answer is None:
+            empty += 1
+            continue
+        solution = _text(rec.get(mapped["solution"]), src, "columns.solution", n) if mapped["solution"] else None
+        meta = {k: v for k, v in rec.items() if k not in mapped.values()}
+        rows.append(dict(id=row_id(src.task, prompt, answer), source=src.name, task=src.task,
+                         prompt=prompt, answer=answer, solution=solution, meta=_jsonable(meta)))
+    if not rows:
+        why = f"{unmatched} not matching where, {empty} with an empty prompt or answer"
+        raise InputError(f"{_key(src, 'where' if unmatched == len(records) else 'columns')}: no usable rows in {origin} ({len(records)} read: {why})")
+    usable = len(rows)
+    if src.size is not None and src.size < usable:
+        rng = random.Random(derive(seed, "curate", src.name))
+        rows = [rows[i] for i in sorted(rng.sample(range(usable), src.size))]
+    stats = dict(read=len(records), dropped_empty=empty, dropped_where=unmatched, dropped_size=usable - len(rows), rows=len(rows))
+    return Loaded(rows, stats)
+
+
+def _jsonable(obj: Any) -> Any:
+    # Parquet and Arrow cells can be dates, decimals or bytes: stored as their text.
+    return json.loads(json.dumps(obj, default=str))
+
+
+# --- mixing -----------------------------------------------------------------------------------
+
+
+def mix(groups: dict[str, list[Row]], weights: dict[str, float], total: int, seed: int) -> list[Row]:
+    """Up to `total` rows drawn from the groups (source label -> rows) in proportion to `weights`.
+
+    Each group's share of `total` is rounded by largest remainder (ties: group order), so shares
+    sum to `total`; a group with fewer rows than its share gives all it has and the shortfall is
+    not redistributed, which keeps the other groups' shares as weighted. Within a group rows are a
+    seeded sample without replacement, kept in their order; groups are concatenated in order.
+    """
+    key = "curate.mix.weights"
+    if set(weights) != set(groups):
+        missing, unknown = sorted(set(groups) - set(weights)), sorted(set(weights) - set(groups))
+        raise InputError(f"{key}: " + "; ".join([f"no weight for source {n!r}" for n in missing] + [f"no source named {n!r}" for n in unknown]))
+    if bad := [n for n in groups if weights[n] < 0]:
+        raise InputError(f"{key}.{bad[0]}: weight must be >= 0, got {weights[bad[0]]}")
+    if (weight_sum := sum(weights.values())) <= 0:
+        raise InputError(f"{key}: weights sum to 0")
+    if total <= 0:
+        raise InputError(f"curate.mix.total: must be > 0, got {total}")
+    order = list(groups)
+    exact = {n: total * weights[n] / weight_sum for n in order}
+    share = {n: int(exact[n]) for n in order}
+    by_remainder = sorted(order, key=lambda n: (share[n] - exact[n], order.index(n)))
+    for n in by_remainder[: total - sum(share.values())]:
+        share[n] += 1
+    out: list[Row] = []
+    for n in order:
+        rows = groups[n]
+        rng = random.Random(derive(seed, "mix", n))
+        out += [rows[i] for i in sorted(rng.sample(range(len(rows)), min(share[n], len(rows))))]
+    return out

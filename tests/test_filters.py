@@ -1,0 +1,173 @@
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from rung.filters import (
+    decontaminate,
+    exact_duplicates,
+    jaccard,
+    length_bounds,
+    math_answer_is_parseable,
+    near_duplicates,
+    normalise,
+    shingles,
+    unverifiable,
+    words,
+)
+
+
+def row(prompt: str, answer: str = "1", source: str = "s") -> dict:
+    return dict(id=prompt, source=source, task="math", prompt=prompt, answer=answer, solution=None, meta={})
+
+
+def prompts(rows: list[dict]) -> list[str]:
+    return [r["prompt"] for r in rows]
+
+
+FARM = "A farmer has 17 cows and buys 5 more at the market on Sunday morning. How many cows does the farmer have now?"
+FARM_ONE_WORD = FARM.replace("have now", "own now")  # character 5-gram Jaccard 0.869
+FARM_REWORDED = FARM.replace("morning.", "morning!").replace("the farmer", "that farmer")  # 0.764
+CHAIN = "State the final answer to the following arithmetic problem: {} ="
+
+
+def test_normalise_and_words():
+    assert normalise("  Calculate\t5 - 3.  ") == normalise("calculate 5 - 3?") == "calculate 5 - 3"
+    assert normalise("-5 + 3") != normalise("5 + 3")  # math symbols at the ends are kept
+    assert words("What is 5-3?") == words("what is 5 - 3") == ["what", "is", "5", "-", "3"]
+
+
+def test_report_is_json_ready_and_counts_by_source():
+    rows = [row("a", source="x"), row("b", source="y"), row("A.", source="y"), row("a", source="x")]
+    kept, report = exact_duplicates(rows)
+    assert prompts(kept) == ["a", "b"]
+    assert json.loads(json.dumps(report.as_dict())) == {
+        "filter": "exact_duplicates", "removed": 2, "reason": "same normalised prompt as an earlier row", "by_source": {"x": 1, "y": 1},
+    }
+
+
+# --- unverifiable ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("answer", ["42", "-4", "1,000", "3.5", "\\frac{1}{2}", "\\sqrt{2}", "x^2+1", "(1, 2)", "\\boxed{7}", "$5$"])
+def test_parseable_math_answers(answer):
+    assert math_answer_is_parseable(answer)
+
+
+@pytest.mark.parametrize("answer", ["", "   ", "See the proof above.", "---", "?", "\\frac{1}{"])
+def test_unparseable_math_answers(answer):
+    assert not math_answer_is_parseable(answer)
+
+
+def test_parsing_works_outside_the_main_thread():
+    # math-verify's SIGALRM timeout raises in other threads (as in a Prefect task runner).
+    with ThreadPoolExecutor(1) as pool:
+        assert pool.submit(math_answer_is_parseable, "\\sqrt{2}").result()
+
+
+def test_unverifiable_drops_rows_failing_the_check():
+    rows = [row("p1", "42"), row("p2", "See the proof above.", source="t"), row("p3", "\\sqrt{2}"), row("p4", "")]
+    kept, report = unverifiable(rows, lambda r: math_answer_is_parseable(r["answer"]))
+    assert prompts(kept) == ["p1", "p3"] and report.removed == 2 and report.by_source == {"s": 1, "t": 1}
+
+
+def test_unverifiable_lets_a_broken_check_fail():
+    with pytest.raises(KeyError):
+        unverifiable([row("p")], lambda r: r["missing"])
+
+
+# --- length ---------------------------------------------------------------------------------------
+
+
+def test_length_bounds_are_inclusive():
+    rows = [row("x" * n) for n in (0, 3, 4, 10, 11)]
+    kept, report = length_bounds(rows, min_chars=3, max_chars=10)
+    assert [len(p) for p in prompts(kept)] == [3, 4, 10] and report.removed == 2
+    assert length_bounds(rows, min_chars=1)[1].removed == 1  # no upper bound
+
+
+def test_length_bounds_reject_an_empty_range():
+    with pytest.raises(ValueError, match="min_chars <= max_chars"):
+        length_bounds([], min_chars=10, max_chars=5)
+
+
+# --- duplicates -----------------------------------------------------------------------------------
+
+
+def test_exact_duplicates_first_occurrence_wins():
+    rows = [row("Calculate 5 - 3.", source="a"), row("calculate  5 - 3?", source="b"), row(" CALCULATE 5 - 3", source="c"),
+            row("Calculate 5 + 3."), row("-5 + 3"), row("5 + 3")]
+    kept, report = exact_duplicates(rows)
+    assert [r["source"] for r in kept[:1]] == ["a"] and report.removed == 2
+    assert prompts(kept) == ["Calculate 5 - 3.", "Calculate 5 + 3.", "-5 + 3", "5 + 3"]
+
+
+def test_near_duplicates_around_the_threshold():
+    assert jaccard(shingles(FARM, 5), shingles(FARM_ONE_WORD, 5)) == pytest.approx(0.869, abs=1e-3)
+    assert jaccard(shingles(FARM, 5), shingles(FARM_REWORDED, 5)) == pytest.approx(0.764, abs=1e-3)
+    rows = [row(FARM, source="a"), row(FARM_ONE_WORD, source="b"), row(FARM_REWORDED, source="c")]
+    kept, report = near_duplicates(rows)  # threshold 0.85
+    assert [r["source"] for r in kept] == ["a", "c"] and report.removed == 1 and report.by_source == {"b": 1}
+    assert near_duplicates(rows, threshold=0.9)[1].removed == 0  # 0.869 is below it
+    assert near_duplicates(rows, threshold=0.75)[1].removed == 2  # now 0.764 is above it
+
+
+def test_near_duplicates_catch_spacing_and_punctuation_variants_exact_dedup_misses():
+    rows = [row("Calculate 5 - 3."), row("Calculate 5-3."), row("calculate 5 -3 !")]
+    assert exact_duplicates(rows)[1].removed == 0
+    assert prompts(near_duplicates(rows)[0]) == ["Calculate 5 - 3."]
+
+
+def test_near_duplicates_need_the_same_numbers_and_operators():
+    rows = [row(CHAIN.format("4 - 1 - 7")), row(CHAIN.format("4 - 1 - 8")), row(CHAIN.format("4 - 1 + 7"))]
+    assert [round(jaccard(shingles(rows[0]["prompt"], 5), shingles(r["prompt"], 5)), 2) for r in rows[1:]] == [0.93, 0.89]
+    assert near_duplicates(rows)[1].removed == 0
+    assert near_duplicates(rows, same_math=False)[1].removed == 2
+
+
+def test_near_duplicates_are_deterministic():
+    rows = [row(FARM.replace("17", str(n % 7)).replace("Sunday", day)) for n in range(40) for day in ("Sunday", "Monday")]
+    first = near_duplicates(rows, seed=3)
+    assert near_duplicates(rows, seed=3) == first
+    # 7 numbers: per number, everything after the first Sunday prompt (Monday has Jaccard ~0.86)
+    assert first[1].removed == 80 - 7
+
+
+# --- decontamination ------------------------------------------------------------------------------
+
+
+def test_short_prompts_are_compared_whole():
+    evals = ["Calculate 5 - 3.", "Calculate 7 * 2."]
+    rows = [row("calculate 5 - 3"), row("Calculate 5-3?"), row("Calculate 5 - 3 * 2."), row("Calculate 5 + 3."), row("5 - 3")]
+    kept, report = decontaminate(rows, evals)
+    assert prompts(kept) == ["Calculate 5 - 3 * 2.", "Calculate 5 + 3.", "5 - 3"] and report.removed == 2
+    assert decontaminate([row("Calculate 5 - 3 * 2.")], evals, n=4)[1].removed == 1  # a 4-token run now counts
+
+
+def test_long_prompts_share_an_n_token_run():
+    evals = [FARM, "What is the capital of France?"]
+    copied = "Bob says: a farmer has 17 cows and buys 5 more at the market. Count them."  # 10-token run of FARM
+    seven = "He has 17 cows and buys 5 more goats."  # "has 17 cows and buys 5 more": 7 tokens
+    kept, report = decontaminate([row(copied, source="x"), row(seven, source="y"), row(FARM.upper())], evals)
+    assert prompts(kept) == [seven] and report.removed == 2 and report.by_source == {"s": 1, "x": 1}
+    assert decontaminate([row(seven)], evals, n=7)[1].removed == 1
+
+
+def test_template_ngrams_shared_by_eval_prompts_are_ignored():
+    evals = [CHAIN.format("4 - 1 - 7"), CHAIN.format("2 + 2")]
+    rows = [row(CHAIN.format("9 - 3")), row(CHAIN.format("4 - 1 - 7 + 5")), row(CHAIN.format("2 + 2"))]
+    kept, report = decontaminate(rows, evals)
+    # the template is in both eval prompts; "arithmetic problem : 4 - 1 - 7" (8 tokens) in one
+    assert prompts(kept) == [CHAIN.format("9 - 3")] and report.removed == 2
+    assert decontaminate(rows, evals, template_prompts=None)[1].removed == 3  # open-r1's rule
+    assert decontaminate(rows, [evals[0], *evals])[1].removed == 2  # a repeated eval prompt counts once
+
+
+def test_decontaminate_is_deterministic_and_rejects_bad_n():
+    rows = [row(f"Calculate {i} - 3.") for i in range(20)]
+    evals = ["Calculate 4 - 3.", "Calculate 7 - 3."]
+    assert decontaminate(rows, evals) == decontaminate(rows, evals)
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        decontaminate(rows, evals, n=0)

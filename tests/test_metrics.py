@@ -1,0 +1,124 @@
+"""Evaluation metrics against values worked out by hand and against the naive binomial formula."""
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import pytest
+
+from rung.metrics import avg_at_n, bootstrap_ci, maj_at_k, majority_vote, mean_pass_at_k, pass_at_k, summary
+
+
+@pytest.mark.parametrize(
+    "n, c, k, expected",
+    [
+        (5, 2, 1, 0.4),  # 1 - C(3,1)/C(5,1) = 1 - 3/5; product: 1 - (1 - 1/4)(1 - 1/5) = 1 - 0.6
+        (5, 2, 2, 0.7),  # 1 - C(3,2)/C(5,2) = 1 - 3/10; product: 1 - (1 - 2/4)(1 - 2/5) = 1 - 0.3
+        (4, 1, 2, 0.5),  # 1 - C(3,2)/C(4,2) = 1 - 3/6
+        (10, 0, 5, 0.0),  # no correct sample: empty product, 1 - 1
+        (10, 10, 1, 1.0),  # all correct
+        (5, 0, 5, 0.0),  # k = n and c = 0
+        (5, 1, 5, 1.0),  # k = n and c > 0: the one correct sample is always drawn
+        (5, 3, 3, 1.0),  # n - c = 2 < k = 3: any 3 of the 5 include a correct one
+        (1000, 1, 100, 0.1),  # C(999,100)/C(1000,100) = (1000-100)/1000 = 0.9
+    ],
+)
+def test_pass_at_k_by_hand(n, c, k, expected):
+    assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
+
+
+def test_pass_at_k_matches_the_naive_formula_on_a_grid():
+    for n in range(1, 13):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                naive = 1 - math.comb(n - c, k) / math.comb(n, k)  # math.comb(m, k) is 0 when k > m
+                assert pass_at_k(n, c, k) == pytest.approx(naive, abs=1e-12), (n, c, k)
+
+
+def test_pass_at_k_large_n_where_float_binomials_overflow():
+    n, c, k = 2000, 3, 500
+    with pytest.raises(OverflowError):  # C(2000, 500) ~ 1e486 is beyond a double
+        float(math.comb(n - c, k)) / float(math.comb(n, k))
+    # C(n-c,k)/C(n,k) = prod_{i<c} (n-k-i)/(n-i) = (1500 * 1499 * 1498) / (2000 * 1999 * 1998)
+    exact = 1 - Fraction(1500 * 1499 * 1498, 2000 * 1999 * 1998)
+    assert exact == 1 - Fraction(math.comb(n - c, k), math.comb(n, k))
+    assert pass_at_k(n, c, k) == pytest.approx(float(exact), rel=1e-12)
+
+
+@pytest.mark.parametrize("n, c, k, arg", [(5, 2, 0, "k"), (5, 2, 6, "k"), (5, -1, 1, "c"), (5, 6, 1, "c")])
+def test_pass_at_k_rejects_bad_arguments(n, c, k, arg):
+    with pytest.raises(ValueError, match=rf"^{arg} must"):
+        pass_at_k(n, c, k)
+
+
+def test_mean_pass_at_k():
+    # pass@2 with n=5 for c = 0, 2, 5: (0 + 0.7 + 1) / 3
+    assert mean_pass_at_k([0, 2, 5], n=5, k=2) == pytest.approx(1.7 / 3)
+    with pytest.raises(ValueError):
+        mean_pass_at_k([], n=5, k=2)
+
+
+def test_avg_at_n_weighs_prompts_equally():
+    # per prompt 1/4 and 2/2 -> (0.25 + 1) / 2 = 0.625, not the pooled 3/6
+    assert avg_at_n([[True, False, False, False], [True, True]]) == pytest.approx(0.625)
+    with pytest.raises(ValueError):
+        avg_at_n([[True], []])
+
+
+@pytest.mark.parametrize(
+    "answers, expected",
+    [
+        (["4", "3", "3"], "3"),
+        (["3", " 4", "4 ", None, "3"], "3"),  # 3 and 4 both twice after stripping: 3 came first
+        ([" 4", "3", "4 ", "3"], "4"),  # same tie, other order
+        ([None, "  ", None], None),  # nothing but missing or blank answers
+        ([], None),
+        ([" 7 "], "7"),
+    ],
+)
+def test_majority_vote(answers, expected):
+    assert majority_vote(answers) == expected
+
+
+def test_maj_at_k():
+    samples = [
+        [("2", True), ("3", False), ("2 ", True)],  # votes 2: correct
+        [("5", False), ("5", False), ("6", True)],  # votes 5: wrong though one sample was right
+        [(None, False), (None, False), ("1", True)],  # votes 1 only when the third sample is in
+    ]
+    assert maj_at_k(samples, k=3) == pytest.approx(2 / 3)
+    # first two samples: tie 2/3 -> 2 (correct); 5 (wrong); no answer (wrong)
+    assert maj_at_k(samples, k=2) == pytest.approx(1 / 3)
+    assert maj_at_k(samples, k=1) == pytest.approx(1 / 3)
+    with pytest.raises(ValueError, match="only 3 samples"):
+        maj_at_k(samples, k=4)
+
+
+def test_bootstrap_ci_is_deterministic_and_contains_the_mean():
+    values = [1.0] * 30 + [0.0] * 70
+    ci = bootstrap_ci(values, seed=7)
+    assert ci == bootstrap_ci(values, seed=7)
+    assert ci != bootstrap_ci(values, seed=8)
+    lo, hi = ci
+    assert lo < 0.3 < hi
+    # normal approximation: 0.3 +- 1.96 * sqrt(0.3 * 0.7 / 100) = 0.3 +- 0.09
+    assert hi - lo == pytest.approx(0.18, abs=0.03)
+    assert bootstrap_ci([2.0] * 5) == (2.0, 2.0)
+
+
+def test_bootstrap_ci_narrows_with_more_data():
+    small = bootstrap_ci([1.0] * 30 + [0.0] * 70)
+    large = bootstrap_ci([1.0] * 300 + [0.0] * 700)
+    # the width shrinks like 1/sqrt(n): ten times the data, about a third of the width
+    assert large[1] - large[0] < (small[1] - small[0]) / 2
+
+
+def test_bootstrap_ci_rejects_bad_arguments():
+    for kwargs in ({"values": []}, {"values": [1.0], "confidence": 1.0}, {"values": [1.0], "resamples": 0}):
+        with pytest.raises(ValueError):
+            bootstrap_ci(**kwargs)
+
+
+def test_summary():
+    # sorted 1, 2, 3, 10: mean 16/4 = 4, median (2 + 3) / 2 = 2.5
+    assert summary([3, 1, 2, 10]) == {"n": 4, "mean": 4.0, "median": 2.5, "min": 1.0, "max": 10.0}
