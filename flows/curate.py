@@ -11,8 +11,11 @@ from tasks import data as data_tasks
 @flow(name="curate")
 def curate(params_file: str = str(layout.PARAMS)) -> None:
     params = config.load(params_file)
-    with tracking.stage_run("curate", params, logged={"seed": params.seed, "curate": params.curate.model_dump()}, inputs={}):
-        stats = data_tasks.curate(params.curate, params.seed, layout.TRAIN, layout.TEST)
+    logged = {"seed": params.seed, "curate": params.curate.model_dump(), "eval.sets": [s.model_dump() for s in params.eval.sets]}
+    with tracking.stage_run("curate", params, logged, inputs={}):
+        stats = data_tasks.curate(params.curate, params.eval, params.seed)
+        tracking.log_dataset(layout.TRAIN, "train", context="training")
+        tracking.log_dataset(layout.TEST, "test", context="evaluation")
         finish("curate", stats)
 
 

@@ -1,4 +1,4 @@
-"""Stage `report`: the comparison table of every checkpoint (markdown, Prefect artifact, MLflow)."""
+"""Stage `report`: every checkpoint side by side (markdown, HTML, Prefect artifact, MLflow)."""
 from __future__ import annotations
 
 import mlflow
@@ -14,10 +14,16 @@ def report(params_file: str = str(layout.PARAMS)) -> str:
     params = config.load(params_file)
     with tracking.stage_run("report", params, logged={"checkpoints": params.checkpoints}, inputs={}):
         evals = {c: io.read_json(layout.metrics(f"eval-{layout.checkpoint_slug(c)}")) for c in params.checkpoints}
-        text = rep.markdown(evals, params.eval.sampling.model_dump())
+        curves = {f"rl/{name}": io.read_json(layout.plot("rl", name)) for name in params.rl.stages}
+        text = rep.markdown(evals)
+        settings = {"seed": params.seed, "model": params.model.source, "git commit": tracking.git_commit()[:12],
+                    **{f"rl.{name}": f"{s.loss_type}, {s.max_steps} steps, lr {s.learning_rate}" for name, s in params.rl.stages.items()}}
         with io.atomic_path(layout.REPORT) as tmp:
             tmp.write_text(text)
-        mlflow.log_text(text, "report.md")
+        with io.atomic_path(layout.HTML_REPORT) as tmp:
+            rep.html(evals, curves, settings, tmp)
+        mlflow.log_artifact(str(layout.REPORT))
+        mlflow.log_artifact(str(layout.HTML_REPORT))
         create_markdown_artifact(markdown=text, key="rung-report", description="held-out results of every checkpoint")
         print(text)
     return text

@@ -22,7 +22,7 @@ def rl(stage_name: str, params_file: str = str(layout.PARAMS)) -> None:
     logged = {"seed": params.seed, "rl": {stage_name: stage.model_dump()}, "format": params.format.model_dump()}
     with tracking.stage_run(f"rl@{stage_name}", params, logged, inputs={"model": init, "train": layout.FILTERED}):
         rows = io.read_jsonl(layout.FILTERED)
-        metrics = train.train_rl(init, rows, params.format, stage, params.model.dtype, derive(params.seed, "rl", stage_name), layout.WORK / "rl" / stage_name, layout.checkpoint(f"rl/{stage_name}"))
+        metrics = train.train_rl(init, rows, params.format, stage, params.model.dtype, derive(params.seed, "rl", stage_name), layout.WORK / "rl" / stage_name, layout.checkpoint(f"rl/{stage_name}"), layout.plot("rl", stage_name))
         finish(f"rl-{stage_name}", metrics)
 
 

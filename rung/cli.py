@@ -34,5 +34,35 @@ def table(report: Path = typer.Argument(layout.REPORT, help="report written by t
     console.print(Markdown(report.read_text()))
 
 
+@app.command()
+def compare(
+    ids: list[str] = typer.Argument(None, help="MLflow run ids, or DVC experiment names with --dvc; none: the most recent"),
+    dvc: bool = typer.Option(False, "--dvc", help="compare DVC experiments (dvc exp show) instead of MLflow runs"),
+    keys: str = typer.Option("*", "--keys", "-k", help="glob over param/metric keys, e.g. '*accuracy*'"),
+    name: str = typer.Option("eval@*", "--name", help="MLflow run-name glob when no ids are given"),
+    last: int = typer.Option(3, "--last", help="how many recent MLflow runs when no ids are given"),
+    all_rows: bool = typer.Option(False, "--all", help="show keys whose values are equal too"),
+    params_file: Path = typer.Option(layout.PARAMS, "--params", help="params file naming the MLflow store"),
+) -> None:
+    """Print MLflow runs or DVC experiments side by side (keys whose values differ)."""
+    from mlflow.exceptions import MlflowException
+
+    from rung import compare as cmp, tracking
+
+    try:
+        if dvc:
+            columns = cmp.dvc_columns(ids or [])
+        else:
+            tracking.setup(config.load(params_file))
+            columns = cmp.mlflow_columns(ids or [], config.load(params_file).tracking.experiment, last, name)
+    except (InputError, MlflowException) as e:
+        typer.echo(f"error: {str(e).splitlines()[0]}", err=True)
+        raise typer.Exit(2) from None
+    if not columns:
+        typer.echo("error: nothing to compare (no matching runs or experiments)", err=True)
+        raise typer.Exit(2)
+    console.print(cmp.table(columns, keys, all_rows))
+
+
 if __name__ == "__main__":
     app()

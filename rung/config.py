@@ -122,8 +122,31 @@ Source = Annotated[
 ]
 
 
+class FilterParams(Section):
+    """Curation filters, applied in this order after unverifiable answers are dropped."""
+
+    min_chars: int = Field(1, ge=0)
+    max_chars: int | None = Field(4000, gt=0)
+    """Prompt length bounds in characters; None: no upper bound."""
+    near_duplicate_threshold: float | None = Field(0.85, gt=0, le=1)
+    """MinHash/LSH Jaccard threshold on character 5-grams (same numbers required); None disables."""
+    decontamination_ngram: int = Field(8, ge=1)
+    """Drop train rows sharing a word n-gram with any eval set prompt. open-r1 uses 8-13; at
+    n=3 distinct 'Calculate a - b.' prompts already collide (see rung.filters.decontaminate)."""
+
+
+class MixParams(Section):
+    total: int = Field(gt=0)
+    """Rows kept after filtering, drawn from the sources in proportion to `weights`."""
+    weights: dict[str, float]
+    """Source name -> weight."""
+
+
 class CurateParams(Section):
     sources: list[Source] = Field(min_length=1)
+    filters: FilterParams = FilterParams()
+    mix: MixParams | None = None
+    """Weighted mixture of the sources; None keeps every filtered row."""
     test_fraction: float = Field(0.2, gt=0, lt=1)
     """Share of unique prompts held out as the in-domain test split (assigned by hash of the id,
     so a prompt's split does not depend on the order or size of the other sources)."""
@@ -220,9 +243,39 @@ class RLParams(Section):
         return self
 
 
+class SampledEvalParams(SamplingParams):
+    """n samples per prompt for avg@n, pass@k and maj@k (k = 1..n)."""
+
+    n: int = Field(4, ge=1)
+    max_prompts: int | None = Field(None, gt=0)
+    """Sample only the first N prompts of each eval set (id order); None samples all."""
+
+
+class BootstrapParams(Section):
+    resamples: int = Field(1000, ge=100)
+    confidence: float = Field(0.95, gt=0, lt=1)
+
+
 class EvalParams(Section):
     sampling: SamplingParams = SamplingParams(temperature=0.0, max_new_tokens=48)
-    """Greedy by default: the headline accuracy is deterministic."""
+    """Headline decoding; greedy (temperature 0) by default, so the accuracy is deterministic."""
+    samples: SampledEvalParams | None = SampledEvalParams()
+    """Sampled decoding for avg@n / pass@k / maj@k; null skips it."""
+    bootstrap: BootstrapParams = BootstrapParams()
+    """Percentile-bootstrap confidence interval of the headline accuracy."""
+    sets: list[Source] = Field(default_factory=list)
+    """Eval sets besides the held-out in-domain split ('test'): out-of-domain reasoning-gym
+    tasks, benchmark files (GSM8K / MATH-500 / AIME style) or HF datasets. The curate stage
+    writes them to data/curated/eval/<name>.jsonl and decontaminates train against them."""
+
+    @model_validator(mode="after")
+    def _set_names(self) -> EvalParams:
+        names = [s.name for s in self.sets]
+        if "test" in names or len(set(names)) != len(names):
+            raise ValueError(f"sets: names must be unique and not 'test' (the held-out split): {names}")
+        if self.samples is not None and self.samples.temperature == 0 and self.samples.n > 1:
+            raise ValueError("samples.temperature: 0 (greedy) gives n identical samples; use temperature > 0")
+        return self
 
 
 class TrackingParams(Section):

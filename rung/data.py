@@ -14,15 +14,16 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import reasoning_gym
 
-from rung.config import CurateParams, ReasoningGymSource
+from rung import filters, sources, verify
+from rung.config import CurateParams, EvalParams, ReasoningGymSource, Source
 from rung.errors import InputError
 from rung.seeding import derive
 from rung.solutions import arithmetic_steps
-from rung.verify import is_known_task
 
 Row = dict[str, Any]
 
@@ -38,7 +39,7 @@ def _jsonable(obj: Any) -> Any:
 
 def from_reasoning_gym(src: ReasoningGymSource, seed: int) -> list[Row]:
     """Generate `src.size` rows of a reasoning-gym task, seeded per source."""
-    if not is_known_task(src.task):
+    if not verify.is_known_task(src.task):
         raise InputError(f"curate.sources.{src.name}.task: unknown reasoning-gym task {src.task!r}")
     try:
         dataset = reasoning_gym.create_dataset(src.task, seed=derive(seed, "curate", src.name), size=src.size, **src.config)
@@ -56,22 +57,6 @@ def from_reasoning_gym(src: ReasoningGymSource, seed: int) -> list[Row]:
     return rows
 
 
-def normalise_prompt(prompt: str) -> str:
-    return " ".join(prompt.lower().split())
-
-
-def dedup(rows: list[Row]) -> list[Row]:
-    """Drop rows whose normalised prompt was seen before (first occurrence wins)."""
-    seen: set[str] = set()
-    out = []
-    for r in rows:
-        key = normalise_prompt(r["prompt"])
-        if key not in seen:
-            seen.add(key)
-            out.append(r)
-    return out
-
-
 def _unit(row: Row) -> float:
     """A uniform number in [0, 1) fixed by the row's id: its split does not depend on other rows."""
     return int(row["id"][:8], 16) / 16**8
@@ -86,20 +71,92 @@ def split(rows: list[Row], test_fraction: float, max_test: int) -> tuple[list[Ro
     return train, test
 
 
-def curate(params: CurateParams, seed: int) -> tuple[list[Row], list[Row], dict[str, Any]]:
-    """Generate every source, dedup, split. Returns (train, test, stats)."""
-    generated = [row for src in params.sources for row in from_reasoning_gym(src, seed)]
-    unique = dedup(generated)
-    train, test = split(unique, params.test_fraction, params.max_test)
+def load_source(src: Source, seed: int) -> tuple[list[Row], dict[str, int]]:
+    """Rows of one source and its loading stats."""
+    if isinstance(src, ReasoningGymSource):
+        rows = from_reasoning_gym(src, seed)
+        return rows, {"read": len(rows), "rows": len(rows)}
+    loaded = sources.load(src, seed)
+    if not loaded.rows:
+        raise InputError(f"curate.sources.{src.name}: no usable rows (read {loaded.stats['read']})")
+    return loaded.rows, loaded.stats
+
+
+def verifiable(row: Row) -> bool:
+    """Whether the configured verifier accepts the row's own reference answer."""
+    return verify.is_correct(row["answer"], row)
+
+
+def difficulty_label(row: Row) -> str:
+    """A row's difficulty for breakdowns: the generator's knob values (reasoning-gym), else a
+    'difficulty' or 'level' column of the source, else 'unknown'."""
+    meta = row["meta"]
+    knobs = [k for k in meta.get("difficulty", {}) if k in meta] if isinstance(meta.get("difficulty"), dict) else []
+    if knobs:
+        return ",".join(f"{k}={meta[k]}" for k in sorted(knobs))
+    for key in ("difficulty", "level"):
+        if meta.get(key) not in (None, ""):
+            return str(meta[key])
+    return "unknown"
+
+
+def eval_sets(params: EvalParams, seed: int) -> dict[str, list[Row]]:
+    """The extra eval sets of params.eval.sets, verified and deduplicated, by name."""
+    out = {}
+    for src in params.sets:
+        rows, _ = load_source(src, seed)
+        rows, _ = filters.unverifiable(rows, verifiable)
+        rows, _ = filters.exact_duplicates(rows)
+        if not rows:
+            raise InputError(f"eval.sets.{src.name}: no verifiable rows left")
+        out[src.name] = sorted(rows, key=lambda r: r["id"])
+    return out
+
+
+def curate(params: CurateParams, evals: dict[str, list[Row]], seed: int) -> tuple[list[Row], list[Row], dict[str, Any]]:
+    """Load every source, filter, mix, split. Returns (train, test, stats).
+
+    Train rows are decontaminated against the extra eval sets (`evals`); the in-domain test split
+    is disjoint from train by construction (deduplicated before the split).
+    """
+    rows, per_source = [], {}
+    for src in params.sources:
+        src_rows, per_source[src.name] = load_source(src, seed)
+        rows += src_rows
+    f = params.filters
+    reports = []
+    steps: list[Callable[[list[Row]], tuple[list[Row], filters.FilterReport]]] = [
+        lambda r: filters.unverifiable(r, verifiable),
+        lambda r: filters.length_bounds(r, f.min_chars, f.max_chars),
+        filters.exact_duplicates,
+    ]
+    if f.near_duplicate_threshold is not None:
+        steps.append(lambda r: filters.near_duplicates(r, threshold=f.near_duplicate_threshold, seed=derive(seed, "curate", "minhash")))
+    eval_prompts = [r["prompt"] for rs in evals.values() for r in rs]
+    if eval_prompts:
+        steps.append(lambda r: filters.decontaminate(r, eval_prompts, n=f.decontamination_ngram))
+    for step in steps:
+        rows, report = step(rows)
+        reports.append(report)
+        if not rows:
+            raise InputError(f"curate.filters: the {report.filter} filter removed every row ({report.reason})")
+    if params.mix is not None:
+        groups: dict[str, list[Row]] = {}
+        for r in rows:
+            groups.setdefault(r["source"], []).append(r)
+        rows = sources.mix(groups, params.mix.weights, params.mix.total, derive(seed, "curate", "mix"))
+    train, test = split(rows, params.test_fraction, params.max_test)
     if not train or not test:
         raise InputError(f"curate: split left train={len(train)} test={len(test)} rows; raise sources.size or test_fraction")
     stats = {
-        "generated": len(generated),
-        "duplicates_removed": len(generated) - len(unique),
         "train": len(train),
         "test": len(test),
+        "sources": per_source,
+        "filters": [r.as_dict() for r in reports],
         "train_per_source": dict(sorted(Counter(r["source"] for r in train).items())),
         "test_per_source": dict(sorted(Counter(r["source"] for r in test).items())),
+        "train_per_difficulty": dict(sorted(Counter(difficulty_label(r) for r in train).items())),
         "with_solution": sum(r["solution"] is not None for r in train),
+        "eval_sets": {name: len(rs) for name, rs in evals.items()},
     }
     return train, test, stats

@@ -1,52 +1,95 @@
-"""Evaluation of one checkpoint on the held-out split: accuracy, format compliance, lengths."""
+"""Evaluation of one checkpoint on one eval set: greedy accuracy with a bootstrap interval,
+format compliance, lengths, breakdowns by source and difficulty, and (with n samples per
+prompt) avg@n, unbiased pass@k and maj@k for every k <= n."""
 from __future__ import annotations
 
 from collections import defaultdict
-from statistics import mean
+from collections.abc import Callable
+from statistics import mean, median
 from typing import Any
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from rung import answer_format
-from rung.config import FormatParams, SamplingParams
+from rung import answer_format, metrics
+from rung.config import EvalParams, FormatParams
+from rung.data import difficulty_label
 from rung.generation import Completion, generate, render
 from rung.verify import is_correct
 
+Record = dict[str, Any]
 
-def grade(rows: list[dict[str, Any]], completions: list[Completion], fmt: FormatParams) -> list[dict[str, Any]]:
-    """One record per (row, completion): the answer found, whether it is correct, and lengths."""
+
+def grade(rows: list[dict[str, Any]], samples: list[list[Completion]], fmt: FormatParams) -> list[Record]:
+    """One record per row: its completions with the extracted answers and their grades."""
     records = []
-    for row, c in zip(rows, completions, strict=True):
-        strict = answer_format.extract(c.text, fmt)
-        lenient = answer_format.extract_lenient(c.text, fmt)
-        records.append(
-            dict(id=row["id"], source=row["source"], task=row["task"], prompt=row["prompt"], answer=row["answer"],
-                 completion=c.text, extracted=strict, correct=is_correct(strict, row),
-                 correct_lenient=is_correct(lenient, row), formatted=strict is not None,
-                 tokens=c.tokens, truncated=c.truncated)
-        )
+    for row, completions in zip(rows, samples, strict=True):
+        graded = []
+        for c in completions:
+            strict = answer_format.extract(c.text, fmt)
+            graded.append(dict(
+                completion=c.text, extracted=strict, correct=is_correct(strict, row),
+                correct_lenient=is_correct(answer_format.extract_lenient(c.text, fmt), row),
+                tokens=c.tokens, truncated=c.truncated,
+            ))
+        records.append(dict(id=row["id"], source=row["source"], task=row["task"], difficulty=difficulty_label(row),
+                            prompt=row["prompt"], answer=row["answer"], samples=graded))
     return records
 
 
-def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Headline metrics plus accuracy per source."""
-    by_source: dict[str, list[float]] = defaultdict(list)
+def _by(records: list[Record], key: str) -> dict[str, float]:
+    groups: dict[str, list[float]] = defaultdict(list)
     for r in records:
-        by_source[r["source"]].append(float(r["correct"]))
+        groups[r[key]].append(float(r["samples"][0]["correct"]))
+    return {k: mean(v) for k, v in sorted(groups.items())}
+
+
+def summarize_greedy(records: list[Record], params: EvalParams, seed: int) -> dict[str, Any]:
+    """Headline metrics of one completion per prompt (the first), with a bootstrap interval."""
+    first = [r["samples"][0] for r in records]
+    correct = [float(s["correct"]) for s in first]
     return {
         "n": len(records),
-        "accuracy": mean(float(r["correct"]) for r in records),
-        "accuracy_lenient": mean(float(r["correct_lenient"]) for r in records),
-        "format_rate": mean(float(r["formatted"]) for r in records),
-        "mean_tokens": mean(r["tokens"] for r in records),
-        "truncation_rate": mean(float(r["truncated"]) for r in records),
-        "accuracy_by_source": {k: mean(v) for k, v in sorted(by_source.items())},
+        "accuracy": mean(correct),
+        "accuracy_ci": list(metrics.bootstrap_ci(correct, params.bootstrap.confidence, params.bootstrap.resamples, seed)),
+        "accuracy_lenient": mean(float(s["correct_lenient"]) for s in first),
+        "format_rate": mean(float(s["extracted"] is not None) for s in first),
+        "mean_tokens": mean(s["tokens"] for s in first),
+        "median_tokens": median(s["tokens"] for s in first),
+        "truncation_rate": mean(float(s["truncated"]) for s in first),
+        "accuracy_by_source": _by(records, "source"),
+        "accuracy_by_difficulty": _by(records, "difficulty"),
     }
 
 
-def evaluate(model: PreTrainedModel, tok: PreTrainedTokenizerBase, rows: list[dict[str, Any]], fmt: FormatParams, sampling: SamplingParams, seed: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Generate one completion per row and grade it; returns (records, metrics)."""
+def summarize_sampled(records: list[Record]) -> dict[str, Any]:
+    """avg@n, pass@k and maj@k (k = 1..n) over n sampled completions per prompt."""
+    n = min(len(r["samples"]) for r in records)
+    per_prompt = [[s["correct"] for s in r["samples"][:n]] for r in records]
+    votes = [[(s["extracted"], s["correct"]) for s in r["samples"][:n]] for r in records]
+    return {
+        f"avg@{n}": metrics.avg_at_n(per_prompt),
+        "pass_at_k": {str(k): metrics.mean_pass_at_k([sum(c) for c in per_prompt], n, k) for k in range(1, n + 1)},
+        "maj_at_k": {str(k): metrics.maj_at_k(votes, k) for k in range(1, n + 1)},
+        "sampled_mean_tokens": mean(s["tokens"] for r in records for s in r["samples"][:n]),
+    }
+
+
+def evaluate(
+    model: PreTrainedModel, tok: PreTrainedTokenizerBase, rows: list[dict[str, Any]], fmt: FormatParams,
+    params: EvalParams, seed: int, progress: Callable[[str], None] = lambda _: None,
+) -> tuple[list[Record], list[Record], dict[str, Any]]:
+    """Greedy (headline) and, when `params.samples` is set, sampled evaluation of `rows`.
+
+    Returns (greedy records, sampled records, metrics).
+    """
     prompts = render(tok, [answer_format.messages(r["prompt"], fmt) for r in rows])
-    completions = [c[0] for c in generate(model, tok, prompts, sampling, n=1, seed=seed, desc="eval")]
-    records = grade(rows, completions, fmt)
-    return records, summarize(records)
+    greedy = grade(rows, generate(model, tok, prompts, params.sampling, n=1, seed=seed, desc="eval greedy"), fmt)
+    result = summarize_greedy(greedy, params, seed)
+    progress(f"greedy accuracy {result['accuracy']:.3f} on {len(rows)} prompts")
+    sampled: list[Record] = []
+    if params.samples is not None:
+        s = params.samples
+        subset = rows[: s.max_prompts]
+        sampled = grade(subset, generate(model, tok, prompts[: len(subset)], s, n=s.n, seed=seed + 1, desc=f"eval x{s.n}"), fmt)
+        result.update(summarize_sampled(sampled))
+    return greedy, sampled, result

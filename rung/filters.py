@@ -8,14 +8,14 @@ stage's stats JSON (`FilterReport.as_dict`).
 from __future__ import annotations
 
 import re
-import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import math_verify
 from datasketch import MinHash, MinHashLSH
+
+from rung.verify import parse_math
 
 Row = dict[str, Any]
 
@@ -72,27 +72,13 @@ def words(text: str) -> list[str]:
 # --- unverifiable -----------------------------------------------------------------------------
 
 
-def parse_math_reference(answer: str) -> list[Any]:
-    """Parse a reference answer with math-verify exactly as a reward should parse the gold answer.
-
-    The answer is wrapped in `$...$`: bare, math-verify's LaTeX extractor needs delimiters, so
-    `parse("\\sqrt{2}")` gives [] and `parse("10^{10}")` gives [10]; wrapped they parse to sqrt(2)
-    and 10**10. `no_fallback` makes an answer that yields no expression ("See the proof above.")
-    come back as [] instead of as its raw string.
-    """
-    # math-verify's timeout uses SIGALRM, which only the main thread may set; elsewhere (e.g. a
-    # Prefect task thread) it raises, so parse without it (references are short).
-    timeout = 5 if threading.current_thread() is threading.main_thread() else None
-    return math_verify.parse(f"${answer}$", fallback_mode="no_fallback", parsing_timeout=timeout)
-
-
 def math_answer_is_parseable(answer: str) -> bool:
     """Whether math-verify can turn a reference answer into an expression to compare against.
 
     Free text that happens to be valid LaTeX math still parses ("yes" becomes the product
     e*s*y): this filter catches answers math-verify cannot use at all, not wrongly-typed ones.
     """
-    return bool(parse_math_reference(answer))
+    return bool(parse_math(answer))
 
 
 def unverifiable(rows: list[Row], check: Callable[[Row], bool]) -> tuple[list[Row], FilterReport]:

@@ -10,6 +10,7 @@ SFT = MODELS / "sft"
 CURATED = Path("data/curated")
 TRAIN = CURATED / "train.jsonl"
 TEST = CURATED / "test.jsonl"
+EVAL_SETS = CURATED / "eval"  # extra eval sets: <name>.jsonl
 DIFFICULTY = Path("data/difficulty")
 SCORES = DIFFICULTY / "scores.jsonl"
 FILTERED = DIFFICULTY / "train.jsonl"
@@ -17,6 +18,8 @@ EVAL = Path("data/eval")
 METRICS = Path("data/metrics")
 REPORTS = Path("data/reports")
 REPORT = REPORTS / "report.md"
+HTML_REPORT = REPORTS / "report.html"
+PLOTS = Path("data/plots")
 WORK = Path("data/work")  # trainer scratch space (checkpoints in progress); not a DVC output
 
 
@@ -32,3 +35,13 @@ def checkpoint_slug(name: str) -> str:
 
 def metrics(stage: str) -> Path:
     return METRICS / f"{stage}.json"
+
+
+def eval_set(name: str) -> Path:
+    """Rows of an eval set: 'test' is the held-out in-domain split."""
+    return TEST if name == "test" else EVAL_SETS / f"{name}.jsonl"
+
+
+def plot(kind: str, name: str) -> Path:
+    """DVC plot data, e.g. plot('pass_at_k', 'sft') -> data/plots/pass_at_k/sft.json."""
+    return PLOTS / kind / f"{name}.json"

@@ -1,7 +1,10 @@
-"""The comparison table of every evaluated checkpoint."""
+"""The comparison of every evaluated checkpoint: headline rows, markdown and HTML reports."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+from rung import html_report
 
 COLUMNS = [
     ("accuracy", "held-out accuracy"),
@@ -12,25 +15,45 @@ COLUMNS = [
 ]
 
 
-def rows(evals: dict[str, dict[str, Any]]) -> list[list[str]]:
-    """Table rows, one per checkpoint, in pipeline order (base, sft, rl stages)."""
-    out = []
-    for name, m in evals.items():
-        cells = [name]
-        for key, _ in COLUMNS:
-            v = m[key]
-            cells.append(f"{v:.1f}" if key == "mean_tokens" else f"{100 * v:.1f}%")
-        out.append(cells)
-    return out
+def headline(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The report's view of one eval metrics file: the held-out split's numbers, with the other
+    eval sets' accuracy next to the per-source accuracy."""
+    sets = metrics["sets"]
+    extra = {f"{name} (eval set)": m["accuracy"] for name, m in sets.items() if name != "test"}
+    return {**sets["test"], "accuracy_by_source": {**sets["test"]["accuracy_by_source"], **extra}, "sampling": metrics["sampling"]}
 
 
-def markdown(evals: dict[str, dict[str, Any]], sampling: dict[str, Any]) -> str:
-    """A markdown report: the table plus the settings every number depends on."""
-    header = ["checkpoint", *(title for _, title in COLUMNS)]
+def _cell(key: str, m: dict[str, Any]) -> str:
+    v = m[key]
+    if key == "mean_tokens":
+        return f"{v:.1f}"
+    text = f"{100 * v:.1f}%"
+    if key == "accuracy" and "accuracy_ci" in m:
+        lo, hi = m["accuracy_ci"]
+        text += f" [{100 * lo:.0f}, {100 * hi:.0f}]"
+    return text
+
+
+def markdown(evals: dict[str, dict[str, Any]]) -> str:
+    """A markdown table (checkpoints in pipeline order) plus the settings every number depends on."""
+    views = {name: headline(m) for name, m in evals.items()}
+    sample_cols = sorted({k for v in views.values() for k in v if k.startswith("avg@")})
+    header = ["checkpoint", *(title for _, title in COLUMNS), *sample_cols]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows(evals)]
-    n = {m["n"] for m in evals.values()}
-    settings = ", ".join(f"{k}={v}" for k, v in sorted(sampling.items()))
-    return "\n".join(
-        ["# rung results", "", f"Held-out split: {', '.join(map(str, sorted(n)))} prompts; sampling: {settings}.", "", *lines, ""]
-    )
+    for name, v in views.items():
+        cells = [name, *(_cell(key, v) for key, _ in COLUMNS), *(f"{100 * v[c]:.1f}%" if c in v else "—" for c in sample_cols)]
+        lines.append("| " + " | ".join(cells) + " |")
+    first = next(iter(evals.values()))
+    n = next(iter(views.values()))["n"]
+    sampling = ", ".join(f"{k}={v}" for k, v in sorted(first["sampling"].items()))
+    notes = [f"Held-out split: {n} prompts; headline decoding: {sampling}; accuracy with its 95% bootstrap interval."]
+    if first.get("samples"):
+        s = first["samples"]
+        notes.append(f"avg@{s['n']}: {s['n']} samples per prompt at temperature {s['temperature']}, top_p {s['top_p']}.")
+    return "\n".join(["# rung results", "", *notes, "", *lines, ""])
+
+
+def html(evals: dict[str, dict[str, Any]], reward_curves: dict[str, list[dict[str, float]]], settings: dict[str, Any], path: Path) -> None:
+    """The self-contained HTML report (tables and inline SVG plots)."""
+    curves = {name: [(int(c["step"]), c["reward"]) for c in points] for name, points in reward_curves.items()}
+    html_report.write(path, {name: headline(m) for name, m in evals.items()}, curves, title="rung results", settings=settings)

@@ -50,16 +50,31 @@ def grpo_config(stage: RLStageParams, seed: int, work_dir: Path, dtype: str = "f
     )
 
 
-def train(model_dir: Path, rows: list[dict[str, Any]], fmt: FormatParams, stage: RLStageParams, seed: int, work_dir: Path, dtype: str = "float32") -> tuple[Any, Any, dict[str, float]]:
-    """Run one GRPO stage from `model_dir`; returns (model, tokenizer, summary metrics)."""
+# Per-step curves kept for plots and the report: our name -> TRL's log key.
+CURVES = {
+    "reward": "reward",
+    "accuracy": "rewards/accuracy/mean",
+    "frac_reward_zero_std": "frac_reward_zero_std",
+    "kl": "kl",
+    "entropy": "entropy",
+    "completion_length": "completions/mean_length",
+    "clipped_ratio": "completions/clipped_ratio",
+}
+
+
+def train(model_dir: Path, rows: list[dict[str, Any]], fmt: FormatParams, stage: RLStageParams, seed: int, work_dir: Path, dtype: str = "float32") -> tuple[Any, Any, dict[str, float], list[dict[str, float]]]:
+    """Run one GRPO stage from `model_dir`; returns (model, tokenizer, summary metrics, per-step curves)."""
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     funcs = rewards.build(stage.rewards, fmt)
     trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=grpo_config(stage, seed, work_dir, dtype), train_dataset=prompts(rows, fmt), processing_class=tok)
     result = trainer.train()
-    history = [h for h in trainer.state.log_history if "reward" in h]
+    curves = [
+        {"step": h["step"], **{name: float(h[key]) for name, key in CURVES.items() if key in h}}
+        for h in trainer.state.log_history if "reward" in h
+    ]
     summary = {"train_loss": float(result.training_loss), "steps": float(result.global_step)}
-    if history:
-        summary["reward_last"] = float(history[-1]["reward"])
-        summary["frac_reward_zero_std"] = sum(h.get("frac_reward_zero_std", 0.0) for h in history) / len(history)
-    return trainer.model, tok, summary
+    if curves:
+        summary["reward_last"] = curves[-1]["reward"]
+        summary["frac_reward_zero_std"] = sum(c.get("frac_reward_zero_std", 0.0) for c in curves) / len(curves)
+    return trainer.model, tok, summary, curves

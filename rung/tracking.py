@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -144,4 +145,15 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def log_metrics(metrics: dict[str, Any], prefix: str, step: int | None = None) -> None:
     """Log the numeric leaves of a (nested) metrics dict as `<prefix>/<key>`."""
     flat = _flatten(metrics)
-    mlflow.log_metrics({f"{prefix}/{k.replace('.', '/')}": float(v) for k, v in flat.items() if isinstance(v, (int, float))}, step=step)
+    # MLflow allows only these characters in metric names (difficulty labels have '=' and ',').
+    name = lambda k: re.sub(r"[^0-9A-Za-z_\-. :/]", "_", f"{prefix}/{k.replace('.', '/')}")  # noqa: E731
+    mlflow.log_metrics({name(k): float(v) for k, v in flat.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}, step=step)
+
+
+def log_dataset(path: Path, name: str, context: str) -> None:
+    """Record a jsonl split as an MLflow dataset input; its digest is the file's md5 (as in dvc.lock)."""
+    import pandas as pd  # only here: reading the split as a frame is all MLflow's dataset API needs
+
+    frame = pd.read_json(path, lines=True, dtype=False)
+    dataset = mlflow.data.from_pandas(frame, source=str(path), name=name, digest=md5(path))
+    mlflow.log_input(dataset, context=context)

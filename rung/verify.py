@@ -2,10 +2,15 @@
 from __future__ import annotations
 
 import json
+import threading
 from functools import cache
 from typing import Any, Callable
 
+import math_verify
 import reasoning_gym
+
+MATH = "math"
+"""Task name of rows whose answers are checked by math-verify rather than a reasoning-gym scorer."""
 
 
 @cache
@@ -13,7 +18,26 @@ def _scorer(task: str) -> Callable[[str | None, dict[str, Any]], float]:
     return reasoning_gym.get_score_answer_fn(task)
 
 
+def _timeout() -> int | None:
+    # math-verify's timeout uses SIGALRM, which only the main thread may set; elsewhere (e.g. a
+    # Prefect task thread) it raises, so run without it (answers are short).
+    return 5 if threading.current_thread() is threading.main_thread() else None
+
+
+def parse_math(answer: str) -> list[Any]:
+    """Parse an answer with math-verify, the same way for references and model answers.
+
+    The answer is wrapped in `$...$`: bare, math-verify's LaTeX extractor needs delimiters, so
+    `parse("\\sqrt{2}")` gives [] and `parse("10^{10}")` gives [10]; wrapped they parse to sqrt(2)
+    and 10**10. `no_fallback` makes an answer that yields no expression ("See the proof above.")
+    come back as [] instead of as its raw string.
+    """
+    return math_verify.parse(f"${answer}$", fallback_mode="no_fallback", parsing_timeout=_timeout())
+
+
 def is_known_task(task: str) -> bool:
+    if task == MATH:
+        return True
     try:
         _scorer(task)
     except (KeyError, ValueError):
@@ -29,6 +53,9 @@ def is_correct(answer: str | None, row: dict[str, Any]) -> bool:
     """
     if answer is None:
         return False
+    if row["task"] == MATH:
+        gold = parse_math(row["answer"])
+        return bool(gold) and math_verify.verify(gold, parse_math(answer), timeout_seconds=_timeout())
     meta = row["meta"]
     entry = {
         "question": row["prompt"],

@@ -7,7 +7,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from rung import difficulty, evaluate, models
-from rung.config import DifficultyParams, FormatParams, SamplingParams
+from rung.config import DifficultyParams, EvalParams, FormatParams
 
 
 @task(cache_policy=NO_CACHE)
@@ -20,9 +20,8 @@ def score_difficulty(model_dir: Path, rows: list[dict[str, Any]], fmt: FormatPar
 
 
 @task(cache_policy=NO_CACHE)
-def evaluate_checkpoint(model_dir: Path, rows: list[dict[str, Any]], fmt: FormatParams, sampling: SamplingParams, dtype: str, seed: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Per-sample records and metrics of one checkpoint on `rows`."""
+def evaluate_checkpoint(model_dir: Path, sets: dict[str, list[dict[str, Any]]], fmt: FormatParams, params: EvalParams, dtype: str, seed: int) -> dict[str, tuple[list[Any], list[Any], dict[str, Any]]]:
+    """(greedy records, sampled records, metrics) of one checkpoint on every eval set."""
+    log = get_run_logger()
     model, tok = models.load(model_dir, dtype)
-    records, metrics = evaluate.evaluate(model, tok, rows, fmt, sampling, seed)
-    get_run_logger().info("%s: accuracy %.3f, format rate %.3f", model_dir, metrics["accuracy"], metrics["format_rate"])
-    return records, metrics
+    return {name: evaluate.evaluate(model, tok, rows, fmt, params, seed, progress=lambda m, n=name: log.info("%s: %s", n, m)) for name, rows in sets.items()}

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from rung import models
-from rung.config import DifficultyParams, FormatParams, SamplingParams
+from rung.config import DifficultyParams, EvalParams, FormatParams, SamplingParams
 from rung.difficulty import keep, pass_rates, summarize
 from rung.evaluate import evaluate
 from rung.generation import generate, render
@@ -49,8 +49,11 @@ def test_difficulty_and_eval_records(loaded):
     assert [s["id"] for s in scores] == [r["id"] for r in ROWS] and all(len(s["scores"]) == 2 for s in scores)
     stats = summarize(scores, kept=len(keep(scores, params)))
     assert stats["prompts"] == 5 and stats["kept"] == 5 and 0 <= stats["zero_variance_fraction"] <= 1
-    records, metrics = evaluate(model, tok, ROWS, FMT, SamplingParams(temperature=0, max_new_tokens=4), seed=0)
-    assert len(records) == 5 and metrics["n"] == 5 and metrics["truncation_rate"] == 1.0
+    params = EvalParams(sampling=SamplingParams(temperature=0, max_new_tokens=4), samples=dict(n=3, max_new_tokens=4, max_prompts=2))
+    greedy, sampled, metrics = evaluate(model, tok, ROWS, FMT, params, seed=0)
+    assert len(greedy) == 5 and metrics["n"] == 5 and metrics["truncation_rate"] == 1.0
+    assert len(sampled) == 2 and all(len(r["samples"]) == 3 for r in sampled)
+    assert set(metrics["pass_at_k"]) == {"1", "2", "3"} and metrics["accuracy_by_difficulty"] == {"unknown": metrics["accuracy"]}
 
 
 def test_keep_window():

@@ -64,6 +64,8 @@ def tiny_params(model_dir: Path) -> dict:
     params["sft"].update(max_steps=2, per_device_train_batch_size=2)
     params["rl"]["stages"]["main"].update(max_steps=2, num_generations=2, max_completion_length=8, beta=0.01)
     params["eval"]["sampling"]["max_new_tokens"] = 8
+    params["eval"]["samples"] = dict(n=3, temperature=1.0, max_new_tokens=6, max_prompts=4)
+    params["eval"]["sets"] = [dict(name="ood_chain", task="chain_sum", size=6, config=dict(min_terms=4, max_terms=4, min_digits=1, max_digits=1))]
     return params
 
 
@@ -102,21 +104,32 @@ def test_dvc_repro_runs_every_stage(workspace):
 
     for path in ["data/models/base/model.safetensors", "data/models/sft/model.safetensors", "data/models/rl/main/model.safetensors",
                  "data/curated/train.jsonl", "data/curated/test.jsonl", "data/difficulty/scores.jsonl", "data/difficulty/train.jsonl",
-                 "data/eval/base.jsonl", "data/eval/sft.jsonl", "data/eval/rl-main.jsonl", "data/reports/report.md"]:
+                 "data/curated/eval/ood_chain.jsonl", "data/eval/base/test.jsonl", "data/eval/sft/ood_chain.jsonl",
+                 "data/eval/rl-main/test.samples.jsonl", "data/reports/report.md", "data/reports/report.html",
+                 "data/plots/rl/main.json", "data/plots/pass_at_k/sft.json", "data/plots/accuracy_by_difficulty/base.json"]:
         assert (ws / path).is_file(), path
     assert json.loads((ws / "data/models/sft/rung.json").read_text())["stage"] == "sft"
 
     test_rows = (ws / "data/curated/test.jsonl").read_text().splitlines()
-    assert len(test_rows) == 8
+    assert 0 < len(test_rows) <= 8  # max_test; filters may leave fewer
     for ckpt in ("base", "sft", "rl-main"):
         m = json.loads((ws / f"data/metrics/eval-{ckpt}.json").read_text())
-        assert m["n"] == 8 and 0 <= m["accuracy"] <= 1 and m["sampling"]["temperature"] == 0
+        test = m["sets"]["test"]
+        assert test["n"] == len(test_rows) and 0 <= test["accuracy"] <= 1 and m["sampling"]["temperature"] == 0
+        assert test["accuracy_ci"][0] <= test["accuracy"] <= test["accuracy_ci"][1]
+        assert set(test["pass_at_k"]) == {"1", "2", "3"} and "avg@3" in test and set(test["maj_at_k"]) == {"1", "2", "3"}
+        assert m["sets"]["ood_chain"]["n"] == 6 and len(m["model_md5"]) == 32 and set(m["data_md5"]) == {"test", "ood_chain"}
+    assert [p["k"] for p in json.loads((ws / "data/plots/pass_at_k/sft.json").read_text())] == [1, 2, 3]
+    assert [c["step"] for c in json.loads((ws / "data/plots/rl/main.json").read_text())] == [1, 2]
     report = (ws / "data/reports/report.md").read_text()
     for ckpt in ("| base |", "| sft |", "| rl/main |"):
         assert ckpt in report
 
     shown = run("dvc", "metrics", "show", "--json")
     assert shown.returncode == 0 and "eval-rl-main.json" in shown.stdout
+    plots = run("dvc", "plots", "show", "--json")
+    assert plots.returncode == 0 and "pass_at_k/sft.json" in plots.stdout and "rl/main.json" in plots.stdout
+    assert "ood_chain (eval set)" in (ws / "data/reports/report.html").read_text()
 
     runs = _runs(ws)
     parents = [r for r in runs if r.data.tags.get("rung.role") == "pipeline"]
@@ -132,7 +145,10 @@ def test_dvc_repro_runs_every_stage(workspace):
     assert len(client.get_metric_history(sft.info.run_id, "loss")) == 2  # per step
     for key in ("reward", "kl", "entropy", "completions/mean_length", "rewards/accuracy/mean", "frac_reward_zero_std"):
         assert len(client.get_metric_history(rl.info.run_id, key)) == 2, key
-    assert "eval-sft/accuracy" in by_name["eval@sft"].data.metrics
+    assert "eval-sft/sets/test/accuracy" in by_name["eval@sft"].data.metrics
+    assert "eval-sft/sets/test/pass_at_k/3" in by_name["eval@sft"].data.metrics
+    assert {a.path for a in client.list_artifacts(by_name["eval@sft"].info.run_id, "samples")} >= {"samples/test.jsonl", "samples/ood_chain.jsonl"}
+    assert by_name["curate"].inputs.dataset_inputs[0].dataset.digest == run("md5sum", "data/curated/train.jsonl").stdout.split()[0]
 
     again = run("dvc", "repro")
     assert again.returncode == 0 and "Running stage" not in again.stdout
@@ -155,6 +171,18 @@ def test_pipeline_flow_runs_only_stale_stages(workspace):
     assert parent[0].data.tags["rung.stages_run"] == "eval_base,eval_sft,eval_rl@main,report"
     kids = [r for r in _runs(ws) if r.data.tags.get("mlflow.parentRunId") == parent[0].info.run_id]
     assert {r.info.run_name for r in kids} == {"eval@base", "eval@sft", "eval@rl-main", "report"}
+
+
+def test_compare_cli(workspace):
+    ws, run = workspace
+    res = run("rung", "compare", "--keys", "*sets/test/accuracy", "--all", "--last", "3")
+    assert res.returncode == 0, res.stderr
+    assert "eval@base" in res.stdout and "eval@rl-main" in res.stdout and "accuracy" in res.stdout
+    res = run("rung", "compare", "--dvc", "--keys", "*eval-sft.json:sets.test.accuracy", "--all")
+    assert res.returncode == 0, res.stderr
+    assert "workspace" in res.stdout and "sets.test.accuracy" in res.stdout
+    res = run("rung", "compare", "no-such-run-id")
+    assert res.returncode == 2 and res.stderr.startswith("error:") and len(res.stderr.strip().splitlines()) == 1
 
 
 def test_bad_params_fail_fast_and_keep_outputs(workspace):
