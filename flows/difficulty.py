@@ -14,15 +14,17 @@ from tasks import generation
 def difficulty(params_file: str = str(layout.PARAMS)) -> None:
     params = config.load(params_file)
     p = params.difficulty
-    logged = {"seed": params.seed, "difficulty": p.model_dump(), "format": params.format.model_dump()}
-    with tracking.stage_run("difficulty", params, logged, inputs={"model": layout.BASE, "train": layout.TRAIN}):
+    reference = layout.checkpoint(p.reference)
+    logged = {"seed": params.seed, "difficulty": p.model_dump(), "format": params.format.model_dump(), "generation": params.generation.model_dump()}
+    with tracking.stage_run("difficulty", params, logged, inputs={"model": reference, "train": layout.TRAIN}):
         rows = io.read_jsonl(layout.TRAIN)[: p.max_prompts]
-        scores = generation.score_difficulty(layout.BASE, rows, params.format, p, params.model.dtype, derive(params.seed, "difficulty"))
+        scores = generation.score_difficulty(reference, rows, params.format, p, params.model.dtype, params.generation.backend, derive(params.seed, "difficulty"))
         kept = diff.keep(scores, p)
         if not kept:
             raise InputError(f"difficulty: no prompt has a pass rate in [{p.pass_rate_min}, {p.pass_rate_max}]; widen the window")
         io.write_jsonl(layout.SCORES, scores)
         io.write_jsonl(layout.FILTERED, [r for r in rows if r["id"] in kept])
+        io.write_json(layout.plot("difficulty", "pass_rate"), diff.histogram(scores))
         finish("difficulty", diff.summarize(scores, len(kept)))
 
 

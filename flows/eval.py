@@ -26,7 +26,7 @@ def eval_checkpoint(checkpoint: str, params_file: str = str(layout.PARAMS)) -> N
     logged = {"seed": params.seed, "eval": params.eval.model_dump(exclude={"sets"}), "format": params.format.model_dump(), "checkpoint": checkpoint}
     with tracking.stage_run(f"eval@{slug}", params, logged, inputs={"model": model_dir, **set_paths}):
         seed = derive(params.seed, "eval")
-        results = generation.evaluate_checkpoint(model_dir, {n: io.read_jsonl(p) for n, p in set_paths.items()}, params.format, params.eval, params.model.dtype, seed)
+        results = generation.evaluate_checkpoint(model_dir, {n: io.read_jsonl(p) for n, p in set_paths.items()}, params.format, params.eval, params.model.dtype, params.generation.backend, seed)
         out = layout.EVAL / slug
         with io.atomic_path(out) as tmp:
             tmp.mkdir()
@@ -43,6 +43,7 @@ def eval_checkpoint(checkpoint: str, params_file: str = str(layout.PARAMS)) -> N
             "data_md5": {n: io.md5(p) for n, p in set_paths.items()},
             "sampling": params.eval.sampling.model_dump(),
             "samples": params.eval.samples.model_dump() if params.eval.samples else None,
+            "bootstrap": params.eval.bootstrap.model_dump(),
             "sets": {name: m for name, (_, _, m) in results.items()},
         }
         finish(f"eval-{slug}", metrics)

@@ -173,7 +173,15 @@ class SamplingParams(Section):
     """Sequences generated per forward batch."""
 
 
+class GenerationParams(Section):
+    backend: Literal["transformers", "vllm"] = "transformers"
+    """Rollout engine of the difficulty and eval stages; vllm needs a CUDA GPU and `rung[vllm]`."""
+
+
 class DifficultyParams(Section):
+    reference: Literal["base", "sft"] = "base"
+    """Model whose pass rates are measured. 'sft' makes the DAG sft -> difficulty -> rl: the
+    filter then sees the policy RL starts from, which already follows the answer format."""
     num_generations: int = Field(4, gt=0)
     """Rollouts per train prompt from which the pass rate is computed (open-r1 uses 8)."""
     sampling: SamplingParams = SamplingParams(temperature=1.0, max_new_tokens=48)
@@ -182,11 +190,17 @@ class DifficultyParams(Section):
     """Keep prompts whose pass rate lies in [pass_rate_min, pass_rate_max] (open-r1: [0.1, 0.6])."""
     max_prompts: int | None = Field(None, gt=0)
     """Score only the first N train prompts (in id order); None scores all."""
+    buckets: dict[str, float] = {"unsolved": 0.0, "hard": 0.25, "medium": 0.75, "easy": 0.99, "solved": 1.0}
+    """Bucket name -> inclusive upper bound of the pass rate, ascending, the last 1.0; curricula
+    and reports group prompts by them (prime-rl pools: hard <= 0.25, normal <= 0.75, easy <= 1)."""
 
     @model_validator(mode="after")
     def _window(self) -> DifficultyParams:
         if self.pass_rate_min > self.pass_rate_max:
             raise ValueError(f"pass_rate_min ({self.pass_rate_min}) exceeds pass_rate_max ({self.pass_rate_max})")
+        bounds = list(self.buckets.values())
+        if not bounds or bounds != sorted(bounds) or len(set(bounds)) != len(bounds) or bounds[-1] != 1.0:
+            raise ValueError(f"buckets: upper bounds must be strictly ascending and end at 1.0, got {bounds}")
         return self
 
 
@@ -289,6 +303,7 @@ class Params(Section):
     """One seed; each stage derives its own from it (rung.seeding)."""
     model: ModelParams = ModelParams()
     format: FormatParams = FormatParams()
+    generation: GenerationParams = GenerationParams()
     curate: CurateParams
     difficulty: DifficultyParams = DifficultyParams()
     sft: SFTParams = SFTParams()

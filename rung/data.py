@@ -160,3 +160,13 @@ def curate(params: CurateParams, evals: dict[str, list[Row]], seed: int) -> tupl
         "eval_sets": {name: len(rs) for name, rs in evals.items()},
     }
     return train, test, stats
+
+
+def histograms(rows: list[Row]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """DVC plot data: rows per (source, prompt length in 10-char bins) and per (source, difficulty)."""
+    lengths = Counter((r["source"], len(r["prompt"]) // 10 * 10) for r in rows)
+    levels = Counter(f"{r['source']}: {difficulty_label(r)}" for r in rows)
+    return (
+        [{"source": s, "prompt_chars": n, "rows": c} for (s, n), c in sorted(lengths.items())],
+        [{"source_difficulty": k, "rows": c} for k, c in sorted(levels.items())],
+    )

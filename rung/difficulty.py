@@ -5,30 +5,35 @@ open-r1 keeps pass rates in [0.1, 0.6] from 8 generations.
 """
 from __future__ import annotations
 
+from collections import Counter
 from statistics import mean
 from typing import Any
 
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
 from rung import answer_format
 from rung.config import DifficultyParams, FormatParams
-from rung.generation import generate, render
+from rung.generation import Generator
 from rung.verify import is_correct
 
 
-def pass_rates(model: PreTrainedModel, tok: PreTrainedTokenizerBase, rows: list[dict[str, Any]], fmt: FormatParams, params: DifficultyParams, seed: int) -> list[dict[str, Any]]:
+def pass_rates(gen: Generator, rows: list[dict[str, Any]], fmt: FormatParams, params: DifficultyParams, seed: int) -> list[dict[str, Any]]:
     """One score record per row: pass rate over `num_generations` samples.
 
     Correctness here ignores the answer format (last number counts): difficulty measures whether
     the reference model can solve the problem, not whether it already follows rung's format.
     """
-    prompts = render(tok, [answer_format.messages(r["prompt"], fmt) for r in rows])
-    samples = generate(model, tok, prompts, params.sampling, n=params.num_generations, seed=seed, desc="difficulty")
+    prompts = gen.render([answer_format.messages(r["prompt"], fmt) for r in rows])
+    samples = gen.generate(prompts, params.sampling, n=params.num_generations, seed=seed, desc="difficulty")
     out = []
     for row, completions in zip(rows, samples, strict=True):
         scores = [float(is_correct(answer_format.extract_lenient(c.text, fmt), row)) for c in completions]
-        out.append({"id": row["id"], "source": row["source"], "pass_rate": mean(scores), "scores": scores})
+        rate = mean(scores)
+        out.append({"id": row["id"], "source": row["source"], "pass_rate": rate, "bucket": bucket(rate, params.buckets), "scores": scores})
     return out
+
+
+def bucket(pass_rate: float, buckets: dict[str, float]) -> str:
+    """The first bucket (in params order, ascending bounds) whose inclusive upper bound holds the rate."""
+    return next(name for name, upper in buckets.items() if pass_rate <= upper)
 
 
 def keep(scores: list[dict[str, Any]], params: DifficultyParams) -> set[str]:
@@ -45,4 +50,11 @@ def summarize(scores: list[dict[str, Any]], kept: int) -> dict[str, Any]:
         "zero_variance_fraction": mean(float(len(set(s["scores"])) == 1) for s in scores),
         "unsolved_fraction": mean(float(r == 0) for r in rates),
         "solved_fraction": mean(float(r == 1) for r in rates),
+        "buckets": dict(sorted(Counter(s["bucket"] for s in scores).items())),
     }
+
+
+def histogram(scores: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Prompt counts per pass rate (DVC plot data)."""
+    counts = Counter(round(s["pass_rate"], 4) for s in scores)
+    return [{"pass_rate": r, "prompts": c} for r, c in sorted(counts.items())]

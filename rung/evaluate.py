@@ -8,12 +8,10 @@ from collections.abc import Callable
 from statistics import mean, median
 from typing import Any
 
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
 from rung import answer_format, metrics
 from rung.config import EvalParams, FormatParams
 from rung.data import difficulty_label
-from rung.generation import Completion, generate, render
+from rung.generation import Completion, Generator
 from rung.verify import is_correct
 
 Record = dict[str, Any]
@@ -57,6 +55,7 @@ def summarize_greedy(records: list[Record], params: EvalParams, seed: int) -> di
         "median_tokens": median(s["tokens"] for s in first),
         "truncation_rate": mean(float(s["truncated"]) for s in first),
         "accuracy_by_source": _by(records, "source"),
+        "accuracy_by_task": _by(records, "task"),
         "accuracy_by_difficulty": _by(records, "difficulty"),
     }
 
@@ -75,21 +74,21 @@ def summarize_sampled(records: list[Record]) -> dict[str, Any]:
 
 
 def evaluate(
-    model: PreTrainedModel, tok: PreTrainedTokenizerBase, rows: list[dict[str, Any]], fmt: FormatParams,
-    params: EvalParams, seed: int, progress: Callable[[str], None] = lambda _: None,
+    gen: Generator, rows: list[dict[str, Any]], fmt: FormatParams, params: EvalParams, seed: int,
+    progress: Callable[[str], None] = lambda _: None,
 ) -> tuple[list[Record], list[Record], dict[str, Any]]:
     """Greedy (headline) and, when `params.samples` is set, sampled evaluation of `rows`.
 
     Returns (greedy records, sampled records, metrics).
     """
-    prompts = render(tok, [answer_format.messages(r["prompt"], fmt) for r in rows])
-    greedy = grade(rows, generate(model, tok, prompts, params.sampling, n=1, seed=seed, desc="eval greedy"), fmt)
+    prompts = gen.render([answer_format.messages(r["prompt"], fmt) for r in rows])
+    greedy = grade(rows, gen.generate(prompts, params.sampling, n=1, seed=seed, desc="eval greedy"), fmt)
     result = summarize_greedy(greedy, params, seed)
     progress(f"greedy accuracy {result['accuracy']:.3f} on {len(rows)} prompts")
     sampled: list[Record] = []
     if params.samples is not None:
         s = params.samples
         subset = rows[: s.max_prompts]
-        sampled = grade(subset, generate(model, tok, prompts[: len(subset)], s, n=s.n, seed=seed + 1, desc=f"eval x{s.n}"), fmt)
+        sampled = grade(subset, gen.generate(prompts[: len(subset)], s, n=s.n, seed=seed + 1, desc=f"eval x{s.n}"), fmt)
         result.update(summarize_sampled(sampled))
     return greedy, sampled, result

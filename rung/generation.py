@@ -1,17 +1,23 @@
-"""Batched rollouts with transformers: shared by difficulty scoring, rejection sampling and eval.
+"""Batched rollouts, shared by difficulty scoring, rejection sampling and evaluation.
 
-Prompts are sorted by length (less padding), left-padded, and each prompt is encoded once for
-its n samples (num_return_sequences).
+Two backends behind one `Generator`: transformers (CPU or GPU; prompts sorted by length for less
+padding, left-padded, each prompt encoded once for its n samples via num_return_sequences) and
+vLLM (GPU; optional, selected by params `generation.backend`).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from rung import models
 from rung.config import SamplingParams
+from rung.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -25,6 +31,44 @@ class Completion:
 def render(tok: PreTrainedTokenizerBase, conversations: list[list[dict[str, str]]]) -> list[str]:
     """Chat-template each conversation with the assistant turn opened."""
     return [tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in conversations]
+
+
+@dataclass(frozen=True)
+class Generator:
+    """A loaded model that samples: `generate(prompts, sampling, n, seed, desc)` -> n completions
+    per rendered prompt, in input order."""
+
+    tok: PreTrainedTokenizerBase
+    generate: Callable[..., list[list[Completion]]]
+
+    def render(self, conversations: list[list[dict[str, str]]]) -> list[str]:
+        return render(self.tok, conversations)
+
+
+def load(model_dir: Path, dtype: str, backend: str = "transformers") -> Generator:
+    """A Generator for the model directory on the given backend ('transformers' or 'vllm')."""
+    if backend == "vllm":
+        return _load_vllm(model_dir, dtype)
+    model, tok = models.load(model_dir, dtype)
+    return Generator(tok, partial(generate, model, tok))
+
+
+def _load_vllm(model_dir: Path, dtype: str) -> Generator:
+    try:
+        import vllm
+    except ImportError:
+        raise InputError("generation.backend: vllm is not installed (pip install 'rung[vllm]', on a CUDA machine)") from None
+    if not torch.cuda.is_available():
+        raise InputError("generation.backend: vllm needs a CUDA GPU and none is visible; use 'transformers'")
+    llm = vllm.LLM(model=str(model_dir), dtype=dtype, seed=0)
+    tok = models.load_tokenizer(model_dir)
+
+    def sample(prompts: list[str], sampling: SamplingParams, n: int = 1, seed: int = 0, desc: str = "generate") -> list[list[Completion]]:
+        params = vllm.SamplingParams(n=n, temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_new_tokens, seed=seed)
+        outputs = llm.generate(prompts, params, use_tqdm=True)
+        return [[Completion(o.text, len(o.token_ids), o.finish_reason == "length") for o in out.outputs] for out in outputs]
+
+    return Generator(tok, sample)
 
 
 @torch.inference_mode()

@@ -70,12 +70,18 @@ def save(model: PreTrainedModel, tok: PreTrainedTokenizerBase, out_dir: Path, pr
         (tmp / "rung.json").write_text(json.dumps(provenance, indent=2, sort_keys=True, default=str) + "\n")
 
 
-def load(model_dir: Path | str, dtype: str = "float32") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load a model directory written by `materialize` or a training stage, ready for generation."""
+def load_tokenizer(model_dir: Path | str) -> PreTrainedTokenizerBase:
+    """The tokenizer of a model directory, set up for batched generation."""
     tok = AutoTokenizer.from_pretrained(model_dir)
     tok.padding_side = "left"  # decoder-only batched generation
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
+    return tok
+
+
+def load(model_dir: Path | str, dtype: str = "float32") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a model directory written by `materialize` or a training stage, ready for generation."""
+    tok = load_tokenizer(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
     model.eval()
     return model, tok

@@ -46,7 +46,8 @@ def markdown(evals: dict[str, dict[str, Any]]) -> str:
     first = next(iter(evals.values()))
     n = next(iter(views.values()))["n"]
     sampling = ", ".join(f"{k}={v}" for k, v in sorted(first["sampling"].items()))
-    notes = [f"Held-out split: {n} prompts; headline decoding: {sampling}; accuracy with its 95% bootstrap interval."]
+    confidence = first.get("bootstrap", {}).get("confidence", 0.95)
+    notes = [f"Held-out split: {n} prompts; headline decoding: {sampling}; accuracy with its {100 * confidence:.0f}% bootstrap interval."]
     if first.get("samples"):
         s = first["samples"]
         notes.append(f"avg@{s['n']}: {s['n']} samples per prompt at temperature {s['temperature']}, top_p {s['top_p']}.")

@@ -16,6 +16,9 @@ def curate(params: CurateParams, eval_params: EvalParams, seed: int) -> dict[str
     train, test, stats = data.curate(params, evals, seed)
     io.write_jsonl(layout.TRAIN, train)
     io.write_jsonl(layout.TEST, test)
+    lengths, levels = data.histograms(train)
+    io.write_json(layout.plot("curate", "prompt_length"), lengths)
+    io.write_json(layout.plot("curate", "difficulty"), levels)
     with io.atomic_path(layout.EVAL_SETS) as tmp:
         tmp.mkdir()
         for name, rows in evals.items():

@@ -6,22 +6,21 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from rung import difficulty, evaluate, models
+from rung import difficulty, evaluate, generation
 from rung.config import DifficultyParams, EvalParams, FormatParams
 
 
 @task(cache_policy=NO_CACHE)
-def score_difficulty(model_dir: Path, rows: list[dict[str, Any]], fmt: FormatParams, params: DifficultyParams, dtype: str, seed: int) -> list[dict[str, Any]]:
+def score_difficulty(model_dir: Path, rows: list[dict[str, Any]], fmt: FormatParams, params: DifficultyParams, dtype: str, backend: str, seed: int) -> list[dict[str, Any]]:
     """Per-prompt pass rates of the reference model."""
-    model, tok = models.load(model_dir, dtype)
-    scores = difficulty.pass_rates(model, tok, rows, fmt, params, seed)
+    scores = difficulty.pass_rates(generation.load(model_dir, dtype, backend), rows, fmt, params, seed)
     get_run_logger().info("scored %d prompts x %d rollouts", len(rows), params.num_generations)
     return scores
 
 
 @task(cache_policy=NO_CACHE)
-def evaluate_checkpoint(model_dir: Path, sets: dict[str, list[dict[str, Any]]], fmt: FormatParams, params: EvalParams, dtype: str, seed: int) -> dict[str, tuple[list[Any], list[Any], dict[str, Any]]]:
+def evaluate_checkpoint(model_dir: Path, sets: dict[str, list[dict[str, Any]]], fmt: FormatParams, params: EvalParams, dtype: str, backend: str, seed: int) -> dict[str, tuple[list[Any], list[Any], dict[str, Any]]]:
     """(greedy records, sampled records, metrics) of one checkpoint on every eval set."""
     log = get_run_logger()
-    model, tok = models.load(model_dir, dtype)
-    return {name: evaluate.evaluate(model, tok, rows, fmt, params, seed, progress=lambda m, n=name: log.info("%s: %s", n, m)) for name, rows in sets.items()}
+    gen = generation.load(model_dir, dtype, backend)
+    return {name: evaluate.evaluate(gen, rows, fmt, params, seed, progress=lambda m, n=name: log.info("%s: %s", n, m)) for name, rows in sets.items()}

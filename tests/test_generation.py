@@ -1,10 +1,14 @@
 from __future__ import annotations
 
-import pytest
+import importlib.util
 
-from rung import models
+import pytest
+import torch
+
+from rung import generation, models
 from rung.config import DifficultyParams, EvalParams, FormatParams, SamplingParams
-from rung.difficulty import keep, pass_rates, summarize
+from rung.difficulty import bucket, histogram, keep, pass_rates, summarize
+from rung.errors import InputError
 from rung.evaluate import evaluate
 from rung.generation import generate, render
 
@@ -43,14 +47,15 @@ def test_greedy_with_several_samples_is_refused(loaded):
 
 
 def test_difficulty_and_eval_records(loaded):
-    model, tok = loaded
+    gen = generation.Generator(loaded[1], lambda *a, **k: generation.generate(*loaded, *a, **k))
     params = DifficultyParams(num_generations=2, sampling=SamplingParams(max_new_tokens=4))
-    scores = pass_rates(model, tok, ROWS, FMT, params, seed=0)
+    scores = pass_rates(gen, ROWS, FMT, params, seed=0)
     assert [s["id"] for s in scores] == [r["id"] for r in ROWS] and all(len(s["scores"]) == 2 for s in scores)
     stats = summarize(scores, kept=len(keep(scores, params)))
     assert stats["prompts"] == 5 and stats["kept"] == 5 and 0 <= stats["zero_variance_fraction"] <= 1
+    assert sum(stats["buckets"].values()) == 5 and sum(h["prompts"] for h in histogram(scores)) == 5
     params = EvalParams(sampling=SamplingParams(temperature=0, max_new_tokens=4), samples=dict(n=3, max_new_tokens=4, max_prompts=2))
-    greedy, sampled, metrics = evaluate(model, tok, ROWS, FMT, params, seed=0)
+    greedy, sampled, metrics = evaluate(gen, ROWS, FMT, params, seed=0)
     assert len(greedy) == 5 and metrics["n"] == 5 and metrics["truncation_rate"] == 1.0
     assert len(sampled) == 2 and all(len(r["samples"]) == 3 for r in sampled)
     assert set(metrics["pass_at_k"]) == {"1", "2", "3"} and metrics["accuracy_by_difficulty"] == {"unknown": metrics["accuracy"]}
@@ -59,3 +64,23 @@ def test_difficulty_and_eval_records(loaded):
 def test_keep_window():
     scores = [{"id": "a", "pass_rate": 0.0}, {"id": "b", "pass_rate": 0.5}, {"id": "c", "pass_rate": 1.0}]
     assert keep(scores, DifficultyParams(pass_rate_min=0.1, pass_rate_max=0.6)) == {"b"}
+
+
+def test_buckets_use_inclusive_upper_bounds():
+    b = DifficultyParams().buckets
+    assert [bucket(r, b) for r in (0.0, 0.125, 0.25, 0.5, 0.875, 1.0)] == ["unsolved", "hard", "hard", "medium", "easy", "solved"]
+    with pytest.raises(ValueError, match="strictly ascending and end at 1.0"):
+        DifficultyParams(buckets={"a": 0.5, "b": 0.9})
+
+
+def test_generator_loads_the_transformers_backend(tiny_model):
+    gen = generation.load(tiny_model, "float32")
+    out = gen.generate(gen.render([[{"role": "user", "content": "hi"}]]), SamplingParams(temperature=0, max_new_tokens=3))
+    assert len(out) == 1 and out[0][0].tokens <= 3
+
+
+def test_vllm_backend_fails_with_a_clear_error_where_unavailable(tiny_model):
+    if importlib.util.find_spec("vllm") and torch.cuda.is_available():
+        pytest.skip("vLLM and a GPU are present: the backend would really run")
+    with pytest.raises(InputError, match=r"^generation.backend: vllm"):
+        generation.load(tiny_model, "float32", backend="vllm")

@@ -60,7 +60,7 @@ def tiny_params(model_dir: Path) -> dict:
     for src in params["curate"]["sources"]:
         src["size"] = 40
     params["curate"]["max_test"] = 8
-    params["difficulty"].update(num_generations=2, max_prompts=8, sampling=dict(max_new_tokens=8, batch_size=16))
+    params["difficulty"].update(num_generations=2, max_prompts=8, reference="sft", sampling=dict(max_new_tokens=8, batch_size=16))
     params["sft"].update(max_steps=2, per_device_train_batch_size=2)
     params["rl"]["stages"]["main"].update(max_steps=2, num_generations=2, max_completion_length=8, beta=0.01)
     params["eval"]["sampling"]["max_new_tokens"] = 8
@@ -106,9 +106,11 @@ def test_dvc_repro_runs_every_stage(workspace):
                  "data/curated/train.jsonl", "data/curated/test.jsonl", "data/difficulty/scores.jsonl", "data/difficulty/train.jsonl",
                  "data/curated/eval/ood_chain.jsonl", "data/eval/base/test.jsonl", "data/eval/sft/ood_chain.jsonl",
                  "data/eval/rl-main/test.samples.jsonl", "data/reports/report.md", "data/reports/report.html",
-                 "data/plots/rl/main.json", "data/plots/pass_at_k/sft.json", "data/plots/accuracy_by_difficulty/base.json"]:
+                 "data/plots/rl/main.json", "data/plots/pass_at_k/sft.json", "data/plots/accuracy_by_difficulty/base.json",
+                 "data/plots/difficulty/pass_rate.json", "data/plots/curate/prompt_length.json", "data/plots/curate/difficulty.json"]:
         assert (ws / path).is_file(), path
     assert json.loads((ws / "data/models/sft/rung.json").read_text())["stage"] == "sft"
+    assert sum(json.loads((ws / "data/metrics/difficulty.json").read_text())["buckets"].values()) == 8
 
     test_rows = (ws / "data/curated/test.jsonl").read_text().splitlines()
     assert 0 < len(test_rows) <= 8  # max_test; filters may leave fewer
