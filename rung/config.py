@@ -191,16 +191,17 @@ class DifficultyParams(Section):
     max_prompts: int | None = Field(None, gt=0)
     """Score only the first N train prompts (in id order); None scores all."""
     buckets: dict[str, float] = {"unsolved": 0.0, "hard": 0.25, "medium": 0.75, "easy": 0.99, "solved": 1.0}
-    """Bucket name -> inclusive upper bound of the pass rate, ascending, the last 1.0; curricula
-    and reports group prompts by them (prime-rl pools: hard <= 0.25, normal <= 0.75, easy <= 1)."""
+    """Bucket name -> inclusive upper bound of the pass rate (distinct bounds, the largest 1.0): a
+    prompt belongs to the bucket with the smallest bound >= its pass rate. Curricula and reports
+    group prompts by them (prime-rl pools: hard <= 0.25, normal <= 0.75, easy <= 1)."""
 
     @model_validator(mode="after")
     def _window(self) -> DifficultyParams:
         if self.pass_rate_min > self.pass_rate_max:
             raise ValueError(f"pass_rate_min ({self.pass_rate_min}) exceeds pass_rate_max ({self.pass_rate_max})")
         bounds = list(self.buckets.values())
-        if not bounds or bounds != sorted(bounds) or len(set(bounds)) != len(bounds) or bounds[-1] != 1.0:
-            raise ValueError(f"buckets: upper bounds must be strictly ascending and end at 1.0, got {bounds}")
+        if not bounds or len(set(bounds)) != len(bounds) or max(bounds) != 1.0 or min(bounds) < 0:
+            raise ValueError(f"buckets: upper bounds must be distinct, in [0, 1], the largest 1.0; got {bounds}")
         return self
 
 

@@ -32,8 +32,8 @@ def pass_rates(gen: Generator, rows: list[dict[str, Any]], fmt: FormatParams, pa
 
 
 def bucket(pass_rate: float, buckets: dict[str, float]) -> str:
-    """The first bucket (in params order, ascending bounds) whose inclusive upper bound holds the rate."""
-    return next(name for name, upper in buckets.items() if pass_rate <= upper)
+    """The bucket with the smallest inclusive upper bound that holds the rate."""
+    return min((upper, name) for name, upper in buckets.items() if pass_rate <= upper)[1]
 
 
 def keep(scores: list[dict[str, Any]], params: DifficultyParams) -> set[str]:

@@ -14,11 +14,11 @@ def _sample(answer, correct, tokens=10, truncated=False):
 
 RECORDS = [
     # prompt 1: samples A(right) A(right) B(wrong) -> c=2 of 3, majority A right
-    dict(source="s1", difficulty="d1", samples=[_sample("A", True, 4), _sample("A", True), _sample("B", False)]),
+    dict(source="s1", task="t", difficulty="d1", samples=[_sample("A", True, 4), _sample("A", True), _sample("B", False)]),
     # prompt 2: B(wrong) C(right) B(wrong) -> c=1 of 3, majority B wrong
-    dict(source="s1", difficulty="d2", samples=[_sample("B", False, 8, True), _sample("C", True), _sample("B", False)]),
+    dict(source="s1", task="t", difficulty="d2", samples=[_sample("B", False, 8, True), _sample("C", True), _sample("B", False)]),
     # prompt 3: no answer at all -> c=0
-    dict(source="s2", difficulty="d2", samples=[_sample(None, False, 12, True), _sample(None, False), _sample(None, False)]),
+    dict(source="s2", task="u", difficulty="d2", samples=[_sample(None, False, 12, True), _sample(None, False), _sample(None, False)]),
 ]
 
 
@@ -28,7 +28,7 @@ def test_greedy_summary_by_hand():
     assert m["format_rate"] == pytest.approx(2 / 3) and m["truncation_rate"] == pytest.approx(2 / 3)
     assert m["mean_tokens"] == pytest.approx(8) and m["median_tokens"] == 8
     assert m["accuracy_by_source"] == {"s1": 0.5, "s2": 0.0}
-    assert m["accuracy_by_difficulty"] == {"d1": 1.0, "d2": 0.0}
+    assert m["accuracy_by_difficulty"] == {"d1": 1.0, "d2": 0.0} and m["accuracy_by_task"] == {"t": 0.5, "u": 0.0}
     lo, hi = m["accuracy_ci"]
     assert 0 <= lo <= 1 / 3 <= hi <= 1
 
