@@ -53,7 +53,12 @@ class ReasoningGymSource(Section):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     """Label of this source in the data, metrics and reports (unique)."""
     task: str = Field(min_length=1)
-    """reasoning-gym dataset name, e.g. basic_arithmetic, chain_sum."""
+    """reasoning-gym dataset name, e.g. basic_arithmetic, chain_sum; or 'composite' with
+    config {datasets: [{name, weight, config}, ...]} for a weighted mixture of tasks."""
+    level: int | None = Field(None, ge=0)
+    """A level of the task's reasoning-gym curriculum (create_curriculum(task).set_global_level):
+    its difficulty knobs become the base config, which `config` then overrides. A level above an
+    attribute's highest uses its highest (reasoning-gym's rule)."""
     config: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of the task's config (its difficulty knobs)."""
     size: int = Field(gt=0, le=1_000_000)

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from typing import Any
 
 import reasoning_gym
+import reasoning_gym.factory
+from reasoning_gym.composite import DatasetSpec
 
 from rung import filters, sources, verify
 from rung.config import CurateParams, EvalParams, ReasoningGymSource, Source
@@ -37,21 +39,37 @@ def _jsonable(obj: Any) -> Any:
     return json.loads(json.dumps(obj, default=list))
 
 
+def _rg_config(src: ReasoningGymSource, seed: int) -> dict[str, Any]:
+    """Keyword arguments of reasoning_gym.create_dataset: curriculum level, then `config`, then seed/size."""
+    config: dict[str, Any] = {}
+    if src.level is not None:
+        curriculum = reasoning_gym.factory.create_curriculum(src.task)
+        curriculum.set_global_level(src.level)
+        generated = curriculum.generate_configuration({"seed": seed, "size": src.size})
+        config = {k: v for k, v in vars(generated).items() if k not in ("seed", "size")}
+    config.update(src.config)
+    if src.task == "composite":
+        config["datasets"] = [DatasetSpec(**spec) for spec in config.get("datasets", [])]
+    return {**config, "seed": seed, "size": src.size}
+
+
 def from_reasoning_gym(src: ReasoningGymSource, seed: int) -> list[Row]:
     """Generate `src.size` rows of a reasoning-gym task, seeded per source."""
     if not verify.is_known_task(src.task):
         raise InputError(f"curate.sources.{src.name}.task: unknown reasoning-gym task {src.task!r}")
+    kwargs = _rg_config(src, derive(seed, "curate", src.name))
     try:
-        dataset = reasoning_gym.create_dataset(src.task, seed=derive(seed, "curate", src.name), size=src.size, **src.config)
-    except (TypeError, ValueError, AssertionError) as e:
+        dataset = reasoning_gym.create_dataset(src.task, **kwargs)
+    except (TypeError, ValueError, AssertionError, KeyError) as e:
         raise InputError(f"curate.sources.{src.name}.config: {e}") from None
     rows = []
     for entry in dataset:
         meta = _jsonable(entry["metadata"])
         answer = str(entry["answer"])
         solution = meta.get("answer_cot") or (arithmetic_steps(meta["expression"]) if "expression" in meta else None)
+        task = meta.get("source_dataset", src.task)  # a composite's rows keep their own task's verifier
         rows.append(
-            dict(id=row_id(src.task, entry["question"], answer), source=src.name, task=src.task,
+            dict(id=row_id(task, entry["question"], answer), source=src.name, task=task,
                  prompt=entry["question"], answer=answer, solution=solution, meta=meta)
         )
     return rows

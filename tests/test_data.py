@@ -74,3 +74,15 @@ def test_decontamination_against_eval_sets_and_a_filter_that_empties_everything(
     assert not bench_prompts & {r["prompt"] for r in train}
     with pytest.raises(InputError, match="curate.filters: the length_bounds filter removed every row"):
         curate(_params(filters=dict(min_chars=500)), {}, seed=0)
+
+
+def test_composite_and_curriculum_level_sources():
+    composite = dict(name="mix", task="composite", size=40, config={"datasets": [
+        {"name": "chain_sum", "weight": 1, "config": {"min_terms": 2, "max_terms": 2}},
+        {"name": "basic_arithmetic", "weight": 1, "config": {}}]})
+    easy, hard = (dict(name=f"l{lvl}", task="chain_sum", size=60, level=lvl) for lvl in (0, 3))
+    train, test, _ = curate(_params(sources=[composite, easy, hard], max_test=1000), {}, seed=0)
+    rows = train + test
+    assert {r["task"] for r in rows if r["source"] == "mix"} == {"chain_sum", "basic_arithmetic"}  # each row keeps its verifier
+    terms = lambda src: max(r["meta"]["num_terms"] for r in rows if r["source"] == src)  # noqa: E731
+    assert terms("l0") == 2 and terms("l3") > 2
