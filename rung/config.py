@@ -5,7 +5,6 @@ cross-cutting `seed`, `format` and `tracking`. Every field is documented once, h
 """
 from __future__ import annotations
 
-import hashlib
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -362,7 +361,3 @@ def load(path: Path | str = PARAMS_FILE) -> Params:
         raise ConfigError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
     return parse(data, str(path))
 
-
-def digest(section: BaseModel) -> str:
-    """Short stable hash of a section's resolved values (for tags and output metadata)."""
-    return hashlib.md5(section.model_dump_json().encode()).hexdigest()[:12]

@@ -105,11 +105,3 @@ def bootstrap_ci(values: Sequence[float], confidence: float = 0.95, resamples: i
     lo, hi = np.quantile(means, [alpha, 1 - alpha])
     return float(lo), float(hi)
 
-
-def summary(values: Sequence[float]) -> dict[str, float]:
-    """Count, mean, median, min and max of values (e.g. completion lengths in tokens)."""
-    if len(values) == 0:
-        raise ValueError("values is empty")
-    x = np.asarray(values, dtype=float)
-    return {"n": len(x), "mean": float(x.mean()), "median": float(np.median(x)),
-            "min": float(x.min()), "max": float(x.max())}

@@ -6,7 +6,7 @@ from fractions import Fraction
 
 import pytest
 
-from rung.metrics import avg_at_n, bootstrap_ci, maj_at_k, majority_vote, mean_pass_at_k, pass_at_k, summary
+from rung.metrics import avg_at_n, bootstrap_ci, maj_at_k, majority_vote, mean_pass_at_k, pass_at_k
 
 
 @pytest.mark.parametrize(
@@ -118,7 +118,3 @@ def test_bootstrap_ci_rejects_bad_arguments():
         with pytest.raises(ValueError):
             bootstrap_ci(**kwargs)
 
-
-def test_summary():
-    # sorted 1, 2, 3, 10: mean 16/4 = 4, median (2 + 3) / 2 = 2.5
-    assert summary([3, 1, 2, 10]) == {"n": 4, "mean": 4.0, "median": 2.5, "min": 1.0, "max": 10.0}
