@@ -23,7 +23,9 @@ def difficulty(params_file: str = str(layout.PARAMS)) -> None:
         if not kept:
             raise InputError(f"difficulty: no prompt has a pass rate in [{p.pass_rate_min}, {p.pass_rate_max}]; widen the window")
         io.write_jsonl(layout.SCORES, scores)
-        io.write_jsonl(layout.FILTERED, [r for r in rows if r["id"] in kept])
+        # Curricula and per-bucket RL metrics read each prompt's pass rate and bucket from here.
+        by_id = {s["id"]: {"pass_rate": s["pass_rate"], "bucket": s["bucket"]} for s in scores}
+        io.write_jsonl(layout.FILTERED, [{**r, **by_id[r["id"]]} for r in rows if r["id"] in kept])
         io.write_json(layout.plot("difficulty", "pass_rate"), diff.histogram(scores))
         finish("difficulty", diff.summarize(scores, len(kept)))
 
