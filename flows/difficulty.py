@@ -4,7 +4,8 @@ from __future__ import annotations
 from prefect import flow
 
 from flows.stage import finish, main
-from rung import config, difficulty as diff, io, layout, tracking
+from rung import config, io, layout, tracking
+from rung import difficulty as diff
 from rung.errors import InputError
 from rung.seeding import derive
 from tasks import generation

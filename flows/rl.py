@@ -6,7 +6,7 @@ import sys
 from prefect import flow
 
 from flows.stage import finish, main
-from rung import config, io, layout, tracking
+from rung import config, layout, tracking
 from rung.errors import InputError
 from rung.seeding import derive
 from tasks import train
@@ -21,8 +21,10 @@ def rl(stage_name: str, params_file: str = str(layout.PARAMS)) -> None:
     init = layout.checkpoint(stage.init)
     logged = {"seed": params.seed, "rl": {stage_name: stage.model_dump()}, "format": params.format.model_dump()}
     with tracking.stage_run(f"rl@{stage_name}", params, logged, inputs={"model": init, "train": layout.FILTERED}):
-        rows = io.read_jsonl(layout.FILTERED)
-        metrics = train.train_rl(init, rows, params.format, stage, params.model.dtype, derive(params.seed, "rl", stage_name), layout.WORK / "rl" / stage_name, layout.checkpoint(f"rl/{stage_name}"), layout.plot("rl", stage_name))
+        metrics = train.train_rl(
+            init, layout.FILTERED, params.format, stage, params.difficulty.buckets, params.model.dtype,
+            derive(params.seed, "rl", stage_name), layout.WORK / "rl" / stage_name, layout.checkpoint(f"rl/{stage_name}"), layout.plot("rl", stage_name),
+        )
         finish(f"rl-{stage_name}", metrics)
 
 

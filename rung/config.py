@@ -10,7 +10,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    model_validator,
+)
 
 from rung.errors import InputError
 
@@ -217,6 +226,8 @@ class SFTParams(Section):
     max_length: int = Field(256, gt=0)
     """Token cap of prompt + target."""
     warmup_ratio: float = Field(0.1, ge=0, lt=1)
+    save_steps: int = Field(10, gt=0)
+    """Checkpoint interval; rerunning an interrupted stage resumes from the last checkpoint."""
 
 
 BUILTIN_REWARDS = ("accuracy", "format", "overlong", "conditional_length")

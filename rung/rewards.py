@@ -1,15 +1,17 @@
 """Reward functions with TRL's signature: (completions, **dataset_columns) -> list[float | None].
 
-`rung.verify` decides correctness; this module turns it into scores. Each factory returns a
-picklable callable whose __name__ is its metric key (rl/reward/<name>) and params.yaml name.
+`rung.verify` decides correctness; this module turns it into scores. Each reward is a picklable
+callable whose __name__ is its params.yaml name and its metric key (rewards/<name>/mean).
 """
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any
 
 from rung import answer_format
-from rung.config import FormatParams
+from rung.config import BUILTIN_REWARDS, FormatParams, RewardParams, RLStageParams
+from rung.errors import InputError
 from rung.verify import is_correct
 
 RewardFunc = Callable[..., list[float | None]]
@@ -20,19 +22,24 @@ def _text(completion: Any) -> str:
     return completion[-1]["content"] if isinstance(completion, list) else completion
 
 
+def correct(completions: list[Any], answer: list[str], task: list[str], prompt_text: list[str], meta: list[str], fmt: FormatParams) -> list[bool]:
+    """Whether each completion's formatted final answer passes its task's verifier."""
+    return [
+        is_correct(answer_format.extract(_text(c), fmt), dict(answer=a, task=t, prompt=p, meta=m))
+        for c, a, t, p, m in zip(completions, answer, task, prompt_text, meta, strict=True)
+    ]
+
+
 class Accuracy:
     """1.0 when the formatted final answer passes the task's verifier, else 0.0."""
 
     __name__ = "accuracy"
 
-    def __init__(self, fmt: FormatParams):
+    def __init__(self, fmt: FormatParams, stage: RLStageParams):
         self.fmt = fmt
 
     def __call__(self, completions: list[Any], answer: list[str], task: list[str], prompt_text: list[str], meta: list[str], **_: Any) -> list[float | None]:
-        return [
-            float(is_correct(answer_format.extract(_text(c), self.fmt), dict(answer=a, task=t, prompt=p, meta=m)))
-            for c, a, t, p, m in zip(completions, answer, task, prompt_text, meta, strict=True)
-        ]
+        return [float(ok) for ok in correct(completions, answer, task, prompt_text, meta, self.fmt)]
 
 
 class Format:
@@ -40,16 +47,114 @@ class Format:
 
     __name__ = "format"
 
-    def __init__(self, fmt: FormatParams):
+    def __init__(self, fmt: FormatParams, stage: RLStageParams):
         self.fmt = fmt
 
     def __call__(self, completions: list[Any], **_: Any) -> list[float | None]:
         return [float(answer_format.follows_format(_text(c), self.fmt)) for c in completions]
 
 
-REGISTRY: dict[str, Callable[[FormatParams], RewardFunc]] = {"accuracy": Accuracy, "format": Format}
+class Overlong:
+    """DAPO's soft overlong punishment: 0 up to max_len - buffer tokens, then linearly down to
+    -penalty at max_len (DAPO: L_max 20480 with a 4096-token buffer, i.e. a fifth)."""
+
+    __name__ = "overlong"
+
+    def __init__(self, fmt: FormatParams, stage: RLStageParams, buffer: int | None = None, penalty: float = 1.0):
+        self.max_len = stage.max_completion_length
+        self.buffer = buffer if buffer is not None else max(1, self.max_len // 5)
+        if not 0 < self.buffer <= self.max_len:
+            raise InputError(f"rewards.overlong.args.buffer: {self.buffer} must be in [1, max_completion_length={self.max_len}]")
+        self.penalty = penalty
+
+    def __call__(self, completions: list[Any], completion_ids: list[list[int]], **_: Any) -> list[float | None]:
+        free = self.max_len - self.buffer
+        return [-self.penalty * min(1.0, max(0, len(ids) - free) / self.buffer) for ids in completion_ids]
 
 
-def build(weights: dict[str, float], fmt: FormatParams) -> list[RewardFunc]:
-    """Reward functions in params order (their weights go to GRPOConfig.reward_weights)."""
-    return [REGISTRY[name](fmt) for name in weights]
+class ConditionalLength:
+    """ConciseR's length reward (L-GRPO): 1 - length / max_len, given only when every completion of
+    the group is correct, so brevity is never traded for accuracy; 0 otherwise."""
+
+    __name__ = "conditional_length"
+
+    def __init__(self, fmt: FormatParams, stage: RLStageParams):
+        self.fmt = fmt
+        self.max_len = stage.max_completion_length
+        self.group = stage.num_generations
+
+    def __call__(self, completions: list[Any], completion_ids: list[list[int]], answer: list[str], task: list[str], prompt_text: list[str], meta: list[str], **_: Any) -> list[float | None]:
+        ok = correct(completions, answer, task, prompt_text, meta, self.fmt)
+        out: list[float | None] = []
+        # TRL lays a prompt's generations out contiguously, num_generations at a time.
+        for start in range(0, len(ok), self.group):
+            all_ok = all(ok[start:start + self.group])
+            out += [1.0 - len(ids) / self.max_len if all_ok else 0.0 for ids in completion_ids[start:start + self.group]]
+        return out
+
+
+REGISTRY: dict[str, Callable[..., RewardFunc]] = {
+    "accuracy": Accuracy, "format": Format, "overlong": Overlong, "conditional_length": ConditionalLength,
+}
+assert tuple(REGISTRY) == BUILTIN_REWARDS  # config validates names against BUILTIN_REWARDS
+
+
+class Guarded:
+    """A reward that survives its own exceptions: a failing batch is rescored one completion at a
+    time and a completion that raises scores 0; failures are logged as rewards/<name>/errors."""
+
+    def __init__(self, func: RewardFunc, name: str):
+        self.func, self.__name__ = func, name
+        self.errors = 0
+
+    def __call__(self, completions: list[Any], **kwargs: Any) -> list[float | None]:
+        log_metric = kwargs.get("log_metric")
+        try:
+            scores, failed = list(self.func(completions=completions, **kwargs)), 0
+        except Exception:  # noqa: BLE001 - any failure of user code falls back to per-completion scoring
+            scores, failed = [], 0
+            for i in range(len(completions)):
+                one = {k: v[i:i + 1] if isinstance(v, list) and len(v) == len(completions) else v for k, v in kwargs.items()}
+                try:
+                    scores.append(self.func(completions=completions[i:i + 1], **one)[0])
+                except Exception:  # noqa: BLE001 - a reward's failure must not stop training
+                    scores.append(0.0)
+                    failed += 1
+        self.errors += failed
+        if log_metric is not None:
+            log_metric(f"rewards/{self.__name__}/errors", float(failed))
+        return scores
+
+
+def load_custom(path: str, key: str) -> Callable[..., Any]:
+    """The object at 'package.module:attr'; one-line error naming the params key otherwise."""
+    module, _, attr = path.partition(":")
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as e:
+        raise InputError(f"{key}.import: cannot load {path!r}: {e}") from None
+    if not callable(obj):
+        raise InputError(f"{key}.import: {path!r} is not callable")
+    return obj
+
+
+def build(stage: RLStageParams, fmt: FormatParams, key: str = "rl.stages.<name>.rewards") -> tuple[list[Guarded], list[float]]:
+    """Reward functions in params order and their weights (for GRPOConfig.reward_weights)."""
+    funcs = []
+    for name, spec in stage.rewards.items():
+        funcs.append(Guarded(_one(name, spec, fmt, stage, f"{key}.{name}"), name))
+    return funcs, [spec.weight for spec in stage.rewards.values()]
+
+
+def _one(name: str, spec: RewardParams, fmt: FormatParams, stage: RLStageParams, key: str) -> RewardFunc:
+    if spec.import_path is None:
+        factory: Callable[..., RewardFunc] = REGISTRY[name]
+        try:
+            return factory(fmt, stage, **spec.args)
+        except TypeError as e:
+            raise InputError(f"{key}.args: {e}") from None
+    func = load_custom(spec.import_path, key)
+    # A custom entry with args is a factory called with them; without, the reward itself.
+    return func(**spec.args) if spec.args else func

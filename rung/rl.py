@@ -1,16 +1,29 @@
-"""RL stages with TRL's GRPOTrainer on verifiable rewards."""
+"""RL stages with TRL's GRPOTrainer or RLOOTrainer on verifiable rewards, plus what TRL lacks:
+curriculum-driven prompt selection and DAPO dynamic sampling (TRL issue #3708).
+
+Both hook TRL 1.16's private `_generate_and_score_completions` (one call per generation batch)
+and `_calculate_rewards`; tests/test_rl.py covers them because private hooks can move.
+"""
 from __future__ import annotations
 
+import dataclasses
+from collections import defaultdict
 from pathlib import Path
+from statistics import mean
 from typing import Any
 
+import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
+from trl.trainer.utils import pad
 
-from rung import answer_format, io, rewards
-from rung.config import FormatParams, RLStageParams
+from rung import answer_format, curriculum, io, rewards
+from rung.config import DynamicSamplingParams, FormatParams, RLStageParams
+from rung.errors import InputError
 from rung.trainer import common_args
+
+CURRICULUM_STATE = "curriculum.json"
 
 
 def prompts(rows: list[dict[str, Any]], fmt: FormatParams) -> Dataset:
@@ -29,52 +42,211 @@ def prompts(rows: list[dict[str, Any]], fmt: FormatParams) -> Dataset:
     )
 
 
-def grpo_config(stage: RLStageParams, seed: int, work_dir: Path, dtype: str = "float32") -> GRPOConfig:
-    """TRL's GRPOConfig from a stage's params (TRL's own names pass straight through)."""
-    return GRPOConfig(
-        **common_args(seed, work_dir, dtype),
-        max_steps=stage.max_steps,
-        learning_rate=stage.learning_rate,
+# rung's stage fields that are TRL config fields under the same name.
+_PASSTHROUGH = (
+    "max_steps", "learning_rate", "num_generations", "num_iterations", "max_completion_length",
+    "mask_truncated_completions", "temperature", "top_p", "beta", "loss_type", "epsilon", "epsilon_high",
+    "scale_rewards", "importance_sampling_level", "top_entropy_quantile", "use_vllm", "vllm_mode",
+)
+
+
+def trl_config(stage: RLStageParams, weights: list[float], seed: int, work_dir: Path, dtype: str = "float32") -> GRPOConfig | RLOOConfig:
+    """TRL's GRPOConfig (or RLOOConfig) from a stage's params; TRL's own names pass straight through."""
+    cls = RLOOConfig if stage.algorithm == "rloo" else GRPOConfig
+    fields = {f.name for f in dataclasses.fields(cls)}
+    explicit = stage.model_fields_set
+    unsupported = sorted(k for k in _PASSTHROUGH if k not in fields and k in explicit)
+    if unsupported:
+        raise InputError(f"rl.stages: {unsupported} are not settings of TRL's {cls.__name__} (algorithm {stage.algorithm})")
+    unknown = sorted(set(stage.trl) - fields)
+    if unknown:
+        raise InputError(f"rl.stages.trl: {unknown} are not fields of TRL's {cls.__name__}")
+    return cls(
+        **common_args(seed, work_dir, dtype, stage.save_steps),
+        **{k: getattr(stage, k) for k in _PASSTHROUGH if k in fields},
         per_device_train_batch_size=stage.prompts_per_step * stage.num_generations,
-        num_generations=stage.num_generations,
-        max_completion_length=stage.max_completion_length,
-        temperature=stage.temperature,
-        top_p=stage.top_p,
-        beta=stage.beta,
-        loss_type=stage.loss_type,
-        epsilon=stage.epsilon,
-        epsilon_high=stage.epsilon_high,
-        scale_rewards=stage.scale_rewards,
-        reward_weights=list(stage.rewards.values()),
+        reward_weights=weights,
         lr_scheduler_type="constant",
+        **stage.trl,
     )
 
 
-# Per-step curves kept for plots and the report: our name -> TRL's log key.
+class CurriculumMixin:
+    """Prompt selection by a rung.curriculum scheduler and DAPO dynamic sampling for a TRL
+    GRPO-family trainer.
+
+    TRL's sampler still paces the steps, but each generation batch's prompts are drawn from the
+    curriculum at the moment it is generated (no prefetch lag). All processes draw the same global
+    batch and take their slice, so groups never straddle processes. Dynamic sampling drops groups
+    whose rewards are all equal and generates replacements from newly drawn prompts, at most
+    `max_rounds` times; a batch still short is topped up with dropped groups (no gradient).
+    """
+
+    def setup_curriculum(self, scheduler: curriculum.Scheduler, rows: list[dict[str, Any]], dynamic: DynamicSamplingParams | None) -> None:
+        self.curriculum, self.rows, self.dynamic = scheduler, rows, dynamic
+        self._last_rewards: torch.Tensor | None = None
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):  # type: ignore[no-untyped-def]
+        out = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._last_rewards = out  # (global batch, reward funcs), gathered across processes
+        return out
+
+    def _draw(self, n_local: int) -> tuple[list[int], list[dict[str, Any]]]:
+        world, rank, g = self.accelerator.num_processes, self.accelerator.process_index, self.num_generations
+        prompts_local = n_local // g
+        global_idx = self.curriculum.draw(prompts_local * world, step=self.state.global_step)
+        mine = global_idx[rank * prompts_local:(rank + 1) * prompts_local]
+        return global_idx, [self.train_dataset[i] for i in mine for _ in range(g)]
+
+    def _score_groups(self, global_idx: list[int], out: dict[str, Any]) -> tuple[list[curriculum.GroupResult], torch.Tensor]:
+        """Per-group results of the last generation (all processes) and a zero-variance flag per group."""
+        g = self.num_generations
+        r = self._last_rewards
+        weights = self.reward_weights.to(r.device)
+        total = (r * weights).nansum(dim=1).view(-1, g)
+        acc = r[:, self.reward_func_names.index("accuracy")].view(-1, g) if "accuracy" in self.reward_func_names else total
+        adv = self.accelerator.gather(out["advantages"]).view(-1, g)
+        std = total.std(dim=1)
+        zero = torch.isclose(total.max(dim=1).values, total.min(dim=1).values)
+        results = [
+            curriculum.GroupResult(index=i, accuracy=float(a), reward_std=float(s), abs_advantage=float(v))
+            for i, a, s, v in zip(global_idx, acc.nanmean(dim=1).tolist(), std.tolist(), adv.abs().mean(dim=1).tolist(), strict=True)
+        ]
+        return results, zero
+
+    def _generate_and_score_completions(self, inputs):  # type: ignore[no-untyped-def]
+        if not self.model.training:
+            return super()._generate_and_score_completions(inputs)
+        g, world, rank = self.num_generations, self.accelerator.num_processes, self.accelerator.process_index
+        n_local = len(inputs)
+        global_idx, inputs = self._draw(n_local)
+        out = super()._generate_and_score_completions(inputs)
+        results, zero = self._score_groups(global_idx, out)
+        self._log_buckets(results)
+        self.curriculum.update(results, step=self.state.global_step)
+        for key, value in self.curriculum.metrics().items():
+            self._metrics["train"][f"curriculum/{key}"].append(float(value))
+        if self.dynamic is None:
+            self._metrics["train"]["frac_zero_std_trained"].append(zero.float().mean().item())
+            return out
+        return self._refill(out, zero, n_local // g, world, rank)
+
+    def _refill(self, out: dict[str, Any], zero: torch.Tensor, per_rank: int, world: int, rank: int) -> dict[str, Any]:
+        g = self.num_generations
+        kept: list[list[tuple[dict[str, Any], int]]] = [[] for _ in range(world)]  # per rank: (output, row)
+        dropped: list[list[tuple[dict[str, Any], int]]] = [[] for _ in range(world)]
+
+        def sort(out: dict[str, Any], zero: torch.Tensor) -> None:
+            for j, z in enumerate(zero.tolist()):
+                owner, local = divmod(j, per_rank)
+                (dropped if z else kept)[owner].append((out, local))
+
+        sort(out, zero)
+        generated, zero_groups, rounds = len(zero), int(zero.sum()), 0
+        while rounds < self.dynamic.max_rounds and min(len(k) for k in kept) < per_rank:
+            rounds += 1
+            global_idx, inputs = self._draw(per_rank * g)
+            more = super()._generate_and_score_completions(inputs)
+            results, more_zero = self._score_groups(global_idx, more)
+            self.curriculum.update(results, step=self.state.global_step)
+            sort(more, more_zero)
+            generated += len(more_zero)
+            zero_groups += int(more_zero.sum())
+        chosen = (kept[rank] + dropped[rank])[:per_rank]
+        trained_zero = [min(per_rank, max(0, per_rank - len(k))) for k in kept]
+        self._metrics["train"]["dynamic_sampling/rounds"].append(float(rounds))
+        self._metrics["train"]["dynamic_sampling/zero_std_generated"].append(zero_groups / generated)
+        self._metrics["train"]["frac_zero_std_trained"].append(sum(trained_zero) / (per_rank * world))
+        return self._merge(chosen)
+
+    def _merge(self, chosen: list[tuple[dict[str, Any], int]]) -> dict[str, Any]:
+        """Concatenate the chosen groups' rows from several generation outputs (re-padded)."""
+        g, pad_id = self.num_generations, self.processing_class.pad_token_id
+        merged: dict[str, Any] = {}
+        for key, first in chosen[0][0].items():
+            if key == "num_items_in_batch" or not isinstance(first, torch.Tensor):
+                continue
+            rows = [row for out, j in chosen for row in out[key][j * g:(j + 1) * g]]
+            if first.dim() == 1:
+                merged[key] = torch.stack(rows)
+                continue
+            value = pad_id if key.endswith("_ids") else 0
+            merged[key] = pad(rows, padding_value=value, padding_side="left" if key.startswith("prompt") else "right")
+        if "num_items_in_batch" in chosen[0][0]:
+            mask = merged["completion_mask"] * merged.get("tool_mask", 1)
+            merged["num_items_in_batch"] = self.accelerator.gather(mask.sum()).sum()
+        return merged
+
+    def _log_buckets(self, results: list[curriculum.GroupResult]) -> None:
+        by_bucket: dict[str, list[float]] = defaultdict(list)
+        for r in results:
+            by_bucket[self.rows[r.index].get("bucket", "unknown")].append(r.accuracy)
+        for name, accs in by_bucket.items():
+            self._metrics["train"][f"accuracy_by_bucket/{name}"].append(mean(accs))
+
+    def _save_checkpoint(self, model, trial):  # type: ignore[no-untyped-def]
+        super()._save_checkpoint(model, trial)
+        if self.args.should_save:
+            io.write_json(Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}" / CURRICULUM_STATE, self.curriculum.state_dict())
+
+    def _load_optimizer_and_scheduler(self, checkpoint):  # type: ignore[no-untyped-def]
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is not None and (Path(checkpoint) / CURRICULUM_STATE).exists():
+            self.curriculum.load_state_dict(io.read_json(Path(checkpoint) / CURRICULUM_STATE))
+
+
+class GRPO(CurriculumMixin, GRPOTrainer):
+    pass
+
+
+class RLOO(CurriculumMixin, RLOOTrainer):
+    pass
+
+
+# Per-step curves kept for plots and the report: our name -> TRL's (or rung's) log key.
 CURVES = {
     "reward": "reward",
     "accuracy": "rewards/accuracy/mean",
     "frac_reward_zero_std": "frac_reward_zero_std",
+    "frac_zero_std_trained": "frac_zero_std_trained",
+    "dynamic_sampling_rounds": "dynamic_sampling/rounds",
     "kl": "kl",
     "entropy": "entropy",
     "completion_length": "completions/mean_length",
     "clipped_ratio": "completions/clipped_ratio",
 }
 
+# rung's own per-step state, kept under its log keys.
+TRACKED_PREFIXES = ("curriculum/", "accuracy_by_bucket/")
 
-def train(model_dir: Path, rows: list[dict[str, Any]], fmt: FormatParams, stage: RLStageParams, seed: int, work_dir: Path, dtype: str = "float32") -> tuple[Any, Any, dict[str, float], list[dict[str, float]]]:
-    """Run one GRPO stage from `model_dir`; returns (model, tokenizer, summary metrics, per-step curves)."""
+
+def select(rows: list[dict[str, Any]], stage: RLStageParams) -> list[dict[str, Any]]:
+    """The stage's training prompts: all filtered rows, or those of its difficulty buckets."""
+    chosen = rows if stage.buckets is None else [r for r in rows if r.get("bucket") in stage.buckets]
+    if len(chosen) < stage.prompts_per_step:
+        raise InputError(f"rl.stages.buckets: {len(chosen)} prompts in {stage.buckets}, fewer than prompts_per_step={stage.prompts_per_step}")
+    return chosen
+
+
+def train(model_dir: Path, rows: list[dict[str, Any]], fmt: FormatParams, stage: RLStageParams, buckets: dict[str, float], seed: int, work_dir: Path, dtype: str = "float32", resume: str | None = None, callbacks: list[Any] | None = None) -> tuple[Any, Any, dict[str, float], list[dict[str, float]]]:
+    """Run one RL stage from `model_dir` (resuming from checkpoint `resume` if given); returns
+    (model, tokenizer, summary metrics, per-step curves)."""
+    rows = select(rows, stage)
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-    funcs = rewards.build(stage.rewards, fmt)
-    trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=grpo_config(stage, seed, work_dir, dtype), train_dataset=prompts(rows, fmt), processing_class=tok)
-    result = trainer.train()
+    funcs, weights = rewards.build(stage, fmt)
+    cls = RLOO if stage.algorithm == "rloo" else GRPO
+    trainer = cls(model=model, reward_funcs=funcs, args=trl_config(stage, weights, seed, work_dir, dtype), train_dataset=prompts(rows, fmt), processing_class=tok, callbacks=callbacks)
+    trainer.setup_curriculum(curriculum.build(rows, stage.curriculum, buckets=buckets, max_steps=stage.max_steps, seed=seed), rows, stage.dynamic_sampling)
+    result = trainer.train(resume_from_checkpoint=resume)
     curves = [
-        {"step": h["step"], **{name: float(h[key]) for name, key in CURVES.items() if key in h}}
+        {"step": h["step"], **{name: float(h[key]) for name, key in CURVES.items() if key in h},
+         **{key: float(v) for key, v in h.items() if key.startswith(TRACKED_PREFIXES)}}
         for h in trainer.state.log_history if "reward" in h
     ]
-    summary = {"train_loss": float(result.training_loss), "steps": float(result.global_step)}
+    summary = {"train_loss": float(result.training_loss), "steps": float(result.global_step), "reward_errors": float(sum(f.errors for f in funcs))}
     if curves:
         summary["reward_last"] = curves[-1]["reward"]
-        summary["frac_reward_zero_std"] = sum(c.get("frac_reward_zero_std", 0.0) for c in curves) / len(curves)
+        for key in ("frac_reward_zero_std", "frac_zero_std_trained"):
+            summary[key] = mean(c.get(key, 0.0) for c in curves)
     return trainer.model, tok, summary, curves

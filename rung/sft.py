@@ -26,7 +26,7 @@ def examples(rows: list[dict[str, Any]], fmt: FormatParams) -> Dataset:
     )
 
 
-def train(model_dir: Path, rows: list[dict[str, Any]], fmt: FormatParams, params: SFTParams, seed: int, work_dir: Path, dtype: str = "float32") -> tuple[Any, Any, dict[str, float]]:
+def train(model_dir: Path, rows: list[dict[str, Any]], fmt: FormatParams, params: SFTParams, seed: int, work_dir: Path, dtype: str = "float32", resume: str | None = None) -> tuple[Any, Any, dict[str, float]]:
     """Fine-tune the model at `model_dir`; returns (model, tokenizer, final train metrics).
 
     Per-step metrics go to the active MLflow run through TRL's MLflowCallback.
@@ -34,7 +34,7 @@ def train(model_dir: Path, rows: list[dict[str, Any]], fmt: FormatParams, params
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     config = SFTConfig(
-        **common_args(seed, work_dir, dtype),
+        **common_args(seed, work_dir, dtype, params.save_steps),
         max_steps=params.max_steps,
         learning_rate=params.learning_rate,
         per_device_train_batch_size=params.per_device_train_batch_size,
@@ -45,5 +45,5 @@ def train(model_dir: Path, rows: list[dict[str, Any]], fmt: FormatParams, params
         completion_only_loss=True,
     )
     trainer = SFTTrainer(model=model, args=config, train_dataset=examples(rows, fmt), processing_class=tok)
-    result = trainer.train()
+    result = trainer.train(resume_from_checkpoint=resume)
     return trainer.model, tok, {"train_loss": float(result.training_loss), "steps": float(result.global_step)}

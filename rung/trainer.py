@@ -1,25 +1,48 @@
-"""TrainingArguments shared by rung's TRL trainers (SFT and RL)."""
+"""What rung's TRL trainers (SFT and RL) share: arguments, and resumable scratch directories."""
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
+from transformers.trainer_utils import get_last_checkpoint
+
+from rung import io
 
 
-def common_args(seed: int, work_dir: Path, dtype: str) -> dict[str, Any]:
-    """Seeding, logging and device settings for SFTConfig / GRPOConfig."""
+def common_args(seed: int, work_dir: Path, dtype: str, save_steps: int) -> dict[str, Any]:
+    """Seeding, logging, checkpointing and device settings for SFTConfig / GRPOConfig / RLOOConfig."""
     return dict(
         output_dir=str(work_dir),
         seed=seed,
         data_seed=seed,
         logging_steps=1,
         report_to=["mlflow"],  # per-step metrics into the stage's active MLflow child run
-        save_strategy="no",
+        save_strategy="steps",
+        save_steps=save_steps,
+        save_total_limit=1,  # the latest checkpoint is all a resume needs
         use_cpu=not torch.cuda.is_available(),
         # TRL turns bf16 autocast on by default: ~15x slower on CPU with float32 weights.
         bf16=dtype == "bfloat16",
         fp16=dtype == "float16",
-        dataloader_num_workers=0,  # a curriculum sampler must see fresh state
+        dataloader_num_workers=0,  # a curriculum must see the state of the step it serves
         gradient_checkpointing=False,
     )
+
+
+def resume_point(work_dir: Path, fingerprint: dict[str, Any]) -> str | None:
+    """The last checkpoint in `work_dir` if it was written for the same inputs, else None.
+
+    The fingerprint (params, input md5s) is kept beside the checkpoints; when it changed, the old
+    checkpoints belong to another experiment and are removed rather than resumed.
+    """
+    stamp = work_dir / "fingerprint.json"
+    # Compare through JSON so tuples, paths and key order do not count as changes.
+    if stamp.exists() and io.read_json(stamp) == json.loads(io.dumps(fingerprint)):
+        return get_last_checkpoint(str(work_dir)) if work_dir.is_dir() else None
+    shutil.rmtree(work_dir, ignore_errors=True)
+    work_dir.mkdir(parents=True)
+    io.write_json(stamp, fingerprint)
+    return None

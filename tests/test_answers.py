@@ -7,7 +7,6 @@ import pytest
 
 from rung import answer_format
 from rung.config import FormatParams
-from rung.rewards import Accuracy, Format, build
 from rung.solutions import arithmetic_steps
 from rung.verify import is_correct, is_known_task
 
@@ -57,16 +56,3 @@ def test_arithmetic_steps_end_at_the_value(expr):
 def test_arithmetic_steps_refuses_non_arithmetic():
     assert arithmetic_steps("2 ** 3") is None
     assert arithmetic_steps("x + 1") is None
-
-
-def test_rewards_on_conversational_completions():
-    completions = [
-        [{"role": "assistant", "content": "5 - 3 = 2\nAnswer: 2"}],
-        [{"role": "assistant", "content": "Answer: 3"}],
-        [{"role": "assistant", "content": "it is 2"}],
-    ]
-    cols = dict(answer=["2"] * 3, task=["basic_arithmetic"] * 3, prompt_text=["Calculate 5 - 3."] * 3, meta=['{"expression": "5 - 3"}'] * 3)
-    assert Accuracy(FMT)(completions, **cols) == [1.0, 0.0, 0.0]
-    assert Format(FMT)(completions, **cols) == [1.0, 1.0, 0.0]
-    funcs = build({"accuracy": 1.0, "format": 0.1}, FMT)
-    assert [f.__name__ for f in funcs] == ["accuracy", "format"]

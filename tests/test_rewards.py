@@ -1,0 +1,70 @@
+"""Reward functions on literal completions: built-ins, custom imports, and failure isolation."""
+from __future__ import annotations
+
+import pytest
+
+from rung.config import FormatParams, RLStageParams
+from rung.errors import InputError
+from rung.rewards import Accuracy, ConditionalLength, Format, Overlong, build
+
+FMT = FormatParams()
+STAGE = RLStageParams(num_generations=2, max_completion_length=10)
+
+
+def _conv(text: str) -> list[dict[str, str]]:
+    return [{"role": "assistant", "content": text}]
+
+
+def _cols(n: int) -> dict:
+    return dict(answer=["2"] * n, task=["basic_arithmetic"] * n, prompt_text=["Calculate 5 - 3."] * n, meta=['{"expression": "5 - 3"}'] * n)
+
+
+def test_accuracy_and_format_on_conversational_completions():
+    completions = [_conv("5 - 3 = 2\nAnswer: 2"), _conv("Answer: 3"), _conv("it is 2")]
+    assert Accuracy(FMT, STAGE)(completions, **_cols(3)) == [1.0, 0.0, 0.0]
+    assert Format(FMT, STAGE)(completions, **_cols(3)) == [1.0, 1.0, 0.0]
+
+
+def test_overlong_soft_punishment_is_zero_then_linear_then_capped():
+    reward = Overlong(FMT, STAGE, buffer=4, penalty=1.0)  # free up to 6 tokens, -1 at 10
+    ids = [[0] * n for n in (3, 6, 8, 10, 12)]
+    assert reward([""] * 5, completion_ids=ids) == [0.0, 0.0, -0.5, -1.0, -1.0]
+    assert Overlong(FMT, STAGE).buffer == 2  # a fifth of max_completion_length, as DAPO (4096 / 20480)
+    with pytest.raises(InputError, match="overlong.args.buffer"):
+        Overlong(FMT, STAGE, buffer=11)
+
+
+def test_conditional_length_only_when_the_whole_group_is_correct():
+    completions = [_conv("Answer: 2"), _conv("so\nAnswer: 2"), _conv("Answer: 2"), _conv("Answer: 9")]
+    ids = [[0] * 2, [0] * 5, [0] * 2, [0] * 2]
+    out = ConditionalLength(FMT, STAGE)(completions, completion_ids=ids, **_cols(4))
+    assert out == [0.8, 0.5, 0.0, 0.0]  # group 1 all correct: 1 - len/10; group 2 has a wrong answer
+
+
+def flaky(completions, **_):
+    """A custom reward that fails on one completion."""
+    return [1 / (len(c[-1]["content"]) - 1) for c in completions]
+
+
+def test_build_custom_reward_and_isolate_failures():
+    stage = RLStageParams.model_validate({"rewards": {"accuracy": 1.0, "flaky": {"weight": 0.5, "import": "tests.test_rewards:flaky"}}})
+    funcs, weights = build(stage, FMT)
+    assert [f.__name__ for f in funcs] == ["accuracy", "flaky"] and weights == [1.0, 0.5]
+    logged = []
+    scores = funcs[1]([_conv("ab"), _conv("a"), _conv("abc")], log_metric=lambda k, v: logged.append((k, v)), **_cols(3))
+    assert scores == [1.0, 0.0, 0.5]  # the completion that raised scores 0 ...
+    assert funcs[1].errors == 1 and logged == [("rewards/flaky/errors", 1.0)]  # ... and is counted
+
+
+def test_custom_reward_import_errors_name_the_key():
+    stage = RLStageParams.model_validate({"rewards": {"mine": {"import": "tests.test_rewards:missing"}}})
+    with pytest.raises(InputError, match=r"rewards.mine.import: cannot load"):
+        build(stage, FMT, key="rewards")
+
+
+def test_dapo_preset_adds_overlong_and_dynamic_sampling():
+    stage = RLStageParams.model_validate({"preset": "dapo", "epsilon_high": 0.3})
+    assert (stage.loss_type, stage.epsilon, stage.epsilon_high) == ("dapo", 0.2, 0.3)  # own keys win
+    assert stage.dynamic_sampling is not None and "overlong" in stage.rewards
+    gspo = RLStageParams.model_validate({"preset": "gspo"})
+    assert gspo.importance_sampling_level == "sequence" and gspo.epsilon == 3e-4

@@ -1,0 +1,95 @@
+"""RL stages on the tiny model: TRL's trainers with rung's curriculum and dynamic sampling hooks,
+checkpoints carrying the curriculum state, and an exact resume."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import TrainerCallback
+
+from rung import io, rl
+from rung.config import DifficultyParams, FormatParams, RLStageParams
+
+FMT = FormatParams()
+BUCKETS = DifficultyParams().buckets
+
+
+def parity(completion_ids, **_):
+    """A cheap reward with variance inside groups of a random model."""
+    return [float(len(ids) % 2) for ids in completion_ids]
+
+
+def constant(completions, **_):
+    return [1.0] * len(completions)
+
+
+ROWS = [
+    {"id": str(i), "source": "s", "task": "basic_arithmetic", "prompt": f"Calculate {i} + {i % 3}.", "answer": str(i + i % 3), "meta": {},
+     "pass_rate": (i % 5) / 4, "bucket": ["unsolved", "hard", "medium", "medium", "solved"][i % 5]}
+    for i in range(12)
+]
+
+
+@pytest.fixture(autouse=True)
+def _mlflow_store(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+
+
+def _stage(**kw) -> RLStageParams:
+    base = dict(max_steps=3, num_generations=2, prompts_per_step=2, max_completion_length=8, learning_rate=1e-3, save_steps=1,
+                rewards={"parity": {"import": "tests.test_rl:parity"}})
+    return RLStageParams.model_validate({**base, **kw})
+
+
+def _train(tiny_model: Path, work: Path, stage: RLStageParams, resume: str | None = None, callbacks=()):
+    return rl.train(tiny_model, ROWS, FMT, stage, BUCKETS, seed=7, work_dir=work, resume=resume, callbacks=list(callbacks))
+
+
+def test_dynamic_sampling_refills_zero_variance_groups(tiny_model, tmp_path):
+    stage = _stage(curriculum={"type": "pools"}, dynamic_sampling={"max_rounds": 2})
+    _, _, summary, curves = _train(tiny_model, tmp_path / "w", stage)
+    assert [c["step"] for c in curves] == [1, 2, 3]
+    assert all(0 <= c["dynamic_sampling_rounds"] <= 2 for c in curves)
+    # refilled batches hold fewer zero-variance groups than were generated
+    assert summary["frac_zero_std_trained"] <= summary["frac_reward_zero_std"]
+    assert all("curriculum/size/normal" in c and any(k.startswith("accuracy_by_bucket/") for k in c) for c in curves)
+    assert (tmp_path / "w" / "checkpoint-3" / rl.CURRICULUM_STATE).is_file()
+
+
+def test_all_equal_rewards_use_every_round_then_fill(tiny_model, tmp_path):
+    stage = _stage(max_steps=2, rewards={"constant": {"import": "tests.test_rl:constant"}}, dynamic_sampling={"max_rounds": 2})
+    _, _, summary, curves = _train(tiny_model, tmp_path / "w", stage)
+    assert [c["dynamic_sampling_rounds"] for c in curves] == [2.0, 2.0]
+    assert summary["frac_zero_std_trained"] == 1.0
+
+
+def test_rloo_with_a_bandit_curriculum(tiny_model, tmp_path):
+    stage = _stage(algorithm="rloo", max_steps=2, curriculum={"type": "bandit", "method": "ucb"})
+    _, _, summary, curves = _train(tiny_model, tmp_path / "w", stage)
+    assert summary["steps"] == 2 and len(curves) == 2
+
+
+class _Crash(TrainerCallback):
+    """Stops training right after the checkpoint of `step` is written, like a killed job."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("curriculum", [{"type": "adaptive"}, {"type": "bandit"}])
+def test_resume_continues_model_optimizer_rng_and_curriculum(tiny_model, tmp_path, curriculum):
+    stage = _stage(curriculum=curriculum, dynamic_sampling={"max_rounds": 1})
+    whole, _, _, whole_curves = _train(tiny_model, tmp_path / "whole", stage)
+    with pytest.raises(KeyboardInterrupt):
+        _train(tiny_model, tmp_path / "cut", stage, callbacks=[_Crash(2)])
+    state = io.read_json(tmp_path / "cut" / "checkpoint-2" / rl.CURRICULUM_STATE)
+    resumed, _, _, resumed_curves = _train(tiny_model, tmp_path / "cut", stage, resume=str(tmp_path / "cut" / "checkpoint-2"))
+    assert state  # the curriculum state travelled with the checkpoint
+    assert resumed_curves[-1] == whole_curves[-1]
+    for a, b in zip(whole.state_dict().values(), resumed.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b)
