@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -62,6 +63,20 @@ def compare(
         typer.echo("error: nothing to compare (no matching runs or experiments)", err=True)
         raise typer.Exit(2)
     console.print(cmp.table(columns, keys, all_rows))
+
+
+@app.command()
+def sweep(
+    grid: Annotated[str, typer.Argument(help='JSON/YAML mapping {params key: list of values} or a .yaml file, e.g. \'{"seed": [1, 2]}\'')],
+    name: Annotated[str | None, typer.Option("--name", help="experiment name prefix (default sweep-<date>-<time>)")] = None,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", help="experiments at a time (DVC queue workers)")] = 1,
+    keys: Annotated[str, typer.Option("--keys", "-k", help="glob over '<file>:<key>' rows of the comparison")] = "*",
+) -> None:
+    """Run every point of a params grid as a DVC experiment (flows/sweep.py) and compare them."""
+    # The Prefect flow, imported here so that the other commands stay light.
+    from flows import sweep as flows_sweep
+
+    flows_sweep.cli(["--grid", grid, "--jobs", str(jobs), "--keys", keys, *(["--name", name] if name else [])])
 
 
 if __name__ == "__main__":

@@ -218,16 +218,88 @@ class DifficultyParams(Section):
         return self
 
 
+class SolutionTraces(Section):
+    """Worked solutions shipped with the data (reasoning-gym answer_cot or arithmetic steps, a
+    `columns.solution` of a file or HF source), each followed by the answer line."""
+
+    type: Literal["solutions"] = "solutions"
+    answer_only: bool = True
+    """Rows without a solution train on the bare answer line; False skips them."""
+
+
+class SampledTraces(Section):
+    """Traces sampled from a model and kept only when verified correct: rejection sampling / STaR
+    (Zelikman et al. 2022) from 'base', or distillation from a teacher (a local model directory,
+    or an HF id with network). Correct answers outside the response format get the answer line
+    appended, so every target ends in the one format."""
+
+    type: Literal["rejection", "distill"]
+    model: str = "base"
+    """'base' (self-improvement) or a teacher: a local HF model directory or hub id."""
+    num_samples: int = Field(4, gt=0)
+    """Completions sampled per prompt (B-STaR and ReST-EM use 4-32)."""
+    max_per_prompt: int = Field(1, gt=0)
+    """Distinct correct traces kept per prompt at most."""
+    max_prompts: int | None = Field(None, gt=0)
+    """Sample for the first N train prompts (id order) only; None: all."""
+    sampling: SamplingParams = SamplingParams(temperature=0.8, max_new_tokens=96)
+
+    @model_validator(mode="after")
+    def _teacher(self) -> SampledTraces:
+        if self.type == "distill" and self.model == "base":
+            raise ValueError("model: distill needs a teacher model path or hub id (rejection samples from base)")
+        return self
+
+
+TraceSource = Annotated[SolutionTraces | SampledTraces, Field(discriminator="type")]
+
+
+class LoraParams(Section):
+    """LoRA adapters (peft) instead of full fine-tuning; merged into the weights when saved, so the
+    checkpoint is a plain model directory for the stages after it."""
+
+    r: int = Field(16, gt=0)
+    alpha: int = Field(32, gt=0)
+    dropout: float = Field(0.05, ge=0, lt=1)
+    target_modules: str | list[str] = "all-linear"
+
+
+class LaunchParams(Section):
+    """How many training processes and on which engine (accelerate / torchrun)."""
+
+    num_processes: int = Field(1, gt=0)
+    """More than one launches the stage distributed: DDP over gloo with torchrun on CPU; on GPUs
+    `accelerate launch` with `accelerate_config`."""
+    accelerate_config: str | None = None
+    """ddp, fsdp, zero2, zero3 (configs/accelerate/<name>.yaml) or a path to an accelerate config."""
+
+
 class SFTParams(Section):
-    max_steps: int = Field(40, gt=0)
+    enabled: bool = True
+    """False skips the warm-start (zero-RL): the sft checkpoint is the base model, unchanged."""
+    traces: list[TraceSource] = Field(default_factory=lambda: [SolutionTraces()], min_length=1)
+    """Where SFT targets come from; several are concatenated (a mix)."""
+    max_steps: int | None = Field(40, gt=0)
+    epochs: float | None = Field(None, gt=0)
+    """Train for this many epochs instead of max_steps (set max_steps to null)."""
     learning_rate: float = Field(5e-5, gt=0)
     per_device_train_batch_size: int = Field(8, gt=0)
     gradient_accumulation_steps: int = Field(1, gt=0)
     max_length: int = Field(256, gt=0)
     """Token cap of prompt + target."""
     warmup_ratio: float = Field(0.1, ge=0, lt=1)
+    packing: bool = False
+    """Pack several examples per sequence (TRL best-fit packing); saves padding on long targets."""
+    lora: LoraParams | None = None
     save_steps: int = Field(10, gt=0)
     """Checkpoint interval; rerunning an interrupted stage resumes from the last checkpoint."""
+    launch: LaunchParams = LaunchParams()
+
+    @model_validator(mode="after")
+    def _length(self) -> SFTParams:
+        if (self.max_steps is None) == (self.epochs is None):
+            raise ValueError("max_steps: set exactly one of max_steps and epochs")
+        return self
 
 
 BUILTIN_REWARDS = ("accuracy", "format", "overlong", "conditional_length")
@@ -422,6 +494,7 @@ class RLStageParams(Section):
     use_vllm: bool = False
     vllm_mode: Literal["colocate", "server"] = "colocate"
     """colocate: vLLM in the training process; server: a `trl vllm-serve` process."""
+    launch: LaunchParams = LaunchParams()
     rewards: dict[str, Annotated[RewardParams, BeforeValidator(_reward_spec)]] = {"accuracy": RewardParams(weight=1.0), "format": RewardParams(weight=0.1)}
     """Reward functions by name with their weights (see rung.rewards)."""
     overlong: bool = False

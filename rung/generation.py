@@ -6,6 +6,8 @@ vLLM (GPU; optional, selected by params `generation.backend`).
 """
 from __future__ import annotations
 
+import importlib.util
+
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -53,13 +55,18 @@ def load(model_dir: Path, dtype: str, backend: str = "transformers") -> Generato
     return Generator(tok, partial(generate, model, tok))
 
 
-def _load_vllm(model_dir: Path, dtype: str) -> Generator:
-    try:
-        import vllm
-    except ImportError:
-        raise InputError("generation.backend: vllm is not installed (pip install 'rung[vllm]', on a CUDA machine)") from None
+def require_vllm(key: str) -> None:
+    """Stop before any work when vLLM is asked for where it cannot run."""
+    if importlib.util.find_spec("vllm") is None:
+        raise InputError(f"{key}: vllm is not installed (pip install 'rung[vllm]', on a CUDA machine)")
     if not torch.cuda.is_available():
-        raise InputError("generation.backend: vllm needs a CUDA GPU and none is visible; use 'transformers'")
+        raise InputError(f"{key}: vllm needs a CUDA GPU and none is visible")
+
+
+def _load_vllm(model_dir: Path, dtype: str) -> Generator:
+    require_vllm("generation.backend")
+    import vllm
+
     llm = vllm.LLM(model=str(model_dir), dtype=dtype, seed=0)
     tok = models.load_tokenizer(model_dir)
 

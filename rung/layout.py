@@ -14,6 +14,7 @@ EVAL_SETS = CURATED / "eval"  # extra eval sets: <name>.jsonl
 DIFFICULTY = Path("data/difficulty")
 SCORES = DIFFICULTY / "scores.jsonl"
 FILTERED = DIFFICULTY / "train.jsonl"
+TRACES = Path("data/sft/traces.jsonl")  # SFT targets
 EVAL = Path("data/eval")
 METRICS = Path("data/metrics")
 REPORTS = Path("data/reports")

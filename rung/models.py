@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,13 @@ def save(model: PreTrainedModel, tok: PreTrainedTokenizerBase, out_dir: Path, pr
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         (tmp / "rung.json").write_text(json.dumps(provenance, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def publish(trained: Path, out_dir: Path, provenance: dict[str, Any]) -> None:
+    """Move a model directory written by a trainer to `out_dir` (atomically), adding rung.json."""
+    (trained / "rung.json").write_text(json.dumps(provenance, indent=2, sort_keys=True, default=str) + "\n")
+    with atomic_path(out_dir) as tmp:
+        shutil.move(trained, tmp)
 
 
 def load_tokenizer(model_dir: Path | str) -> PreTrainedTokenizerBase:

@@ -21,7 +21,7 @@ from trl.trainer.utils import pad
 from rung import answer_format, curriculum, io, rewards
 from rung.config import DynamicSamplingParams, FormatParams, RLStageParams
 from rung.errors import InputError
-from rung.trainer import common_args
+from rung.trainer import common_args, finalize
 
 CURRICULUM_STATE = "curriculum.json"
 
@@ -228,9 +228,9 @@ def select(rows: list[dict[str, Any]], stage: RLStageParams) -> list[dict[str, A
     return chosen
 
 
-def train(model_dir: Path, rows: list[dict[str, Any]], fmt: FormatParams, stage: RLStageParams, buckets: dict[str, float], seed: int, work_dir: Path, dtype: str = "float32", resume: str | None = None, callbacks: list[Any] | None = None) -> tuple[Any, Any, dict[str, float], list[dict[str, float]]]:
-    """Run one RL stage from `model_dir` (resuming from checkpoint `resume` if given); returns
-    (model, tokenizer, summary metrics, per-step curves)."""
+def train(model_dir: Path, rows: list[dict[str, Any]], fmt: FormatParams, stage: RLStageParams, buckets: dict[str, float], seed: int, work_dir: Path, dtype: str = "float32", resume: str | None = None, callbacks: list[Any] | None = None) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """Run one RL stage from `model_dir` (resuming from checkpoint `resume` if given); the model
+    lands in `work_dir`/final; returns (summary metrics, per-step curves)."""
     rows = select(rows, stage)
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
@@ -249,4 +249,5 @@ def train(model_dir: Path, rows: list[dict[str, Any]], fmt: FormatParams, stage:
         summary["reward_last"] = curves[-1]["reward"]
         for key in ("frac_reward_zero_std", "frac_zero_std_trained"):
             summary[key] = mean(c.get(key, 0.0) for c in curves)
-    return trainer.model, tok, summary, curves
+    finalize(trainer, tok, work_dir)
+    return summary, curves

@@ -46,3 +46,22 @@ def resume_point(work_dir: Path, fingerprint: dict[str, Any]) -> str | None:
     work_dir.mkdir(parents=True)
     io.write_json(stamp, fingerprint)
     return None
+
+
+FINAL = "final"
+
+
+def finalize(trainer: Any, tok: Any, work_dir: Path) -> Path:
+    """Write the trained model to `work_dir`/final as a plain HF directory; LoRA adapters are
+    merged into the weights first. Every process calls it (FSDP / ZeRO-3 gather collectively)."""
+    out = work_dir / FINAL
+    model = trainer.model
+    if hasattr(model, "merge_and_unload"):  # a peft model
+        if trainer.args.should_save:
+            model.merge_and_unload().save_pretrained(out)
+    else:
+        trainer.save_model(str(out))
+    if trainer.args.should_save:
+        tok.save_pretrained(out)
+    trainer.accelerator.wait_for_everyone()
+    return out

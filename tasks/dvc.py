@@ -1,14 +1,64 @@
-"""DVC as Prefect tasks: DVC decides what is stale and runs stages; Prefect retries and logs."""
+"""DVC as Prefect tasks: DVC decides what is stale and runs stages and experiments; Prefect
+retries, logs and keeps one DVC run per workspace at a time."""
 from __future__ import annotations
 
+import collections
+import contextlib
+import hashlib
+import json
+import os
+import re
 import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import networkx as nx
 from dvc.repo import Repo
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.client.orchestration import get_client
+from prefect.concurrency.sync import concurrency
+from prefect.exceptions import ObjectAlreadyExists
+from prefect.settings import get_current_settings
+from prefect.tasks import exponential_backoff
 
 INPUT_ERROR = 2  # exit code of a stage that rejected its input: retrying cannot help
+
+
+def env() -> dict[str, str]:
+    """The environment of `dvc` commands: this interpreter's bin directory first on PATH, so that
+    `dvc` and the stage commands (`python -m flows.<stage>`) use the same venv as the flow."""
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+def lock_name(workspace: Path | None = None) -> str:
+    """Name of the Prefect global concurrency limit guarding one DVC workspace (by its path)."""
+    path = str((workspace or Path.cwd()).resolve())
+    return f"dvc-{hashlib.sha256(path.encode()).hexdigest()[:12]}"
+
+
+@contextlib.contextmanager
+def workspace_lock() -> Iterator[str | None]:
+    """Hold the workspace's slot (a global concurrency limit of 1, created if missing) while DVC
+    runs here; another holder makes this wait. Yields the limit's name.
+
+    Prefect 3.8 skips a limit that does not exist (a warning, no waiting), hence the upsert. Without a
+    Prefect server (ephemeral mode) there is no lock beyond DVC's own: an ephemeral server keeps its
+    leases in memory, so a killed run would leave the slot taken for good."""
+    log = get_run_logger()
+    if not get_current_settings().api.url:
+        log.info("no Prefect server (PREFECT_API_URL unset): no workspace lock beyond DVC's")
+        yield None
+        return
+    name = lock_name()
+    with get_client(sync_client=True) as client, contextlib.suppress(ObjectAlreadyExists):
+        client.upsert_global_concurrency_limit_by_name(name, limit=1)
+    log.info("waiting for workspace lock %s (%s)", name, Path.cwd().resolve())
+    with concurrency(name, occupy=1, strict=True):
+        log.info("workspace lock %s taken", name)
+        yield name
 
 
 def stages_in_order() -> list[str]:
@@ -28,7 +78,7 @@ def is_stale(stage: str) -> bool:
         return bool(repo.status(targets=[stage]))
 
 
-def _retryable(task, task_run, state) -> bool:  # noqa: ANN001 - Prefect's retry_condition_fn signature
+def _retryable(task, task_run, state) -> bool:  # Prefect's retry_condition_fn signature
     try:
         state.result()
     except subprocess.CalledProcessError as e:
@@ -38,8 +88,70 @@ def _retryable(task, task_run, state) -> bool:  # noqa: ANN001 - Prefect's retry
     return False
 
 
-@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[10, 60], retry_condition_fn=_retryable)
+def _run(cmd: list[str]) -> None:
+    """Run a dvc command; on failure raise CalledProcessError with the *stage's* exit code when DVC
+    names one ('failed to run: <cmd>, exited with 2'): dvc itself exits 255 whatever the stage did."""
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env())
+    tail: collections.deque[str] = collections.deque(maxlen=20)
+    for line in proc.stderr:  # type: ignore[union-attr]  # tee: stream stderr and keep its end
+        sys.stderr.write(line)
+        tail.append(line)
+    if proc.wait():
+        codes = re.findall(r"failed to run: .*, exited with (-?\d+)", "".join(tail))
+        raise subprocess.CalledProcessError(int(codes[-1]) if codes else proc.returncode, cmd, stderr="".join(tail))
+
+
+@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=exponential_backoff(backoff_factor=30), retry_jitter_factor=0.5,
+      retry_condition_fn=_retryable)
 def repro(stage: str) -> None:
-    """`dvc repro --single-item <stage>` (DVC takes the repo lock, so stages run one at a time)."""
+    """`dvc repro --single-item <stage>`; retried after ~30 s then ~60 s unless the stage rejected its input."""
     get_run_logger().info("dvc repro %s", stage)
-    subprocess.run(["dvc", "repro", "--single-item", stage], check=True)
+    _run(["dvc", "repro", "--single-item", stage])
+
+
+def set_args(point: dict[str, Any]) -> list[str]:
+    """`-S` arguments of one grid point. Values are JSON (valid Hydra override syntax: "grpo" stays a
+    string, [1, 2] a list); `++` sets keys that params.yaml does not have yet."""
+    return [a for key, value in point.items() for a in ("-S", f"++{key}={json.dumps(value)}")]
+
+
+@task(cache_policy=NO_CACHE)
+def queue_experiment(name: str, point: dict[str, Any]) -> None:
+    """`dvc exp run --queue -n <name> -S key=value ...`: queued, run later in a temp workspace."""
+    get_run_logger().info("queue %s: %s", name, point)
+    _run(["dvc", "exp", "run", "--queue", "-n", name, *set_args(point)])
+
+
+@task(cache_policy=NO_CACHE)
+def run_queue(jobs: int = 1) -> None:
+    """`dvc exp run --run-all -j <jobs>`: start queue workers (they inherit this environment) and
+    wait for every queued experiment. Exits 0 even when experiments failed: see `experiments`."""
+    _run(["dvc", "exp", "run", "--run-all", "-j", str(jobs)])
+
+
+def experiments(names: list[str]) -> dict[str, dict[str, Any]]:
+    """Params, metrics and state of the named experiments from `dvc exp show --json`, keyed
+    '<file>:<dotted key>' (dvc.api.exp_show drops the file name when a key is unambiguous)."""
+    out = subprocess.run(["dvc", "exp", "show", "--json"], capture_output=True, text=True, check=True, env=env()).stdout
+    found: dict[str, dict[str, Any]] = {}
+    for baseline in json.loads(out):
+        for exp in baseline.get("experiments") or []:
+            if exp["name"] not in names:
+                continue
+            data = exp["revs"][0].get("data") or {}
+            row = {"state": (exp.get("executor") or {}).get("state", "success")}
+            for kind in ("params", "metrics"):
+                for file, content in (data.get(kind) or {}).items():
+                    row.update({f"{file}:{k}": v for k, v in _flat(content.get("data") or {}).items()})
+            found[exp["name"]] = row
+    return found
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out

@@ -1,12 +1,13 @@
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from rung import difficulty, evaluate, generation
+from rung import difficulty, evaluate, generation, traces
 from rung.config import DifficultyParams, EvalParams, FormatParams
 
 
@@ -24,3 +25,18 @@ def evaluate_checkpoint(model_dir: Path, sets: dict[str, list[dict[str, Any]]], 
     log = get_run_logger()
     gen = generation.load(model_dir, dtype, backend)
     return {name: evaluate.evaluate(gen, rows, fmt, params, seed, progress=lambda m, n=name: log.info("%s: %s", n, m)) for name, rows in sets.items()}
+
+
+@task(cache_policy=NO_CACHE)
+def build_traces(rows: list[dict[str, Any]], sources: list[Any], fmt: FormatParams, dtype: str, backend: str, seed: int, locate: Callable[[str], Path | str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """SFT traces of every source; sampled sources load their model (base or teacher) once."""
+    loaded: dict[str, generation.Generator] = {}
+
+    def load(model: str) -> generation.Generator:
+        if model not in loaded:
+            loaded[model] = generation.load(locate(model), dtype, backend)
+        return loaded[model]
+
+    out, stats = traces.build(rows, sources, fmt, seed, load)
+    get_run_logger().info("%d SFT traces: %s", len(out), stats)
+    return out, stats

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from rung import io, rl
+from rung import io, models, rl
 from rung.config import DifficultyParams, FormatParams, RLStageParams
 
 FMT = FormatParams()
@@ -48,7 +48,7 @@ def _train(tiny_model: Path, work: Path, stage: RLStageParams, resume: str | Non
 
 def test_dynamic_sampling_refills_zero_variance_groups(tiny_model, tmp_path):
     stage = _stage(curriculum={"type": "pools"}, dynamic_sampling={"max_rounds": 2})
-    _, _, summary, curves = _train(tiny_model, tmp_path / "w", stage)
+    summary, curves = _train(tiny_model, tmp_path / "w", stage)
     assert [c["step"] for c in curves] == [1, 2, 3]
     assert all(0 <= c["dynamic_sampling_rounds"] <= 2 for c in curves)
     # refilled batches hold fewer zero-variance groups than were generated
@@ -59,14 +59,14 @@ def test_dynamic_sampling_refills_zero_variance_groups(tiny_model, tmp_path):
 
 def test_all_equal_rewards_use_every_round_then_fill(tiny_model, tmp_path):
     stage = _stage(max_steps=2, rewards={"constant": {"import": "tests.test_rl:constant"}}, dynamic_sampling={"max_rounds": 2})
-    _, _, summary, curves = _train(tiny_model, tmp_path / "w", stage)
+    summary, curves = _train(tiny_model, tmp_path / "w", stage)
     assert [c["dynamic_sampling_rounds"] for c in curves] == [2.0, 2.0]
     assert summary["frac_zero_std_trained"] == 1.0
 
 
 def test_rloo_with_a_bandit_curriculum(tiny_model, tmp_path):
     stage = _stage(algorithm="rloo", max_steps=2, curriculum={"type": "bandit", "method": "ucb"})
-    _, _, summary, curves = _train(tiny_model, tmp_path / "w", stage)
+    summary, curves = _train(tiny_model, tmp_path / "w", stage)
     assert summary["steps"] == 2 and len(curves) == 2
 
 
@@ -84,12 +84,14 @@ class _Crash(TrainerCallback):
 @pytest.mark.parametrize("curriculum", [{"type": "adaptive"}, {"type": "bandit"}])
 def test_resume_continues_model_optimizer_rng_and_curriculum(tiny_model, tmp_path, curriculum):
     stage = _stage(curriculum=curriculum, dynamic_sampling={"max_rounds": 1})
-    whole, _, _, whole_curves = _train(tiny_model, tmp_path / "whole", stage)
+    _, whole_curves = _train(tiny_model, tmp_path / "whole", stage)
     with pytest.raises(KeyboardInterrupt):
         _train(tiny_model, tmp_path / "cut", stage, callbacks=[_Crash(2)])
     state = io.read_json(tmp_path / "cut" / "checkpoint-2" / rl.CURRICULUM_STATE)
-    resumed, _, _, resumed_curves = _train(tiny_model, tmp_path / "cut", stage, resume=str(tmp_path / "cut" / "checkpoint-2"))
+    _, resumed_curves = _train(tiny_model, tmp_path / "cut", stage, resume=str(tmp_path / "cut" / "checkpoint-2"))
     assert state  # the curriculum state travelled with the checkpoint
     assert resumed_curves[-1] == whole_curves[-1]
+    whole, _ = models.load(tmp_path / "whole" / "final")
+    resumed, _ = models.load(tmp_path / "cut" / "final")
     for a, b in zip(whole.state_dict().values(), resumed.state_dict().values(), strict=True):
         torch.testing.assert_close(a, b)

@@ -1,0 +1,78 @@
+"""SFT targets ("traces"): worked solutions from the data, or verified samples of a model
+(rejection sampling / STaR from the base model; distillation from a teacher).
+
+Every target goes through rung.answer_format, so SFT teaches exactly the format that the rewards
+and the evaluation read.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from rung import answer_format
+from rung.config import FormatParams, SampledTraces, SolutionTraces, TraceSource
+from rung.generation import Generator
+from rung.verify import is_correct
+
+Trace = dict[str, Any]  # id, prompt, target, origin
+
+
+def from_solutions(rows: list[dict[str, Any]], src: SolutionTraces, fmt: FormatParams) -> list[Trace]:
+    """The worked solution (or, with answer_only, the bare answer line) of each row."""
+    return [
+        {"id": r["id"], "prompt": r["prompt"], "target": answer_format.target(r["answer"], r.get("solution"), fmt), "origin": "solutions"}
+        for r in rows if r.get("solution") or src.answer_only
+    ]
+
+
+def in_format(text: str, row: dict[str, Any], fmt: FormatParams) -> str | None:
+    """The completion as a target if its answer is correct: unchanged when it already ends in the
+    answer line, else with the answer line appended; None when it is wrong."""
+    text = text.strip()
+    if answer_format.follows_format(text, fmt):
+        return text if is_correct(answer_format.extract(text, fmt), row) else None
+    answer = answer_format.extract_lenient(text, fmt)
+    return f"{text}\n{fmt.answer_prefix} {answer}" if answer is not None and is_correct(answer, row) else None
+
+
+def sampled(gen: Generator, rows: list[dict[str, Any]], src: SampledTraces, fmt: FormatParams, seed: int) -> tuple[list[Trace], dict[str, Any]]:
+    """Verified-correct samples, at most `max_per_prompt` distinct ones per prompt; with counts."""
+    rows = rows[: src.max_prompts]
+    prompts = gen.render([answer_format.messages(r["prompt"], fmt) for r in rows])
+    samples = gen.generate(prompts, src.sampling, n=src.num_samples, seed=seed, desc=f"{src.type} traces")
+    traces, kept_per_prompt = [], Counter()
+    correct = 0
+    for row, completions in zip(rows, samples, strict=True):
+        seen: set[str] = set()
+        for c in completions:
+            target = in_format(c.text, row, fmt)
+            if target is None:
+                continue
+            correct += 1
+            key = " ".join(target.split())  # duplicates up to whitespace
+            if key in seen or len(seen) >= src.max_per_prompt:
+                continue
+            seen.add(key)
+            traces.append({"id": row["id"], "prompt": row["prompt"], "target": target, "origin": f"{src.type}:{src.model}"})
+        kept_per_prompt[len(seen)] += 1
+    stats = {"prompts": len(rows), "samples": len(rows) * src.num_samples, "correct_samples": correct,
+             "kept": len(traces), "prompts_with_trace": len(rows) - kept_per_prompt[0]}
+    return traces, stats
+
+
+def build(rows: list[dict[str, Any]], sources: list[TraceSource], fmt: FormatParams, seed: int, load: Callable[[str], Generator]) -> tuple[list[Trace], dict[str, Any]]:
+    """Traces of every source in params order, and per-source counts. `load(model)` returns the
+    generator for a sampled source's model ('base' or a teacher)."""
+    traces: list[Trace] = []
+    stats: dict[str, Any] = {}
+    for i, src in enumerate(sources):
+        name = f"{i}_{src.type}"
+        if isinstance(src, SolutionTraces):
+            got = from_solutions(rows, src, fmt)
+            stats[name] = {"kept": len(got), "with_solution": sum(bool(r.get("solution")) for r in rows)}
+        else:
+            got, stats[name] = sampled(load(src.model), rows, src, fmt, seed + i)
+        traces += got
+    stats["total"] = len(traces)
+    return traces, stats

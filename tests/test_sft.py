@@ -1,0 +1,74 @@
+"""SFT warm-start on the tiny model: trace sources, LoRA and packing, and a 2-process DDP run
+(torchrun over gloo) in which each rank trains on its own shard."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rung import io, launch, models, traces
+from rung.config import FormatParams, LaunchParams, SampledTraces, SFTParams, SolutionTraces
+from rung.generation import Completion, Generator
+from rung.trainer import FINAL
+
+FMT = FormatParams()
+ROWS = [
+    {"id": str(i), "source": "s", "task": "basic_arithmetic", "prompt": f"Calculate {i} + 2.", "answer": str(i + 2),
+     "solution": f"{i} + 2 = {i + 2}" if i % 2 else None, "meta": {"expression": f"{i} + 2"}}
+    for i in range(16)
+]
+
+
+@pytest.fixture(autouse=True)
+def _mlflow_store(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+
+
+def test_solution_traces_end_in_the_answer_line():
+    with_answers = traces.from_solutions(ROWS, SolutionTraces(), FMT)
+    only_solutions = traces.from_solutions(ROWS, SolutionTraces(answer_only=False), FMT)
+    assert len(with_answers) == 16 and len(only_solutions) == 8
+    assert only_solutions[0]["target"] == "1 + 2 = 3\nAnswer: 3"
+
+
+def test_rejection_sampling_keeps_verified_distinct_traces(tiny_model):
+    # A scripted sampler stands in for a model, so the filter's decisions are known.
+    scripted = ["1 + 2 = 3\nAnswer: 3", "1 + 2 = 3\n Answer: 3", "so it is 3", "Answer: 4"]
+    gen = Generator(models.load_tokenizer(tiny_model), lambda prompts, sampling, n, seed, desc: [[Completion(t, 4, False) for t in scripted] for _ in prompts])
+    out, stats = traces.sampled(gen, ROWS[1:2], SampledTraces(type="rejection", max_per_prompt=3), FMT, seed=0)
+    # duplicates up to whitespace collapse; an unformatted correct answer gets the answer line
+    assert [t["target"] for t in out] == ["1 + 2 = 3\nAnswer: 3", "so it is 3\nAnswer: 3"]
+    assert stats == {"prompts": 1, "samples": 4, "correct_samples": 3, "kept": 2, "prompts_with_trace": 1}
+    with pytest.raises(ValueError, match="teacher"):
+        SampledTraces(type="distill")
+
+
+def _spec(tiny_model: Path, tmp_path: Path, params: SFTParams) -> dict:
+    data = tmp_path / "traces.jsonl"
+    io.write_jsonl(data, traces.from_solutions(ROWS, SolutionTraces(), FMT))
+    return {"kind": "sft", "params": params.model_dump(mode="json"), "format": FMT.model_dump(), "seed": 3, "dtype": "float32",
+            "init": str(tiny_model), "data": str(data), "work_dir": str(tmp_path / "work"), "resume": None}
+
+
+def test_lora_and_packing_give_a_plain_model(tiny_model, tmp_path):
+    params = SFTParams(max_steps=2, per_device_train_batch_size=4, packing=True, lora={"r": 4, "alpha": 8})
+    result = launch.run(_spec(tiny_model, tmp_path, params), params.launch, tmp_path / "work", "sft.launch")
+    assert result["metrics"]["steps"] == 2
+    model, _ = models.load(tmp_path / "work" / FINAL)  # LoRA merged: no adapter files needed
+    assert not any("lora" in k for k in model.state_dict())
+
+
+def test_two_process_ddp_trains_each_rank_on_its_own_shard(tiny_model, tmp_path):
+    params = SFTParams(max_steps=2, per_device_train_batch_size=2, launch=LaunchParams(num_processes=2))
+    assert launch.command(params.launch, tmp_path / "job.json", "sft.launch")[1:3] == ["-m", "torch.distributed.run"]
+    result = launch.run(_spec(tiny_model, tmp_path, params), params.launch, tmp_path / "work", "sft.launch")
+    assert result["metrics"]["steps"] == 2
+    models.load(tmp_path / "work" / FINAL)
+    shards = [set((tmp_path / "work" / "shards" / f"rank{r}.txt").read_text().split()) for r in (0, 1)]
+    assert all(len(s) >= 4 for s in shards)  # 2 steps x batch 2 per rank (+ the batch the loader prefetches)
+    assert not shards[0] & shards[1]  # disjoint: DistributedSampler split the data
+
+
+def test_impossible_launch_is_rejected_before_start():
+    with pytest.raises(Exception, match=r"sft.launch.accelerate_config: .*not found"):
+        launch.check(LaunchParams(accelerate_config="nope"), "sft.launch")
