@@ -37,27 +37,25 @@ ARMS: dict[str, dict[str, Any]] = {
 
 
 class HeldOut(TrainerCallback):
-    """Greedy held-out accuracy of the policy every `every` steps (and before the first)."""
+    """Greedy held-out accuracy of the policy every `every` steps (step 0, the SFT checkpoint,
+    is measured once per benchmark: it is the same for every arm)."""
 
     def __init__(self, rows: list[dict[str, Any]], fmt: config.FormatParams, tok: Any, every: int, max_new_tokens: int):
-        self.rows, self.fmt, self.every = rows, fmt, every
+        self.rows, self.fmt, self.every, self.tok = rows, fmt, every, tok  # left-padded, for generation
         self.prompts = render(tok, [answer_format.messages(r["prompt"], fmt) for r in rows])
         self.sampling = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, batch_size=32)
         self.curve: list[tuple[int, float]] = []
 
-    def measure(self, model: Any, tok: Any, step: int) -> None:
+    def measure(self, model: Any, step: int) -> None:
         was_training = model.training
         model.eval()
-        records = grade(self.rows, generate(model, tok, self.prompts, self.sampling, desc=f"held-out @{step}"), self.fmt)
+        records = grade(self.rows, generate(model, self.tok, self.prompts, self.sampling, desc=f"held-out @{step}"), self.fmt)
         model.train(was_training)
         self.curve.append((step, mean(r["samples"][0]["correct"] for r in records)))
 
-    def on_train_begin(self, args, state, control, model=None, processing_class=None, **kw):  # type: ignore[no-untyped-def]
-        self.measure(model, processing_class, 0)
-
-    def on_step_end(self, args, state, control, model=None, processing_class=None, **kw):  # type: ignore[no-untyped-def]
+    def on_step_end(self, args, state, control, model=None, **kw):  # type: ignore[no-untyped-def]
         if state.global_step % self.every == 0 or state.global_step == state.max_steps:
-            self.measure(model, processing_class, state.global_step)
+            self.measure(model, state.global_step)
 
 
 def run(arm: str, seed: int, params: config.Params, stage_name: str, steps: int, every: int, work: Path) -> dict[str, Any]:
@@ -111,12 +109,20 @@ def main() -> None:
                 "data": io.md5(layout.FILTERED), "init": io.md5(layout.checkpoint(params.rl.stages[args.stage].init))}
     saved = io.read_json(out) if out.exists() else {}
     results = saved.get("runs", []) if saved.get("settings") == settings else []
+    start = saved.get("start") if results else None
+    if start is None:
+        init = layout.checkpoint(params.rl.stages[args.stage].init)
+        held = HeldOut(io.read_jsonl(layout.TEST), params.format, models.load_tokenizer(init), args.eval_every, params.eval.sampling.max_new_tokens)
+        held.measure(models.load(init, params.model.dtype)[0], 0)
+        start = held.curve[0][1]
+        io.write_json(out, {"settings": settings, "start": start, "runs": results})
+    print(f"held-out accuracy at step 0 ({params.rl.stages[args.stage].init}): {start * 100:.1f}%")
     for seed in args.seeds:
         for arm in args.arms:
             if any((r["arm"], r["seed"]) == (arm, seed) for r in results):
                 continue
             results.append(run(arm, seed, params, args.stage, steps, args.eval_every, layout.WORK / "bench"))
-            io.write_json(out, {"settings": settings, "runs": results})
+            io.write_json(out, {"settings": settings, "start": start, "runs": results})
             print(table(results), flush=True)
     print(f"\n{steps} RL steps per run, eval every {args.eval_every}; steps to reach: per seed, '-' = never\n")
     print(table(results))

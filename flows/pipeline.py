@@ -40,6 +40,8 @@ def stage_summary(metrics_dir: Path = layout.METRICS) -> str:
     for path in metrics_dir.glob("*.json"):
         rank, keys = next(((i, k) for i, (pat, k) in enumerate(HEADLINES.items()) if fnmatch.fnmatch(path.stem, pat)), (len(HEADLINES), []))
         metrics = json.loads(path.read_text())
+        if not isinstance(metrics, dict):
+            continue
         for key in keys or [k for k, v in metrics.items() if isinstance(v, (int, float))][:3]:
             value: Any = metrics
             for part in key.split("."):

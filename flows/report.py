@@ -15,9 +15,10 @@ def report(params_file: str = str(layout.PARAMS)) -> str:
     with tracking.stage_run("report", params, logged={"checkpoints": params.checkpoints}, inputs={}):
         evals = {c: io.read_json(layout.metrics(f"eval-{layout.checkpoint_slug(c)}")) for c in params.checkpoints}
         curves = {f"rl/{name}": io.read_json(layout.plot("rl", name)) for name in params.rl.stages}
-        text = rep.markdown(evals)
+        rl = {name: rep.rl_summary(s, io.read_json(layout.metrics(f"rl-{name}"))) for name, s in params.rl.stages.items()}
+        text = rep.markdown(evals, rl)
         settings = {"seed": params.seed, "model": params.model.source, "git commit": tracking.git_commit()[:12],
-                    **{f"rl.{name}": f"{s.loss_type}, {s.max_steps} steps, lr {s.learning_rate}" for name, s in params.rl.stages.items()}}
+                    **{f"rl/{name}": "; ".join(row.values()) for name, row in rl.items()}}
         with io.atomic_path(layout.REPORT) as tmp:
             tmp.write_text(text)
         with io.atomic_path(layout.HTML_REPORT) as tmp:

@@ -1,6 +1,6 @@
 """A sweep: every point of a params grid as a DVC experiment, run by DVC's queue, compared.
 
-Each point is queued with `dvc exp run --queue -n <name>-<i> -S key=value ...` and the queue is
+Each point is queued with `dvc exp run --queue -n <name>-<i> -S ++key=value ...` and the queue is
 run with `dvc exp run --run-all -j <jobs>` (DVC's queue workers, each experiment in a temporary
 workspace under .dvc/tmp/exps that checks unchanged stages out of the shared DVC cache). DVC sets
 DVC_ROOT to the main repo for queued experiments, so the default MLflow store stays
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import io
 import itertools
 from datetime import datetime
 from pathlib import Path
@@ -55,11 +56,20 @@ def _with(data: dict[str, Any], point: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+def experiments(grid: dict[str, list[Any]], prefix: str, params_file: str | Path = layout.PARAMS) -> dict[str, dict[str, Any]]:
+    """Experiment name -> grid point, each point checked against the params schema (ConfigError naming it)."""
+    base = yaml.safe_load(Path(params_file).read_text())
+    todo = {f"{prefix}-{i}": point for i, point in enumerate(points(grid), start=1)}
+    for exp, point in todo.items():
+        config.parse(_with(base, point), f"{params_file} with {exp} {point}")
+    return todo
+
+
 def comparison(results: dict[str, dict[str, Any]], keys: str = "*") -> str:
     """`rung compare --dvc` for the sweep's experiments: rows are the keys matching `keys` whose values differ."""
-    console = Console(record=True, width=200)
-    console.print(compare.table(results, keys, all_rows=False))
-    return console.export_text()
+    out = io.StringIO()
+    Console(file=out, width=200).print(compare.table(results, keys, all_rows=False))
+    return out.getvalue()
 
 
 @flow(name="sweep")
@@ -69,21 +79,19 @@ def sweep(grid: dict[str, list[Any]], name: str | None = None, jobs: int = 1, ke
     log = get_run_logger()
     grid = {k: v if isinstance(v, list) else [v] for k, v in grid.items()}
     prefix = name or f"sweep-{datetime.now():%Y%m%d-%H%M%S}"
-    base = yaml.safe_load(Path(params_file).read_text())
-    todo = {f"{prefix}-{i}": point for i, point in enumerate(points(grid), start=1)}
-    for exp, point in todo.items():  # every point is valid before anything is queued
-        config.parse(_with(base, point), f"{params_file} with {exp} {point}")
+    todo = experiments(grid, prefix, params_file)  # every point is valid before anything is queued
     with dvc.workspace_lock():  # queuing stashes the workspace's params and git state
         for exp, point in todo.items():
             dvc.queue_experiment(exp, point)
     dvc.run_queue(jobs)
     results = dvc.experiments(list(todo))
     table = comparison(results, keys)
-    log.info("sweep %s:\n%s", prefix, table)
+    print(table)
     rows = "\n".join(f"| {exp} | {results.get(exp, {}).get('state', 'missing')} | {point} |" for exp, point in todo.items())
     create_markdown_artifact(key="rung-sweep", description=f"sweep {prefix}",
                              markdown=f"# sweep {prefix}\n\n| experiment | state | point |\n|---|---|---|\n{rows}\n\n```\n{table}\n```\n")
     failed = [exp for exp in todo if results.get(exp, {}).get("state") != "success"]
+    log.info("sweep %s: %d experiment(s), %d failed; table in artifact rung-sweep", prefix, len(todo), len(failed))
     if failed:
         raise RuntimeError(f"experiment(s) failed: {', '.join(failed)} (see `dvc queue logs <name>`)")
     return results

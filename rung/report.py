@@ -34,7 +34,19 @@ def _cell(key: str, m: dict[str, Any]) -> str:
     return text
 
 
-def markdown(evals: dict[str, dict[str, Any]]) -> str:
+def rl_summary(stage: Any, metrics: dict[str, Any]) -> dict[str, str]:
+    """One RL stage's recipe and training signal, for the report."""
+    ds = stage.dynamic_sampling
+    return {
+        "init": stage.init,
+        "recipe": f"{stage.algorithm}, {stage.preset or 'custom'}: {stage.loss_type} loss, clip {stage.epsilon}/{stage.epsilon_high or stage.epsilon}, beta {stage.beta}",
+        "curriculum": stage.curriculum.type + (f" + dynamic sampling ({ds.max_rounds} rounds)" if ds else ""),
+        "steps": f"{metrics.get('steps', 0):.0f} x {stage.prompts_per_step} prompts x {stage.num_generations}, lr {stage.learning_rate:g}",
+        "zero-variance groups": f"{metrics.get('frac_reward_zero_std', float('nan')):.2f} generated, {metrics.get('frac_zero_std_trained', float('nan')):.2f} trained",
+    }
+
+
+def markdown(evals: dict[str, dict[str, Any]], rl: dict[str, dict[str, str]] | None = None) -> str:
     """A markdown table (checkpoints in pipeline order) plus the settings every number depends on."""
     views = {name: headline(m) for name, m in evals.items()}
     sample_cols = sorted({k for v in views.values() for k in v if k.startswith("avg@")})
@@ -51,7 +63,12 @@ def markdown(evals: dict[str, dict[str, Any]]) -> str:
     if first.get("samples"):
         s = first["samples"]
         notes.append(f"avg@{s['n']}: {s['n']} samples per prompt at temperature {s['temperature']}, top_p {s['top_p']}.")
-    return "\n".join(["# rung results", "", *notes, "", *lines, ""])
+    rl_lines = []
+    if rl:
+        keys = list(next(iter(rl.values())))
+        rl_lines = ["", "RL stages:", "", "| stage | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys),
+                    *(f"| rl/{name} | " + " | ".join(row[k] for k in keys) + " |" for name, row in rl.items())]
+    return "\n".join(["# rung results", "", *notes, "", *lines, *rl_lines, ""])
 
 
 def html(evals: dict[str, dict[str, Any]], reward_curves: dict[str, list[dict[str, float]]], settings: dict[str, Any], path: Path) -> None:

@@ -121,7 +121,7 @@ class Guarded:
                     scores.append(0.0)
                     failed += 1
         self.errors += failed
-        if log_metric is not None:
+        if failed and log_metric is not None:
             log_metric(f"rewards/{self.__name__}/errors", float(failed))
         return scores
 

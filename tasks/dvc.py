@@ -91,12 +91,16 @@ def _retryable(task, task_run, state) -> bool:  # Prefect's retry_condition_fn s
 def _run(cmd: list[str]) -> None:
     """Run a dvc command; on failure raise CalledProcessError with the *stage's* exit code when DVC
     names one ('failed to run: <cmd>, exited with 2'): dvc itself exits 255 whatever the stage did."""
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env())
     tail: collections.deque[str] = collections.deque(maxlen=20)
-    for line in proc.stderr:  # type: ignore[union-attr]  # tee: stream stderr and keep its end
-        sys.stderr.write(line)
-        tail.append(line)
-    if proc.wait():
+    with subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env()) as proc:
+        try:
+            for line in proc.stderr:  # type: ignore[union-attr]  # tee: stream stderr and keep its end
+                sys.stderr.write(line)
+                tail.append(line)
+        except BaseException:  # as subprocess.run: do not leave DVC running
+            proc.kill()
+            raise
+    if proc.returncode:
         codes = re.findall(r"failed to run: .*, exited with (-?\d+)", "".join(tail))
         raise subprocess.CalledProcessError(int(codes[-1]) if codes else proc.returncode, cmd, stderr="".join(tail))
 
@@ -130,8 +134,9 @@ def run_queue(jobs: int = 1) -> None:
 
 
 def experiments(names: list[str]) -> dict[str, dict[str, Any]]:
-    """Params, metrics and state of the named experiments from `dvc exp show --json`, keyed
-    '<file>:<dotted key>' (dvc.api.exp_show drops the file name when a key is unambiguous)."""
+    """Params, metrics and state of the named experiments (in the order of `names`) from `dvc exp
+    show --json`, keyed '<file>:<dotted key>' (dvc.api.exp_show drops the file name when a key is
+    unambiguous)."""
     out = subprocess.run(["dvc", "exp", "show", "--json"], capture_output=True, text=True, check=True, env=env()).stdout
     found: dict[str, dict[str, Any]] = {}
     for baseline in json.loads(out):
@@ -144,7 +149,7 @@ def experiments(names: list[str]) -> dict[str, dict[str, Any]]:
                 for file, content in (data.get(kind) or {}).items():
                     row.update({f"{file}:{k}": v for k, v in _flat(content.get("data") or {}).items()})
             found[exp["name"]] = row
-    return found
+    return {name: found[name] for name in names if name in found}
 
 
 def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -31,6 +31,16 @@ def test_default_params_are_valid(default_params):
         (("rl", "stages", "main", "init"), "rl/later", "params.yaml: rl.stages.main.init: 'rl/later' is not one of ['base', 'sft']"),
         (("difficulty", "pass_rate_max"), -0.1, "params.yaml: difficulty.pass_rate_max: Input should be greater than or equal to 0"),
         (("sft", "lr"), 1e-5, "params.yaml: sft.lr: unknown key"),
+        (("rl", "stages", "main", "preset"), "ppo", "params.yaml: rl.stages.main.preset: Input should be 'grpo', 'dr_grpo', 'dapo' or 'gspo'"),
+        (("rl", "stages", "main", "curriculum"), {"type": "staged", "phases": [{"buckets": ["tricky"]}]},
+         "params.yaml: rl.stages.main: unknown difficulty buckets ['tricky']"),
+        (("rl", "stages", "main", "curriculum"), {"type": "staged", "phases": [{"buckets": ["easy"]}, {"buckets": ["hard"]}]},
+         "params.yaml: rl.stages.main.curriculum.staged.phases: every phase but the last needs an increasing until_step"),
+        (("rl", "stages", "main", "rewards"), {"brevity": 0.5}, "params.yaml: rl.stages.main.rewards.brevity: not a built-in reward"),
+        (("rl", "stages", "main", "curriculum"), {"type": "pools", "pools": {"a": {"max_pass_rate": 0.5, "weight": 1}}},
+         "params.yaml: rl.stages.main.curriculum.pools.pools: the largest max_pass_rate must be 1.0"),
+        (("sft", "epochs"), 2, "params.yaml: sft.max_steps: set exactly one of max_steps and epochs"),
+        (("sft", "traces"), [{"type": "distill"}], "params.yaml: sft.traces.0.distill.model: distill needs a teacher"),
     ],
 )
 def test_bad_values_name_the_dotted_key(default_params, path, value, expected):

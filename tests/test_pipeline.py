@@ -18,7 +18,7 @@ import yaml
 
 from tests.conftest import ROOT
 
-STAGES = {"model", "curate", "difficulty", "sft", "rl@main", "eval@base", "eval@sft", "eval@rl-main", "report"}
+STAGES = {"model", "curate", "difficulty", "traces", "sft", "rl@main", "eval@base", "eval@sft", "eval@rl-main", "report"}
 
 
 def _free_port() -> int:
@@ -103,7 +103,7 @@ def test_dvc_repro_runs_every_stage(workspace):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
 
     for path in ["data/models/base/model.safetensors", "data/models/sft/model.safetensors", "data/models/rl/main/model.safetensors",
-                 "data/curated/train.jsonl", "data/curated/test.jsonl", "data/difficulty/scores.jsonl", "data/difficulty/train.jsonl",
+                 "data/curated/train.jsonl", "data/curated/test.jsonl", "data/difficulty/scores.jsonl", "data/sft/traces.jsonl", "data/difficulty/train.jsonl",
                  "data/curated/eval/ood_chain.jsonl", "data/eval/base/test.jsonl", "data/eval/sft/ood_chain.jsonl",
                  "data/eval/rl-main/test.samples.jsonl", "data/reports/report.md", "data/reports/report.html",
                  "data/plots/rl/main.json", "data/plots/pass_at_k/sft.json", "data/plots/accuracy_by_difficulty/base.json",
@@ -145,8 +145,10 @@ def test_dvc_repro_runs_every_stage(workspace):
     assert sft.data.tags["md5.model"] and sft.data.tags["version.trl"]
     client = mlflow.MlflowClient()
     assert len(client.get_metric_history(sft.info.run_id, "loss")) == 2  # per step
-    for key in ("reward", "kl", "entropy", "completions/mean_length", "rewards/accuracy/mean", "frac_reward_zero_std"):
-        assert len(client.get_metric_history(rl.info.run_id, key)) == 2, key
+    for key in ("reward", "kl", "entropy", "completions/mean_length", "rewards/accuracy/mean", "rewards/overlong/mean", "frac_reward_zero_std",
+                "frac_zero_std_trained", "dynamic_sampling/rounds", "curriculum/size/normal", "curriculum/drawn_pass_rate"):
+        assert len(client.get_metric_history(rl.info.run_id, key)) == 2, key  # per step: the dapo preset, pools curriculum
+    assert any(k.startswith("accuracy_by_bucket/") for k in rl.data.metrics)
     assert "eval-sft/sets/test/accuracy" in by_name["eval@sft"].data.metrics
     assert "eval-sft/sets/test/pass_at_k/3" in by_name["eval@sft"].data.metrics
     assert {a.path for a in client.list_artifacts(by_name["eval@sft"].info.run_id, "samples")} >= {"samples/test.jsonl", "samples/ood_chain.jsonl"}
@@ -212,3 +214,31 @@ def test_bad_data_in_a_stage_is_one_line_and_keeps_outputs(workspace):
     assert (ws / "data/curated/train.jsonl").read_bytes() == train
     failed = [r for r in _runs(ws) if r.info.run_name == "curate" and r.info.status == "FAILED"]
     assert len(failed) == 1
+
+
+@pytest.mark.parametrize("stage, work, section", [("sft", "sft", "sft"), ("rl@main", "rl/main", "rl")])
+def test_killed_stage_resumes_from_its_last_checkpoint(workspace, prefect_server, stage, work, section):
+    ws, run = workspace
+    params = tiny_params(Path(yaml.safe_load((ws / "params.yaml").read_text())["model"]["source"]))
+    target = params["sft"] if section == "sft" else params["rl"]["stages"]["main"]
+    target.update(max_steps=4, save_steps=2)
+    (ws / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    env = {**os.environ, **prefect_server, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    job = subprocess.Popen(["dvc", "repro", stage], cwd=ws, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    checkpoint = ws / "data/work" / work / "checkpoint-2"
+    deadline = time.time() + 300
+    while not (checkpoint / "trainer_state.json").exists():
+        assert job.poll() is None and time.time() < deadline, "the stage ended before its first checkpoint"
+        time.sleep(0.5)
+    time.sleep(1)  # let the checkpoint's files land, then kill the whole job like a lost node
+    os.killpg(job.pid, 9)
+    job.wait()
+
+    res = run("dvc", "repro", stage)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert f"resuming from data/work/{work}/checkpoint-2" in res.stdout + res.stderr
+    assert not (ws / "data/work" / work).exists()  # scratch removed once the model is published
+    last = max((r for r in _runs(ws) if r.info.run_name == stage), key=lambda r: r.info.start_time)
+    history = mlflow.MlflowClient().get_metric_history(last.info.run_id, "loss")
+    assert sorted(m.step for m in history) == [3, 4]  # only the steps after the checkpoint ran

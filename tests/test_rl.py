@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from rung import io, models, rl
+from rung import io, launch, models, rl
 from rung.config import DifficultyParams, FormatParams, RLStageParams
 
 FMT = FormatParams()
@@ -95,3 +95,16 @@ def test_resume_continues_model_optimizer_rng_and_curriculum(tiny_model, tmp_pat
     resumed, _ = models.load(tmp_path / "cut" / "final")
     for a, b in zip(whole.state_dict().values(), resumed.state_dict().values(), strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_two_process_rl_with_dynamic_sampling(tiny_model, tmp_path):
+    """DDP over gloo: both ranks draw the same global batch from the curriculum, train on their
+    halves, and take the same dynamic-sampling decisions (else the collectives would hang)."""
+    stage = _stage(max_steps=2, curriculum={"type": "pools"}, dynamic_sampling={"max_rounds": 2}, launch={"num_processes": 2})
+    data = tmp_path / "rows.jsonl"
+    io.write_jsonl(data, ROWS)
+    spec = {"kind": "rl", "params": stage.model_dump(mode="json", by_alias=True), "format": FMT.model_dump(), "seed": 7, "dtype": "float32",
+            "init": str(tiny_model), "data": str(data), "work_dir": str(tmp_path / "w"), "resume": None, "buckets": BUCKETS}
+    result = launch.run(spec, stage.launch, tmp_path / "w", "rl.stages.main.launch")
+    assert result["metrics"]["steps"] == 2 and [c["step"] for c in result["curves"]] == [1, 2]
+    models.load(tmp_path / "w" / "final")
