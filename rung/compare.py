@@ -24,6 +24,9 @@ def mlflow_columns(run_ids: list[str], experiment: str, last: int, name_glob: st
     }
 
 
+_EXP_BOOKKEEPING = {"Experiment", "rev", "typ", "Created", "parent", "State", "Executor"}
+
+
 def dvc_columns(names: list[str]) -> Columns:
     """One column per DVC experiment (or the workspace / baseline): its params and metrics."""
     import dvc.api  # imported here: loading DVC is slow and only this path needs it
@@ -33,8 +36,8 @@ def dvc_columns(names: list[str]) -> Columns:
         label = row.get("Experiment") or row["rev"]
         if names and label not in names and row["rev"] not in names:
             continue
-        # exp_show keys are '<file>:<key>' for metrics and params; keep them, minus bookkeeping.
-        out[label] = {k: v for k, v in row.items() if ":" in k and v is not None}
+        # exp_show names a metric or param '<file>:<key>' only when the bare key is ambiguous.
+        out[label] = {k: v for k, v in row.items() if k not in _EXP_BOOKKEEPING and v is not None}
     return out
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
+from tests.workspace import make_workspace
 
 STAGES = {"model", "curate", "difficulty", "traces", "sft", "rl@main", "eval@base", "eval@sft", "eval@rl-main", "report"}
 
@@ -73,23 +73,9 @@ def tiny_params(model_dir: Path) -> dict:
 def workspace(tmp_path_factory, tiny_model, prefect_server):
     """A git + DVC repo holding the project's files, with params pointing at the tiny model."""
     ws = tmp_path_factory.mktemp("ws")
-    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
-    for f in files:
-        if f.startswith(("data/", "tests/")) or f == "dvc.lock" or not (ROOT / f).is_file():
-            continue
-        (ws / f).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / f, ws / f)
-    (ws / "params.yaml").write_text(yaml.safe_dump(tiny_params(tiny_model), sort_keys=False))
-    env = {**os.environ, **prefect_server, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env = {**os.environ, **prefect_server}
     env.pop("MLFLOW_TRACKING_URI", None)  # the default store: sqlite at <repo>/mlflow.db
-    run = lambda *cmd: subprocess.run(cmd, cwd=ws, env=env, capture_output=True, text=True)  # noqa: E731
-    for cmd in (["git", "init", "-q"], ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "init"]):
-        assert run(*cmd).returncode == 0
-    if not (ws / ".dvc").exists():
-        assert run("dvc", "init", "-q").returncode == 0
-    assert run("git", "add", "-A").returncode == 0
-    assert run("git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "project").returncode == 0
-    return ws, run
+    return ws, make_workspace(ws, tiny_params(tiny_model), env)
 
 
 def _runs(ws: Path) -> list:
