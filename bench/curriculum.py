@@ -106,7 +106,8 @@ def main() -> None:
     out = Path(args.out)
     # Rerunning continues an interrupted benchmark, unless the settings or the data changed.
     settings = {"stage": params.rl.stages[args.stage].model_dump(mode="json"), "steps": steps, "eval_every": args.eval_every,
-                "data": io.md5(layout.FILTERED), "init": io.md5(layout.checkpoint(params.rl.stages[args.stage].init))}
+                "data": io.md5(layout.FILTERED),
+                "init": io.md5(layout.checkpoint(params.rl.stages[args.stage].init) / "model.safetensors")}  # weights, not provenance
     saved = io.read_json(out) if out.exists() else {}
     results = saved.get("runs", []) if saved.get("settings") == settings else []
     start = saved.get("start") if results else None
