@@ -5,10 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from rung import io, launch, models, traces
 from rung.config import FormatParams, LaunchParams, SampledTraces, SFTParams, SolutionTraces
-from rung.generation import Completion, Generator
+from rung.errors import InputError
+from rung.generation import Completion, Generator, require_vllm
 from rung.trainer import FINAL
 
 FMT = FormatParams()
@@ -69,6 +71,12 @@ def test_two_process_ddp_trains_each_rank_on_its_own_shard(tiny_model, tmp_path)
     assert not shards[0] & shards[1]  # disjoint: DistributedSampler split the data
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks what a CPU-only machine rejects")
 def test_impossible_launch_is_rejected_before_start():
-    with pytest.raises(Exception, match=r"sft.launch.accelerate_config: .*not found"):
+    with pytest.raises(InputError, match=r"^sft.launch.accelerate_config: .*not found"):
         launch.check(LaunchParams(accelerate_config="nope"), "sft.launch")
+    for name in ("fsdp", "zero3"):
+        with pytest.raises(InputError, match=rf"^rl.stages.main.launch.accelerate_config: {name}.yaml \(FSDP / DeepSpeed\) needs CUDA GPUs"):
+            launch.check(LaunchParams(num_processes=8, accelerate_config=name), "rl.stages.main.launch")
+    with pytest.raises(InputError, match=r"^rl.stages.main.use_vllm: vllm (is not installed|needs a CUDA GPU)"):
+        require_vllm("rl.stages.main.use_vllm")
