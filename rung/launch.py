@@ -81,7 +81,7 @@ def run(spec: dict[str, Any], launch: LaunchParams, work_dir: Path, key: str) ->
         env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow.get_tracking_uri(), **({"MLFLOW_RUN_ID": active.info.run_id} if active else {})}
         if not torch.cuda.is_available():
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // launch.num_processes))
-        done = subprocess.run(cmd, env=env)
+        done = subprocess.run(cmd, env=env, check=False)  # the exit code is turned into one error below
         if done.returncode != 0:
             raise RuntimeError(f"{key}: distributed job failed with exit code {done.returncode}: {' '.join(cmd)}")
     return io.read_json(work_dir / RESULT)

@@ -11,7 +11,7 @@ from peft import LoraConfig
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import SFTConfig, SFTTrainer
 
-from rung import answer_format, io
+from rung import answer_format
 from rung.config import FormatParams, SFTParams
 from rung.trainer import common_args, finalize
 

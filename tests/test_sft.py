@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from rung import io, launch, models, traces
-from rung.config import FormatParams, LaunchParams, SampledTraces, SFTParams, SolutionTraces
+from rung.config import (
+    FormatParams,
+    LaunchParams,
+    SampledTraces,
+    SFTParams,
+    SolutionTraces,
+)
 from rung.errors import InputError
 from rung.generation import Completion, Generator, require_vllm
 from rung.trainer import FINAL
