@@ -21,10 +21,7 @@ from trl.trainer.utils import pad
 from rung import answer_format, curriculum, io, rewards
 from rung.config import DynamicSamplingParams, FormatParams, RLStageParams
 from rung.errors import InputError
-from rung.trainer import common_args, finalize
-
-CURRICULUM_STATE = "curriculum.json"
-
+from rung.trainer import CURRICULUM_STATE, common_args, finalize
 
 def prompts(rows: list[dict[str, Any]], fmt: FormatParams) -> Dataset:
     """Conversational prompts plus the columns the reward functions read."""

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers.trainer_utils import get_last_checkpoint
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from rung import io
 
@@ -32,16 +32,19 @@ def common_args(seed: int, work_dir: Path, dtype: str, save_steps: int) -> dict[
     )
 
 
-def resume_point(work_dir: Path, fingerprint: dict[str, Any]) -> str | None:
-    """The last checkpoint in `work_dir` if it was written for the same inputs, else None.
+def resume_point(work_dir: Path, fingerprint: dict[str, Any], complete: tuple[str, ...] = ("trainer_state.json",)) -> str | None:
+    """The last complete checkpoint in `work_dir` if it was written for the same inputs, else None.
 
     The fingerprint (params, input md5s) is kept beside the checkpoints; when it changed, the old
-    checkpoints belong to another experiment and are removed rather than resumed.
+    checkpoints belong to another experiment and are removed rather than resumed. A checkpoint is
+    complete when it holds every file of `complete` (transformers writes trainer_state.json last),
+    so a job killed while writing one resumes from the one before.
     """
     stamp = work_dir / "fingerprint.json"
     # Compare through JSON so tuples, paths and key order do not count as changes.
     if stamp.exists() and io.read_json(stamp) == json.loads(io.dumps(fingerprint)):
-        return get_last_checkpoint(str(work_dir)) if work_dir.is_dir() else None
+        done = [c for c in work_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*") if all((c / f).is_file() for f in complete)]
+        return str(max(done, key=lambda c: int(c.name.rsplit("-", 1)[1]))) if done else None
     shutil.rmtree(work_dir, ignore_errors=True)
     work_dir.mkdir(parents=True)
     io.write_json(stamp, fingerprint)
@@ -49,6 +52,7 @@ def resume_point(work_dir: Path, fingerprint: dict[str, Any]) -> str | None:
 
 
 FINAL = "final"
+CURRICULUM_STATE = "curriculum.json"  # beside TRL's files in each RL checkpoint
 
 
 def finalize(trainer: Any, tok: Any, work_dir: Path) -> Path:

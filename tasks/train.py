@@ -9,14 +9,16 @@ from prefect.cache_policies import NO_CACHE
 
 from rung import io, launch, models
 from rung.config import FormatParams, LaunchParams
-from rung.trainer import FINAL, resume_point
+from rung.trainer import CURRICULUM_STATE, FINAL, resume_point
 
 
 def _train(kind: str, init: Path, data: Path, fmt: FormatParams, params: Any, launch_params: LaunchParams, extra: dict[str, Any], dtype: str, seed: int, work_dir: Path, out_dir: Path, key: str) -> dict[str, Any]:
     """Train (resuming from the last checkpoint in `work_dir` when it was written for the same
     inputs), publish the model at `out_dir` and clear the checkpoints; returns the job's result."""
     config = {"kind": kind, "params": params.model_dump(mode="json", by_alias=True), "format": fmt.model_dump(), "seed": seed, "dtype": dtype, **extra}
-    resume = resume_point(work_dir, {**config, "init": io.md5(init), "data": io.md5(data)})
+    # An RL checkpoint is complete once the curriculum state is written beside TRL's files.
+    complete = ("trainer_state.json", CURRICULUM_STATE) if kind == "rl" else ("trainer_state.json",)
+    resume = resume_point(work_dir, {**config, "init": io.md5(init), "data": io.md5(data)}, complete)
     if resume:
         get_run_logger().info("resuming from %s", resume)
     spec = {**config, "init": str(init), "data": str(data), "work_dir": str(work_dir), "resume": resume}

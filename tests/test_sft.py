@@ -17,7 +17,7 @@ from rung.config import (
 )
 from rung.errors import InputError
 from rung.generation import Completion, Generator, require_vllm
-from rung.trainer import FINAL
+from rung.trainer import FINAL, resume_point
 
 FMT = FormatParams()
 ROWS = [
@@ -86,3 +86,15 @@ def test_impossible_launch_is_rejected_before_start():
             launch.check(LaunchParams(num_processes=8, accelerate_config=name), "rl.stages.main.launch")
     with pytest.raises(InputError, match=r"^rl.stages.main.use_vllm: vllm (is not installed|needs a CUDA GPU)"):
         require_vllm("rl.stages.main.use_vllm")
+
+
+def test_resume_point_skips_incomplete_checkpoints_and_other_inputs(tmp_path):
+    work = tmp_path / "work"
+    assert resume_point(work, {"lr": 1}) is None and (work / "fingerprint.json").is_file()
+    for step, written in ((2, ["model.safetensors", "trainer_state.json"]), (4, ["model.safetensors"])):  # 4: killed mid-write
+        (work / f"checkpoint-{step}").mkdir()
+        for name in written:
+            (work / f"checkpoint-{step}" / name).write_text("{}")
+    assert resume_point(work, {"lr": 1}) == str(work / "checkpoint-2")
+    assert resume_point(work, {"lr": 1}, complete=("trainer_state.json", "curriculum.json")) is None
+    assert resume_point(work, {"lr": 2}) is None and not (work / "checkpoint-2").exists()  # other inputs: discarded
