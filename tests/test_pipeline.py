@@ -228,3 +228,17 @@ def test_killed_stage_resumes_from_its_last_checkpoint(workspace, prefect_server
     last = max((r for r in _runs(ws) if r.info.run_name == stage), key=lambda r: r.info.start_time)
     history = mlflow.MlflowClient().get_metric_history(last.info.run_id, "loss")
     assert sorted(m.step for m in history) == list(range(int(resumed.group(1)) + 1, 31))  # only the steps after it ran
+
+
+def test_zero_rl_skips_sft_and_starts_from_base(workspace):
+    ws, run = workspace
+    params = tiny_params(Path(yaml.safe_load((ws / "params.yaml").read_text())["model"]["source"]))
+    params["sft"]["enabled"] = False
+    params["rl"]["stages"]["main"]["init"] = "base"
+    (ws / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    res = run("dvc", "repro", "rl@main")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert json.loads((ws / "data/models/sft/rung.json").read_text())["skipped"] is True
+    assert json.loads((ws / "data/metrics/sft.json").read_text()) == {"skipped": 1}
+    assert json.loads((ws / "data/models/rl/main/rung.json").read_text())["init"] == "data/models/base"
+    assert json.loads((ws / "data/metrics/rl-main.json").read_text())["steps"] == 2
