@@ -63,17 +63,22 @@ def materialize(source: str, out_dir: Path, dtype: str = "float32", revision: st
     save(model, tok, Path(out_dir), {"source": source, "revision": revision, "dtype": dtype})
 
 
+def write_provenance(model_dir: Path, provenance: dict[str, Any]) -> None:
+    """rung.json: the settings that produced the model directory."""
+    (model_dir / "rung.json").write_text(json.dumps(provenance, indent=2, sort_keys=True, default=str) + "\n")
+
+
 def save(model: PreTrainedModel, tok: PreTrainedTokenizerBase, out_dir: Path, provenance: dict[str, Any]) -> None:
     """Write an HF model directory atomically, with the settings that produced it in rung.json."""
     with atomic_path(out_dir) as tmp:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        (tmp / "rung.json").write_text(json.dumps(provenance, indent=2, sort_keys=True, default=str) + "\n")
+        write_provenance(tmp, provenance)
 
 
 def publish(trained: Path, out_dir: Path, provenance: dict[str, Any]) -> None:
     """Move a model directory written by a trainer to `out_dir` (atomically), adding rung.json."""
-    (trained / "rung.json").write_text(json.dumps(provenance, indent=2, sort_keys=True, default=str) + "\n")
+    write_provenance(trained, provenance)
     with atomic_path(out_dir) as tmp:
         shutil.move(trained, tmp)
 

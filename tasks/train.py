@@ -48,4 +48,4 @@ def copy_base(init: Path, out_dir: Path) -> None:
     """Zero-RL: the sft checkpoint is the base model unchanged."""
     with io.atomic_path(out_dir) as tmp:
         shutil.copytree(init, tmp)
-        (tmp / "rung.json").write_text(io.dumps({"stage": "sft", "skipped": True, "init": str(init)}) + "\n")
+        models.write_provenance(tmp, {"stage": "sft", "skipped": True, "init": str(init)})
