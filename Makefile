@@ -27,13 +27,13 @@ $(STAMP):
 demo: setup
 	@[ -d .dvc ] || dvc init -q
 	rung validate params.yaml
-	dvc repro
+	python -m flows.server dvc repro
 	rung table
 
 # The same DAG run by the Prefect pipeline flow (ephemeral Prefect, or PREFECT_API_URL's server).
 pipeline: setup
 	rung validate params.yaml
-	python -m flows.pipeline
+	python -m flows.server python -m flows.pipeline
 	rung table
 
 test: setup

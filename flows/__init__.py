@@ -6,3 +6,6 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 # Let the core library's logger reach Prefect's run logs.
 os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "rung")
+# Without PREFECT_API_URL every stage starts an ephemeral server. In a new PREFECT_HOME that first start
+# creates and migrates the database, which takes longer than Prefect's 20 s default on 2 cores.
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "600")

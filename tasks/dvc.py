@@ -25,6 +25,9 @@ from prefect.settings import get_current_settings
 from prefect.tasks import exponential_backoff
 
 INPUT_ERROR = 2  # exit code of a stage that rejected its input: retrying cannot help
+# Set by flows.server to the URL of a server private to one run: nothing else can reach it, so no
+# workspace lock is taken there (and a killed run cannot leave a slot taken on a server that outlives it).
+PRIVATE_ENV = "RUNG_PRIVATE_PREFECT_API"
 
 
 def env() -> dict[str, str]:
@@ -48,8 +51,9 @@ def workspace_lock() -> Iterator[str | None]:
     Prefect server (ephemeral mode) there is no lock beyond DVC's own: an ephemeral server keeps its
     leases in memory, so a killed run would leave the slot taken for good."""
     log = get_run_logger()
-    if not get_current_settings().api.url:
-        log.info("no Prefect server (PREFECT_API_URL unset): no workspace lock beyond DVC's")
+    url = get_current_settings().api.url
+    if not url or url == os.environ.get(PRIVATE_ENV):
+        log.info("no shared Prefect server: no workspace lock beyond DVC's")
         yield None
         return
     name = lock_name()

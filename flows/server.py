@@ -1,0 +1,38 @@
+"""One Prefect API for a whole run: `python -m flows.server CMD ...` runs CMD with PREFECT_API_URL
+pointing at a private server that lives as long as CMD (or at the server PREFECT_API_URL already
+names). `make demo` and `make pipeline` use it, so the stages DVC starts share one server instead
+of each starting (and, on a new machine, migrating) an ephemeral one.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from prefect.server.api.server import SubprocessASGIServer
+from prefect.settings import get_current_settings
+
+from tasks.dvc import PRIVATE_ENV
+
+# A new Prefect home's database is created and migrated on the first start: ~30 s on 2 cores.
+STARTUP_TIMEOUT_S = 600
+
+
+def run(cmd: list[str]) -> int:
+    """Run `cmd` against a Prefect API; returns its exit code."""
+    if get_current_settings().api.url:
+        return subprocess.run(cmd, check=False).returncode
+    server = SubprocessASGIServer()
+    print("prefect: starting a server for this run (the first start in a new PREFECT_HOME also creates its database)", file=sys.stderr, flush=True)
+    server.start(timeout=STARTUP_TIMEOUT_S)
+    try:
+        env = {**os.environ, "PREFECT_API_URL": server.api_url, PRIVATE_ENV: server.api_url}
+        return subprocess.run(cmd, env=env, check=False).returncode
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        raise SystemExit("usage: python -m flows.server CMD [ARGS ...]")
+    raise SystemExit(run(sys.argv[1:]))
