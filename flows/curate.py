@@ -1,11 +1,10 @@
 """Stage `curate`: sources -> one schema -> dedup -> train / held-out test splits."""
 from __future__ import annotations
 
-from prefect import flow
+from prefect import flow, get_run_logger
 
 from flows.stage import finish, main
-from rung import config, layout, tracking
-from tasks import data as data_tasks
+from rung import config, data, layout, tracking
 
 
 @flow(name="curate")
@@ -13,7 +12,8 @@ def curate(params_file: str = str(layout.PARAMS)) -> None:
     params = config.load(params_file)
     logged = {"seed": params.seed, "curate": params.curate.model_dump(), "eval.sets": [s.model_dump() for s in params.eval.sets]}
     with tracking.stage_run("curate", params, logged, inputs={}):
-        stats = data_tasks.curate(params.curate, params.eval, params.seed)
+        stats = data.run(params.curate, params.eval, params.seed)
+        get_run_logger().info("curated %d train / %d test rows, %d extra eval sets", stats["train"], stats["test"], len(stats["eval_sets"]))
         tracking.log_dataset(layout.TRAIN, "train", context="training")
         tracking.log_dataset(layout.TEST, "test", context="evaluation")
         finish("curate", stats)

@@ -1,8 +1,8 @@
 """Stage `eval_*`: one checkpoint on the held-out split and every extra eval set.
 
-Outputs: per-sample records (data/eval/<ckpt>/), DVC metrics (data/metrics/eval-<ckpt>.json)
-recording sampling settings, seed and the md5 of the model and of every eval set, DVC plots
-(pass@k and maj@k curves, accuracy by difficulty), and the same in the stage's MLflow run.
+Outputs (written by rung.evaluate.run): per-sample records (data/eval/<ckpt>/), DVC plots (pass@k
+and maj@k curves, accuracy by difficulty); this flow adds the DVC metrics file
+(data/metrics/eval-<ckpt>.json) and logs the same to the stage's MLflow run.
 """
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import mlflow
 from prefect import flow
 
 from flows.stage import finish, main
-from rung import config, io, layout, tracking
+from rung import config, evaluate, io, layout, tracking
 from rung.seeding import derive
-from tasks import generation
+from tasks import evaluate as evaluate_task, generation
 
 
 @flow(name="eval")
@@ -26,28 +26,10 @@ def eval_checkpoint(checkpoint: str, params_file: str = str(layout.PARAMS)) -> N
     logged = {"seed": params.seed, "eval": params.eval.model_dump(exclude={"sets"}), "format": params.format.model_dump(), "checkpoint": checkpoint}
     with tracking.stage_run(f"eval@{slug}", params, logged, inputs={"model": model_dir, **set_paths}):
         seed = derive(params.seed, "eval")
-        results = generation.evaluate_checkpoint(model_dir, {n: io.read_jsonl(p) for n, p in set_paths.items()}, params.format, params.eval, params.model.dtype, params.generation.backend, seed)
-        out = layout.EVAL / slug
-        with io.atomic_path(out) as tmp:
-            tmp.mkdir()
-            for name, (greedy, sampled, _) in results.items():
-                io.write_jsonl(tmp / f"{name}.jsonl", greedy)
-                if sampled:
-                    io.write_jsonl(tmp / f"{name}.samples.jsonl", sampled)
-        test = results["test"][2]
-        io.write_json(layout.plot("accuracy_by_difficulty", slug), [{"difficulty": d, "accuracy": a} for d, a in test["accuracy_by_difficulty"].items()])
-        curve = [{"k": int(k), "pass_at_k": v, "maj_at_k": test["maj_at_k"][k]} for k, v in test.get("pass_at_k", {}).items()]
-        io.write_json(layout.plot("pass_at_k", slug), curve)  # empty without eval.samples
-        metrics = {
-            "checkpoint": checkpoint, "seed": seed, "model_md5": io.md5(model_dir),
-            "data_md5": {n: io.md5(p) for n, p in set_paths.items()},
-            "sampling": params.eval.sampling.model_dump(),
-            "samples": params.eval.samples.model_dump() if params.eval.samples else None,
-            "bootstrap": params.eval.bootstrap.model_dump(),
-            "sets": {name: m for name, (_, _, m) in results.items()},
-        }
-        finish(f"eval-{slug}", metrics)
-        mlflow.log_artifacts(str(out), artifact_path="samples")
+        gen = generation.load(model_dir, params.model.dtype, params.generation.backend)
+        results = {name: evaluate_task.evaluate_set(gen, name, io.read_jsonl(path), params.format, params.eval, seed) for name, path in set_paths.items()}
+        finish(f"eval-{slug}", evaluate.run(checkpoint, results, set_paths, params.eval, seed))
+        mlflow.log_artifacts(str(layout.EVAL / slug), artifact_path="samples")
 
 
 if __name__ == "__main__":

@@ -12,8 +12,7 @@ from tasks import model as model_tasks
 def model(params_file: str = str(layout.PARAMS)) -> None:
     params = config.load(params_file)
     with tracking.stage_run("model", params, logged={"model": params.model.model_dump()}, inputs={}):
-        n = model_tasks.materialize(params.model, layout.BASE)
-        finish("model", {"parameters": n})
+        finish("model", {"parameters": model_tasks.materialize(params.model, layout.BASE)})
 
 
 if __name__ == "__main__":

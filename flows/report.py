@@ -16,13 +16,8 @@ def report(params_file: str = str(layout.PARAMS)) -> str:
         evals = {c: io.read_json(layout.metrics(f"eval-{layout.checkpoint_slug(c)}")) for c in params.checkpoints}
         curves = {f"rl/{name}": io.read_json(layout.plot("rl", name)) for name in params.rl.stages}
         rl = {name: rep.rl_summary(s, io.read_json(layout.metrics(f"rl-{name}"))) for name, s in params.rl.stages.items()}
-        text = rep.markdown(evals, rl)
-        settings = {"seed": params.seed, "model": params.model.source, "git commit": tracking.git_commit()[:12],
-                    **{f"rl/{name}": "; ".join(row.values()) for name, row in rl.items()}}
-        with io.atomic_path(layout.REPORT) as tmp:
-            tmp.write_text(text)
-        with io.atomic_path(layout.HTML_REPORT) as tmp:
-            rep.html(evals, curves, settings, tmp)
+        settings = {"seed": params.seed, "model": params.model.source, "git commit": tracking.git_commit()[:12]}
+        text = rep.run(evals, curves, rl, settings)
         mlflow.log_artifact(str(layout.REPORT))
         mlflow.log_artifact(str(layout.HTML_REPORT))
         create_markdown_artifact(markdown=text, key="rung-report", description="held-out results of every checkpoint")

@@ -6,11 +6,11 @@ import sys
 from prefect import flow
 
 from flows.stage import finish, main
-from rung import config, layout, tracking
+from rung import config, launch, layout, tracking
 from rung.errors import InputError
 from rung.generation import require_vllm
+from rung.jobs import RLJob
 from rung.seeding import derive
-from tasks import train
 
 
 @flow(name="rl")
@@ -19,18 +19,16 @@ def rl(stage_name: str, params_file: str = str(layout.PARAMS)) -> None:
     if stage_name not in params.rl.stages:
         raise InputError(f"rl.stages: no stage named {stage_name!r} (have {list(params.rl.stages)})")
     stage = params.rl.stages[stage_name]
-    init = layout.checkpoint(stage.init)
     if stage.use_vllm:
         require_vllm(f"rl.stages.{stage_name}.use_vllm")
     seed = derive(params.seed, "rl", stage_name)
+    job = RLJob(key=f"rl.stages.{stage_name}", params=stage, init=layout.checkpoint(stage.init), data=layout.FILTERED,
+                work_dir=layout.WORK / "rl" / stage_name, curves=layout.plot("rl", stage_name), format=params.format,
+                seed=seed, dtype=params.model.dtype, buckets=params.difficulty.buckets)
     # "seed" is the trainer's own (TRL logs it too; MLflow refuses a second value for a param).
     logged = {"global_seed": params.seed, "seed": seed, "rl": {stage_name: stage.model_dump()}, "format": params.format.model_dump()}
-    with tracking.stage_run(f"rl@{stage_name}", params, logged, inputs={"model": init, "train": layout.FILTERED}):
-        metrics = train.train_rl(
-            init, layout.FILTERED, params.format, stage, stage_name, params.difficulty.buckets, params.model.dtype,
-            seed, layout.WORK / "rl" / stage_name, layout.checkpoint(f"rl/{stage_name}"), layout.plot("rl", stage_name),
-        )
-        finish(f"rl-{stage_name}", metrics)
+    with tracking.stage_run(f"rl@{stage_name}", params, logged, inputs={"model": job.init, "train": job.data}):
+        finish(f"rl-{stage_name}", launch.train(job, stage.launch, layout.checkpoint(f"rl/{stage_name}")))
 
 
 if __name__ == "__main__":

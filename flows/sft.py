@@ -5,9 +5,9 @@ from __future__ import annotations
 from prefect import flow
 
 from flows.stage import finish, main
-from rung import config, layout, tracking
+from rung import config, launch, layout, models, tracking
+from rung.jobs import SFTJob
 from rung.seeding import derive
-from tasks import train
 
 
 @flow(name="sft")
@@ -18,11 +18,12 @@ def sft(params_file: str = str(layout.PARAMS)) -> None:
     logged = {"global_seed": params.seed, "seed": seed, "sft": params.sft.model_dump(), "format": params.format.model_dump()}
     with tracking.stage_run("sft", params, logged, inputs={"model": layout.BASE, "train": layout.TRACES}):
         if not params.sft.enabled:
-            train.copy_base(layout.BASE, layout.SFT)
+            models.passthrough(layout.BASE, layout.SFT, stage="sft")
             finish("sft", {"skipped": 1})
             return
-        metrics = train.train_sft(layout.BASE, layout.TRACES, params.format, params.sft, params.model.dtype, seed, layout.WORK / "sft", layout.SFT)
-        finish("sft", metrics)
+        job = SFTJob(key="sft", params=params.sft, init=layout.BASE, data=layout.TRACES, work_dir=layout.WORK / "sft",
+                     format=params.format, seed=seed, dtype=params.model.dtype)
+        finish("sft", launch.train(job, params.sft.launch, layout.SFT))
 
 
 if __name__ == "__main__":

@@ -2,20 +2,15 @@
 the base model (rejection sampling / STaR) or of a teacher (distillation)."""
 from __future__ import annotations
 
-from pathlib import Path
 
-from prefect import flow
+from prefect import flow, get_run_logger
 
 from flows.stage import finish, main
-from rung import config, io, layout, tracking
+from rung import config, io, layout, traces as trace_sources, tracking
 from rung.config import Params
+from rung.generation import Generator
 from rung.seeding import derive
 from tasks import generation
-
-
-def model_dir(model: str) -> Path | str:
-    """'base' is the pipeline's base checkpoint; anything else is a teacher path or hub id."""
-    return layout.BASE if model == "base" else model
 
 
 @flow(name="traces")
@@ -23,10 +18,17 @@ def traces(params_file: str = str(layout.PARAMS)) -> None:
     params: Params = config.load(params_file)
     sources = params.sft.traces
     logged = {"seed": params.seed, "sft.traces": [s.model_dump() for s in sources], "format": params.format.model_dump()}
+    loaded: dict[str, Generator] = {}
+
+    def load(model: str) -> Generator:
+        """'base' is the pipeline's base checkpoint; anything else a teacher path or hub id (loaded once)."""
+        if model not in loaded:
+            loaded[model] = generation.load(layout.BASE if model == "base" else model, params.model.dtype, params.generation.backend)
+        return loaded[model]
+
     with tracking.stage_run("traces", params, logged, inputs={"train": layout.TRAIN}):
-        rows = io.read_jsonl(layout.TRAIN)
-        out, stats = generation.build_traces(rows, sources, params.format, params.model.dtype, params.generation.backend, derive(params.seed, "traces"), model_dir)
-        io.write_jsonl(layout.TRACES, out)
+        stats = trace_sources.run(io.read_jsonl(layout.TRAIN), sources, params.format, derive(params.seed, "traces"), load)
+        get_run_logger().info("%d SFT traces: %s", stats["total"], stats)
         tracking.log_dataset(layout.TRACES, "sft_traces", context="training")
         finish("traces", stats)
 

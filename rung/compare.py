@@ -1,4 +1,5 @@
-"""Side-by-side comparison of MLflow runs or DVC experiments (`rung compare`)."""
+"""Side-by-side comparison of MLflow runs or DVC experiments (`rung compare`): the columns of
+MLflow runs, and the table of any columns (DVC experiments come from tasks.dvc.experiments)."""
 from __future__ import annotations
 
 import fnmatch
@@ -22,23 +23,6 @@ def mlflow_columns(run_ids: list[str], experiment: str, last: int, name_glob: st
         f"{r.info.run_name} {r.info.run_id[:8]}": {**{f"param:{k}": v for k, v in r.data.params.items()}, **r.data.metrics}
         for r in runs
     }
-
-
-_EXP_BOOKKEEPING = {"Experiment", "rev", "typ", "Created", "parent", "State", "Executor"}
-
-
-def dvc_columns(names: list[str]) -> Columns:
-    """One column per DVC experiment (or the workspace / baseline): its params and metrics."""
-    import dvc.api  # imported here: loading DVC is slow and only this path needs it
-
-    out: Columns = {}
-    for row in dvc.api.exp_show():
-        label = row.get("Experiment") or row["rev"]
-        if names and label not in names and row["rev"] not in names:
-            continue
-        # exp_show names a metric or param '<file>:<key>' only when the bare key is ambiguous.
-        out[label] = {k: v for k, v in row.items() if k not in _EXP_BOOKKEEPING and v is not None}
-    return out
 
 
 def table(columns: Columns, pattern: str, all_rows: bool) -> Table:

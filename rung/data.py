@@ -11,8 +11,6 @@ Row schema (one JSON object per line, keys sorted):
 """
 from __future__ import annotations
 
-import hashlib
-import json
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -21,22 +19,13 @@ import reasoning_gym
 import reasoning_gym.factory
 from reasoning_gym.composite import DatasetSpec
 
-from rung import filters, sources, verify
+from rung import filters, io, layout, sources, verify
 from rung.config import CurateParams, EvalParams, ReasoningGymSource, Source
 from rung.errors import InputError
+from rung.rows import Row, plain_json, row_id
 from rung.seeding import derive
 from rung.solutions import arithmetic_steps
 
-Row = dict[str, Any]
-
-
-def row_id(task: str, prompt: str, answer: str) -> str:
-    return hashlib.sha256(json.dumps([task, prompt, answer]).encode()).hexdigest()[:16]
-
-
-def _jsonable(obj: Any) -> Any:
-    # reasoning-gym metadata holds tuples (difficulty ranges): make it plain JSON.
-    return json.loads(json.dumps(obj, default=list))
 
 
 def _rg_config(src: ReasoningGymSource, seed: int) -> dict[str, Any]:
@@ -64,7 +53,7 @@ def from_reasoning_gym(src: ReasoningGymSource, seed: int) -> list[Row]:
         raise InputError(f"curate.sources.{src.name}.config: {e}") from None
     rows = []
     for entry in dataset:
-        meta = _jsonable(entry["metadata"])
+        meta = plain_json(entry["metadata"])
         answer = str(entry["answer"])
         solution = meta.get("answer_cot") or (arithmetic_steps(meta["expression"]) if "expression" in meta else None)
         task = meta.get("source_dataset", src.task)  # a composite's rows keep their own task's verifier
@@ -188,3 +177,20 @@ def histograms(rows: list[Row]) -> tuple[list[dict[str, Any]], list[dict[str, An
         [{"source": s, "prompt_chars": n, "rows": c} for (s, n), c in sorted(lengths.items())],
         [{"source_difficulty": k, "rows": c} for k, c in sorted(levels.items())],
     )
+
+
+def run(params: CurateParams, eval_params: EvalParams, seed: int) -> dict[str, Any]:
+    """The curate stage: write train, test, the extra eval sets and the histogram plots at their
+    layout paths (each atomically); returns the stats."""
+    evals = eval_sets(eval_params, seed)
+    train, test, stats = curate(params, evals, seed)
+    io.write_jsonl(layout.TRAIN, train)
+    io.write_jsonl(layout.TEST, test)
+    lengths, levels = histograms(train)
+    io.write_json(layout.plot("curate", "prompt_length"), lengths)
+    io.write_json(layout.plot("curate", "difficulty"), levels)
+    with io.atomic_path(layout.EVAL_SETS) as tmp:
+        tmp.mkdir()
+        for name, rows in evals.items():
+            io.write_jsonl(tmp / f"{name}.jsonl", rows)
+    return stats

@@ -9,8 +9,9 @@ from collections import Counter
 from statistics import mean
 from typing import Any
 
-from rung import answer_format
+from rung import answer_format, io, layout
 from rung.config import DifficultyParams, FormatParams
+from rung.errors import InputError
 from rung.generation import Generator
 from rung.verify import is_correct
 
@@ -58,3 +59,18 @@ def histogram(scores: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Prompt counts per pass rate (DVC plot data)."""
     counts = Counter(round(s["pass_rate"], 4) for s in scores)
     return [{"pass_rate": r, "prompts": c} for r, c in sorted(counts.items())]
+
+
+def run(gen: Generator, rows: list[dict[str, Any]], fmt: FormatParams, params: DifficultyParams, seed: int) -> dict[str, Any]:
+    """The difficulty stage: score `rows`, write the scores, the filtered train set (rows carry
+    their pass rate and bucket, which curricula and per-bucket RL metrics read) and the pass-rate
+    histogram at their layout paths; returns the summary."""
+    scores = pass_rates(gen, rows, fmt, params, seed)
+    kept = keep(scores, params)
+    if not kept:
+        raise InputError(f"difficulty: no prompt has a pass rate in [{params.pass_rate_min}, {params.pass_rate_max}]; widen the window")
+    io.write_jsonl(layout.SCORES, scores)
+    by_id = {s["id"]: {"pass_rate": s["pass_rate"], "bucket": s["bucket"]} for s in scores}
+    io.write_jsonl(layout.FILTERED, [{**r, **by_id[r["id"]]} for r in rows if r["id"] in kept])
+    io.write_json(layout.plot("difficulty", "pass_rate"), histogram(scores))
+    return summarize(scores, len(kept))

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
+from pathlib import Path
 from statistics import mean, median
 from typing import Any
 
-from rung import answer_format, metrics
+from rung import answer_format, io, layout, metrics
 from rung.config import EvalParams, FormatParams
 from rung.data import difficulty_label
 from rung.generation import Completion, Generator
@@ -92,3 +93,28 @@ def evaluate(
         sampled = grade(subset, gen.generate(prompts[: len(subset)], s, n=s.n, seed=seed + 1, desc=f"eval x{s.n}"), fmt)
         result.update(summarize_sampled(sampled))
     return greedy, sampled, result
+
+
+def run(checkpoint: str, results: dict[str, tuple[list[Record], list[Record], dict[str, Any]]], set_paths: dict[str, Path], params: EvalParams, seed: int) -> dict[str, Any]:
+    """The eval stage's outputs for one checkpoint: per-sample records of every set (one directory,
+    written atomically), the DVC plots of the held-out split (accuracy by difficulty, pass@k and
+    maj@k), and the metrics, which record sampling, seed and the md5 of the model and of every set."""
+    slug = layout.checkpoint_slug(checkpoint)
+    with io.atomic_path(layout.EVAL / slug) as tmp:
+        tmp.mkdir()
+        for name, (greedy, sampled, _) in results.items():
+            io.write_jsonl(tmp / f"{name}.jsonl", greedy)
+            if sampled:
+                io.write_jsonl(tmp / f"{name}.samples.jsonl", sampled)
+    test = results["test"][2]
+    io.write_json(layout.plot("accuracy_by_difficulty", slug), [{"difficulty": d, "accuracy": a} for d, a in test["accuracy_by_difficulty"].items()])
+    curve = [{"k": int(k), "pass_at_k": v, "maj_at_k": test["maj_at_k"][k]} for k, v in test.get("pass_at_k", {}).items()]
+    io.write_json(layout.plot("pass_at_k", slug), curve)  # empty without eval.samples
+    return {
+        "checkpoint": checkpoint, "seed": seed, "model_md5": io.md5(layout.checkpoint(checkpoint)),
+        "data_md5": {n: io.md5(p) for n, p in set_paths.items()},
+        "sampling": params.sampling.model_dump(),
+        "samples": params.samples.model_dump() if params.samples else None,
+        "bootstrap": params.bootstrap.model_dump(),
+        "sets": {name: m for name, (_, _, m) in results.items()},
+    }

@@ -71,3 +71,15 @@ def md5(path: Path | str) -> str:
         return h.hexdigest()
     listing = "".join(f"{p.relative_to(path).as_posix()}\t{md5(p)}\n" for p in sorted(path.rglob("*")) if p.is_file())
     return hashlib.md5(listing.encode()).hexdigest()
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as one level of dotted keys; an empty dict stays a leaf."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, f"{key}."))
+        else:
+            out[key] = v
+    return out

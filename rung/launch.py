@@ -1,28 +1,33 @@
-"""Run a training job in this process, or distributed: torchrun (DDP over gloo) on CPU,
-`accelerate launch` with a DDP / FSDP / DeepSpeed config on GPUs.
+"""Run a training job (rung.jobs) in this process, or distributed: torchrun (DDP over gloo) on CPU,
+`accelerate launch` with a DDP / FSDP / DeepSpeed config on GPUs; resume it from its last complete
+checkpoint, and publish the trained model at the stage's output directory.
 
-The job is described by a JSON spec that rung.worker executes on every process; rank 0 writes
-the job's result next to the model in the work directory.
+A distributed job is written once as job.json and read by its kind's entry point on every rank
+(`python -m rung.sft|rung.rl job.json`); rank 0 writes the result into the work directory.
 """
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import logging
 import os
+import shutil
 import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import mlflow
 import torch
 
-from rung import io
+from rung import io, models
 from rung.config import LaunchParams
 from rung.errors import InputError
+from rung.jobs import RESULT, JobResult, RLJob, TrainJob
+from rung.trainer import CURRICULUM_STATE, FINAL, resume_point
 
+log = logging.getLogger(__name__)
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "accelerate"
-RESULT = "result.json"
 
 
 def accelerate_config(name: str, key: str) -> Path:
@@ -45,11 +50,11 @@ def check(launch: LaunchParams, key: str) -> None:
         raise InputError(f"{key}.accelerate_config: {path.name} needs DeepSpeed (pip install deepspeed)")
 
 
-def command(launch: LaunchParams, spec_path: Path, key: str) -> list[str] | None:
-    """The launcher command for a distributed job, or None to run in this process."""
+def command(launch: LaunchParams, job_path: Path, entry: str, key: str) -> list[str] | None:
+    """The launcher command for a distributed job of module `entry`, or None to run in this process."""
     if launch.num_processes == 1 and launch.accelerate_config is None:
         return None
-    worker = ["-m", "rung.worker", str(spec_path)]
+    worker = ["-m", entry, str(job_path)]
     if launch.accelerate_config is not None:
         return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(accelerate_config(launch.accelerate_config, key)),
                 "--num_processes", str(launch.num_processes), *worker]
@@ -64,24 +69,40 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(spec: dict[str, Any], launch: LaunchParams, work_dir: Path, key: str) -> dict[str, Any]:
-    """Execute the job `spec` (see rung.worker) and return its result."""
-    from rung import worker  # imports the trainers; kept out of `rung validate`
-
+def train(job: TrainJob, launch: LaunchParams, out_dir: Path) -> dict[str, float]:
+    """Train (resuming from the last checkpoint in the work directory when it was written for the
+    same job and inputs), publish the model at `out_dir` and clear the checkpoints; returns the
+    job's summary metrics."""
+    key = f"{job.key}.launch"
     check(launch, key)
-    work_dir.mkdir(parents=True, exist_ok=True)
-    spec_path = work_dir / "job.json"
-    io.write_json(spec_path, spec)
-    cmd = command(launch, spec_path, key)
-    if cmd is None:
-        worker.run(spec)
-    else:
-        # The ranks log into the stage's MLflow run: TRL's callback resumes MLFLOW_RUN_ID.
-        active = mlflow.active_run()
-        env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow.get_tracking_uri(), **({"MLFLOW_RUN_ID": active.info.run_id} if active else {})}
-        if not torch.cuda.is_available():
-            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // launch.num_processes))
-        done = subprocess.run(cmd, env=env, check=False)  # the exit code is turned into one error below
-        if done.returncode != 0:
-            raise RuntimeError(f"{key}: distributed job failed with exit code {done.returncode}: {' '.join(cmd)}")
-    return io.read_json(work_dir / RESULT)
+    # An RL checkpoint is complete once the curriculum state is written beside TRL's files.
+    complete = ("trainer_state.json", CURRICULUM_STATE) if isinstance(job, RLJob) else ("trainer_state.json",)
+    resume = resume_point(job.work_dir, {**job.fingerprint(), "init": io.md5(job.init), "data": io.md5(job.data)}, complete)
+    if resume:
+        log.info("resuming from %s", resume)
+    job = job.model_copy(update={"resume": resume})
+    result = run(job, launch)
+    models.publish(job.work_dir / FINAL, out_dir, {"stage": job.kind, **job.fingerprint()})  # type: ignore[attr-defined]
+    shutil.rmtree(job.work_dir)  # checkpoints are for resuming an interrupted run only
+    return result.metrics
+
+
+def run(job: TrainJob, launch: LaunchParams) -> JobResult:
+    """Execute `job` here or on `launch.num_processes` processes; returns the main process's result."""
+    key = f"{job.key}.launch"
+    check(launch, key)
+    job.work_dir.mkdir(parents=True, exist_ok=True)
+    job_path = job.work_dir / "job.json"
+    job_path.write_text(job.model_dump_json(by_alias=True))
+    cmd = command(launch, job_path, job.entry, key)
+    if cmd is None:  # the entry module's train(), in this process
+        return importlib.import_module(job.entry).train(job)
+    # The ranks log into the stage's MLflow run: TRL's callback resumes MLFLOW_RUN_ID.
+    active = mlflow.active_run()
+    env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow.get_tracking_uri(), **({"MLFLOW_RUN_ID": active.info.run_id} if active else {})}
+    if not torch.cuda.is_available():
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // launch.num_processes))
+    done = subprocess.run(cmd, env=env, check=False)  # the exit code is turned into one error below
+    if done.returncode != 0:
+        raise RuntimeError(f"{key}: distributed job failed with exit code {done.returncode}: {' '.join(cmd)}")
+    return JobResult.model_validate_json((job.work_dir / RESULT).read_text())

@@ -41,8 +41,9 @@ def _from_gguf(gguf: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrai
     return model, tok
 
 
-def materialize(source: str, out_dir: Path, dtype: str = "float32", revision: str | None = None) -> None:
-    """Write `source` as a plain HF model directory (safetensors + tokenizer) at `out_dir`.
+def materialize(source: str, out_dir: Path, dtype: str = "float32", revision: str | None = None) -> int:
+    """Write `source` as a plain HF model directory (safetensors + tokenizer) at `out_dir`; returns
+    its parameter count.
 
     `source` is "embedded", a local directory, a local .gguf file, or an HF hub id.
     """
@@ -61,6 +62,7 @@ def materialize(source: str, out_dir: Path, dtype: str = "float32", revision: st
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     save(model, tok, Path(out_dir), {"source": source, "revision": revision, "dtype": dtype})
+    return model.num_parameters()
 
 
 def write_provenance(model_dir: Path, provenance: dict[str, Any]) -> None:
@@ -81,6 +83,13 @@ def publish(trained: Path, out_dir: Path, provenance: dict[str, Any]) -> None:
     write_provenance(trained, provenance)
     with atomic_path(out_dir) as tmp:
         shutil.move(trained, tmp)
+
+
+def passthrough(init: Path, out_dir: Path, stage: str) -> None:
+    """Publish `init` unchanged as the output of `stage` (zero-RL: the sft checkpoint is the base model)."""
+    with atomic_path(out_dir) as tmp:
+        shutil.copytree(init, tmp)
+        write_provenance(tmp, {"stage": stage, "skipped": True, "init": str(init)})
 
 
 def load_tokenizer(model_dir: Path | str) -> PreTrainedTokenizerBase:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rung import html_report
+from rung import html_report, io, layout
 
 COLUMNS = [
     ("accuracy", "held-out accuracy"),
@@ -75,3 +75,14 @@ def html(evals: dict[str, dict[str, Any]], reward_curves: dict[str, list[dict[st
     """The self-contained HTML report (tables and inline SVG plots)."""
     curves = {name: [(int(c["step"]), c["reward"]) for c in points] for name, points in reward_curves.items()}
     html_report.write(path, {name: headline(m) for name, m in evals.items()}, curves, title="rung results", settings=settings)
+
+
+def run(evals: dict[str, dict[str, Any]], curves: dict[str, list[dict[str, float]]], rl: dict[str, dict[str, str]], settings: dict[str, Any]) -> str:
+    """The report stage: write the markdown and HTML reports at their layout paths; returns the markdown."""
+    text = markdown(evals, rl)
+    settings = {**settings, **{f"rl/{name}": "; ".join(row.values()) for name, row in rl.items()}}
+    with io.atomic_path(layout.REPORT) as tmp:
+        tmp.write_text(text)
+    with io.atomic_path(layout.HTML_REPORT) as tmp:
+        html(evals, curves, settings, tmp)
+    return text

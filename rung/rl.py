@@ -21,6 +21,7 @@ from trl.trainer.utils import pad
 from rung import answer_format, curriculum, io, rewards
 from rung.config import DynamicSamplingParams, FormatParams, RLStageParams
 from rung.errors import InputError
+from rung.jobs import JobResult, RLJob, main
 from rung.trainer import CURRICULUM_STATE, common_args, finalize
 
 def prompts(rows: list[dict[str, Any]], fmt: FormatParams) -> Dataset:
@@ -225,17 +226,19 @@ def select(rows: list[dict[str, Any]], stage: RLStageParams) -> list[dict[str, A
     return chosen
 
 
-def train(model_dir: Path, rows: list[dict[str, Any]], fmt: FormatParams, stage: RLStageParams, buckets: dict[str, float], seed: int, work_dir: Path, dtype: str = "float32", resume: str | None = None, callbacks: list[Any] | None = None) -> tuple[dict[str, float], list[dict[str, float]]]:
-    """Run one RL stage from `model_dir` (resuming from checkpoint `resume` if given); the model
-    lands in `work_dir`/final; returns (summary metrics, per-step curves)."""
-    rows = select(rows, stage)
+def train(job: RLJob, callbacks: list[Any] | None = None) -> JobResult:
+    """Run one RL stage from the job's init model (resuming from checkpoint `job.resume` if given);
+    the model lands in work_dir/final and (main process) the per-step curves at `job.curves`."""
+    stage, model_dir, work_dir = job.params, job.init, job.work_dir
+    rows = select(io.read_jsonl(job.data), stage)
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-    funcs, weights = rewards.build(stage, fmt)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=job.dtype)
+    funcs, weights = rewards.build(stage, job.format)
     cls = RLOO if stage.algorithm == "rloo" else GRPO
-    trainer = cls(model=model, reward_funcs=funcs, args=trl_config(stage, weights, seed, work_dir, dtype), train_dataset=prompts(rows, fmt), processing_class=tok, callbacks=callbacks)
-    trainer.setup_curriculum(curriculum.build(rows, stage.curriculum, buckets=buckets, max_steps=stage.max_steps, seed=seed), rows, stage.dynamic_sampling)
-    result = trainer.train(resume_from_checkpoint=resume)
+    trainer = cls(model=model, reward_funcs=funcs, args=trl_config(stage, weights, job.seed, work_dir, job.dtype), train_dataset=prompts(rows, job.format),
+                  processing_class=tok, callbacks=[*job.trainer_callbacks(), *(callbacks or [])])
+    trainer.setup_curriculum(curriculum.build(rows, stage.curriculum, buckets=job.buckets, max_steps=stage.max_steps, seed=job.seed), rows, stage.dynamic_sampling)
+    result = trainer.train(resume_from_checkpoint=job.resume)
     curves = [
         {"step": h["step"], **{name: float(h[key]) for name, key in CURVES.items() if key in h},
          **{key: float(v) for key, v in h.items() if key.startswith(TRACKED_PREFIXES)}}
@@ -247,4 +250,10 @@ def train(model_dir: Path, rows: list[dict[str, Any]], fmt: FormatParams, stage:
         for key in ("frac_reward_zero_std", "frac_zero_std_trained"):
             summary[key] = mean(c.get(key, 0.0) for c in curves)
     finalize(trainer, tok, work_dir)
-    return summary, curves
+    if trainer.args.should_save:
+        io.write_json(job.curves, curves)
+    return JobResult(metrics=summary)
+
+
+if __name__ == "__main__":
+    main(RLJob, train)

@@ -21,10 +21,10 @@ from datasets.exceptions import DatasetNotFoundError, DatasetsError
 
 from rung.config import FileSource, HFSource, _TabularSource
 from rung.errors import InputError
+from rung.rows import Row, plain_json, row_id
 from rung.seeding import derive
 from rung.verify import is_known_task
 
-Row = dict[str, Any]
 
 _SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
 
@@ -167,10 +167,6 @@ def _text(value: Any, src: _TabularSource, field: str, n: int) -> str | None:
 
 
 def _to_rows(src: FileSource | HFSource, records: list[dict[str, Any]], columns: list[str], origin: str, seed: int) -> Loaded:
-    # Imported here: rung.data imports this module to dispatch sources, so a module-level import
-    # of rung.data would be circular whichever module is imported first.
-    from rung.data import row_id
-
     if not records:
         raise InputError(f"{_key(src, 'path' if isinstance(src, FileSource) else 'dataset')}: {origin} has no rows")
     mapped = {"prompt": src.columns.prompt, "answer": src.columns.answer, "solution": src.columns.solution}
@@ -192,7 +188,7 @@ def _to_rows(src: FileSource | HFSource, records: list[dict[str, Any]], columns:
         solution = _text(rec.get(mapped["solution"]), src, "columns.solution", n) if mapped["solution"] else None
         meta = {k: v for k, v in rec.items() if k not in mapped.values()}
         rows.append(dict(id=row_id(src.task, prompt, answer), source=src.name, task=src.task,
-                         prompt=prompt, answer=answer, solution=solution, meta=_jsonable(meta)))
+                         prompt=prompt, answer=answer, solution=solution, meta=plain_json(meta)))
     if not rows:
         why = f"{unmatched} not matching where, {empty} with an empty prompt or answer"
         raise InputError(f"{_key(src, 'where' if unmatched == len(records) else 'columns')}: no usable rows in {origin} ({len(records)} read: {why})")
@@ -202,11 +198,6 @@ def _to_rows(src: FileSource | HFSource, records: list[dict[str, Any]], columns:
         rows = [rows[i] for i in sorted(rng.sample(range(usable), src.size))]
     stats = dict(read=len(records), dropped_empty=empty, dropped_where=unmatched, dropped_size=usable - len(rows), rows=len(rows))
     return Loaded(rows, stats)
-
-
-def _jsonable(obj: Any) -> Any:
-    # Parquet and Arrow cells can be dates, decimals or bytes: stored as their text.
-    return json.loads(json.dumps(obj, default=str))
 
 
 # --- mixing -----------------------------------------------------------------------------------

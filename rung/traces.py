@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from rung import answer_format
+from rung import answer_format, io, layout
 from rung.config import FormatParams, SampledTraces, SolutionTraces, TraceSource
 from rung.generation import Generator
 from rung.verify import is_correct
@@ -76,3 +76,10 @@ def build(rows: list[dict[str, Any]], sources: list[TraceSource], fmt: FormatPar
         traces += got
     stats["total"] = len(traces)
     return traces, stats
+
+
+def run(rows: list[dict[str, Any]], sources: list[TraceSource], fmt: FormatParams, seed: int, load: Callable[[str], Generator]) -> dict[str, Any]:
+    """The traces stage: write the SFT targets of every source at their layout path; returns the counts."""
+    traces, stats = build(rows, sources, fmt, seed, load)
+    io.write_jsonl(layout.TRACES, traces)
+    return stats

@@ -20,7 +20,7 @@ import psutil
 from mlflow.entities import Run
 
 from rung.config import Params
-from rung.io import md5
+from rung.io import flatten, md5
 
 PARENT_ENV = "RUNG_PIPELINE_RUN_ID"
 VERSIONED = ("torch", "transformers", "trl", "datasets", "accelerate", "reasoning-gym", "math-verify", "vllm", "prefect", "dvc", "mlflow")
@@ -118,7 +118,7 @@ def stage_run(stage: str, params: Params, logged: dict[str, Any], inputs: dict[s
     status = "FAILED"
     try:
         with mlflow.start_run(run_name=stage, parent_run_id=parent, tags=tags) as run:
-            mlflow.log_params({k: str(v)[:6000] for k, v in _flatten(logged).items()})
+            mlflow.log_params({k: str(v)[:6000] for k, v in flatten(logged).items()})
             try:
                 yield run
             finally:
@@ -131,20 +131,9 @@ def stage_run(stage: str, params: Params, logged: dict[str, Any], inputs: dict[s
             mlflow.MlflowClient().set_terminated(parent, status)
 
 
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            out.update(_flatten(v, f"{key}."))
-        else:
-            out[key] = v
-    return out
-
-
 def log_metrics(metrics: dict[str, Any], prefix: str, step: int | None = None) -> None:
     """Log the numeric leaves of a (nested) metrics dict as `<prefix>/<key>`."""
-    flat = _flatten(metrics)
+    flat = flatten(metrics)
     # MLflow allows only these characters in metric names (difficulty labels have '=' and ',').
     name = lambda k: re.sub(r"[^0-9A-Za-z_\-. :/]", "_", f"{prefix}/{k.replace('.', '/')}")  # noqa: E731
     mlflow.log_metrics({name(k): float(v) for k, v in flat.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}, step=step)

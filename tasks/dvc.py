@@ -24,6 +24,8 @@ from prefect.exceptions import ObjectAlreadyExists
 from prefect.settings import get_current_settings
 from prefect.tasks import exponential_backoff
 
+from rung.io import flatten
+
 INPUT_ERROR = 2  # exit code of a stage that rejected its input: retrying cannot help
 # Set by flows.server to the URL of a server private to one run: nothing else can reach it, so no
 # workspace lock is taken there (and a killed run cannot leave a slot taken on a server that outlives it).
@@ -137,30 +139,24 @@ def run_queue(jobs: int = 1) -> None:
     _run(["dvc", "exp", "run", "--run-all", "-j", str(jobs)])
 
 
-def experiments(names: list[str]) -> dict[str, dict[str, Any]]:
-    """Params, metrics and state of the named experiments (in the order of `names`) from `dvc exp
-    show --json`, keyed '<file>:<dotted key>' (dvc.api.exp_show drops the file name when a key is
-    unambiguous)."""
+def experiments(names: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Params, metrics and state from `dvc exp show --json`, keyed '<file>:<dotted key>': of the
+    named experiments (in the order of `names`), or without names of the workspace, each baseline
+    commit and every experiment."""
     out = subprocess.run(["dvc", "exp", "show", "--json"], capture_output=True, text=True, check=True, env=env()).stdout
     found: dict[str, dict[str, Any]] = {}
     for baseline in json.loads(out):
+        if not names:
+            found[baseline.get("name") or baseline["rev"]] = _columns(baseline, "success")
         for exp in baseline.get("experiments") or []:
-            if exp["name"] not in names:
-                continue
-            data = exp["revs"][0].get("data") or {}
-            row = {"state": (exp.get("executor") or {}).get("state", "success")}
-            for kind in ("params", "metrics"):
-                for file, content in (data.get(kind) or {}).items():
-                    row.update({f"{file}:{k}": v for k, v in _flat(content.get("data") or {}).items()})
-            found[exp["name"]] = row
-    return {name: found[name] for name in names if name in found}
+            found[exp["name"]] = _columns(exp["revs"][0], (exp.get("executor") or {}).get("state", "success"))
+    return {name: found[name] for name in names if name in found} if names else found
 
 
-def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v:
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
+def _columns(rev: dict[str, Any], state: str) -> dict[str, Any]:
+    data = rev.get("data") or {}
+    row: dict[str, Any] = {"state": state}
+    for kind in ("params", "metrics"):
+        for file, content in (data.get(kind) or {}).items():
+            row.update({f"{file}:{k}": v for k, v in flatten(content.get("data") or {}).items()})
+    return row

@@ -73,12 +73,12 @@ def test_rl_stage_can_chain_from_earlier_stage(default_params):
 def test_cli_validate_exit_codes(tmp_path, default_params):
     good = tmp_path / "good.yaml"
     good.write_text(yaml.safe_dump(default_params))
-    ok = subprocess.run([sys.executable, "-m", "rung.cli", "validate", str(good)], capture_output=True, text=True)
+    ok = subprocess.run([sys.executable, "-m", "flows.cli", "validate", str(good)], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     default_params["eval"]["sampling"]["batch_size"] = 0
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(default_params))
-    res = subprocess.run([sys.executable, "-m", "rung.cli", "validate", str(bad)], capture_output=True, text=True)
+    res = subprocess.run([sys.executable, "-m", "flows.cli", "validate", str(bad)], capture_output=True, text=True)
     assert res.returncode == 2
     assert res.stderr.strip() == f"error: {bad}: eval.sampling.batch_size: Input should be greater than 0"
 

@@ -10,6 +10,7 @@ from transformers import TrainerCallback
 
 from rung import io, launch, models, rl
 from rung.config import DifficultyParams, FormatParams, RLStageParams
+from rung.jobs import RLJob
 
 FMT = FormatParams()
 BUCKETS = DifficultyParams().buckets
@@ -42,8 +43,17 @@ def _stage(**kw) -> RLStageParams:
     return RLStageParams.model_validate({**base, **kw})
 
 
+def _job(tiny_model: Path, work: Path, stage: RLStageParams, resume: str | None = None) -> RLJob:
+    data = work.parent / "rows.jsonl"
+    io.write_jsonl(data, ROWS)
+    return RLJob(key="rl.stages.main", params=stage, format=FMT, seed=7, dtype="float32", init=tiny_model, data=data, work_dir=work,
+                 resume=resume, buckets=BUCKETS, curves=work.parent / f"{work.name}.curves.json")
+
+
 def _train(tiny_model: Path, work: Path, stage: RLStageParams, resume: str | None = None, callbacks=()):
-    return rl.train(tiny_model, ROWS, FMT, stage, BUCKETS, seed=7, work_dir=work, resume=resume, callbacks=list(callbacks))
+    """(summary metrics, per-step curves) of an in-process run."""
+    job = _job(tiny_model, work, stage, resume)
+    return rl.train(job, callbacks=list(callbacks)).metrics, io.read_json(job.curves)
 
 
 def test_dynamic_sampling_refills_zero_variance_groups(tiny_model, tmp_path):
@@ -101,10 +111,7 @@ def test_two_process_rl_with_dynamic_sampling(tiny_model, tmp_path):
     """DDP over gloo: both ranks draw the same global batch from the curriculum, train on their
     halves, and take the same dynamic-sampling decisions (else the collectives would hang)."""
     stage = _stage(max_steps=2, curriculum={"type": "pools"}, dynamic_sampling={"max_rounds": 2}, launch={"num_processes": 2})
-    data = tmp_path / "rows.jsonl"
-    io.write_jsonl(data, ROWS)
-    spec = {"kind": "rl", "params": stage.model_dump(mode="json", by_alias=True), "format": FMT.model_dump(), "seed": 7, "dtype": "float32",
-            "init": str(tiny_model), "data": str(data), "work_dir": str(tmp_path / "w"), "resume": None, "buckets": BUCKETS}
-    result = launch.run(spec, stage.launch, tmp_path / "w", "rl.stages.main.launch")
-    assert result["metrics"]["steps"] == 2 and [c["step"] for c in result["curves"]] == [1, 2]
+    job = _job(tiny_model, tmp_path / "w", stage)
+    result = launch.run(job, stage.launch)
+    assert result.metrics["steps"] == 2 and [c["step"] for c in io.read_json(job.curves)] == [1, 2]
     models.load(tmp_path / "w" / "final")

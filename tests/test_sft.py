@@ -16,6 +16,7 @@ from rung.config import (
     SolutionTraces,
 )
 from rung.errors import InputError
+from rung.jobs import SFTJob
 from rung.generation import Completion, Generator, require_vllm
 from rung.trainer import FINAL, resume_point
 
@@ -51,26 +52,35 @@ def test_rejection_sampling_keeps_verified_distinct_traces(tiny_model):
         SampledTraces(type="distill")
 
 
-def _spec(tiny_model: Path, tmp_path: Path, params: SFTParams) -> dict:
+def _job(tiny_model: Path, tmp_path: Path, params: SFTParams, **kw) -> SFTJob:
     data = tmp_path / "traces.jsonl"
     io.write_jsonl(data, traces.from_solutions(ROWS, SolutionTraces(), FMT))
-    return {"kind": "sft", "params": params.model_dump(mode="json"), "format": FMT.model_dump(), "seed": 3, "dtype": "float32",
-            "init": str(tiny_model), "data": str(data), "work_dir": str(tmp_path / "work"), "resume": None}
+    return SFTJob(key="sft", params=params, format=FMT, seed=3, dtype="float32", init=tiny_model, data=data, work_dir=tmp_path / "work", **kw)
 
 
 def test_lora_and_packing_give_a_plain_model(tiny_model, tmp_path):
     params = SFTParams(max_steps=2, per_device_train_batch_size=4, packing=True, lora={"r": 4, "alpha": 8})
-    result = launch.run(_spec(tiny_model, tmp_path, params), params.launch, tmp_path / "work", "sft.launch")
-    assert result["metrics"]["steps"] == 2
+    result = launch.run(_job(tiny_model, tmp_path, params), params.launch)
+    assert result.metrics["steps"] == 2
     model, _ = models.load(tmp_path / "work" / FINAL)  # LoRA merged: no adapter files needed
     assert not any("lora" in k for k in model.state_dict())
 
 
+def test_the_job_file_round_trips_and_publishing_clears_the_checkpoints(tiny_model, tmp_path):
+    params = SFTParams(max_steps=2, per_device_train_batch_size=4, save_steps=1)
+    job = _job(tiny_model, tmp_path, params)
+    assert SFTJob.model_validate_json(job.model_dump_json(by_alias=True)) == job
+    metrics = launch.train(job, params.launch, tmp_path / "sft")
+    assert metrics["steps"] == 2 and not job.work_dir.exists()
+    assert io.read_json(tmp_path / "sft" / "rung.json")["params"]["max_steps"] == 2
+    models.load(tmp_path / "sft")
+
+
 def test_two_process_ddp_trains_each_rank_on_its_own_shard(tiny_model, tmp_path):
     params = SFTParams(max_steps=2, per_device_train_batch_size=2, launch=LaunchParams(num_processes=2))
-    assert launch.command(params.launch, tmp_path / "job.json", "sft.launch")[1:3] == ["-m", "torch.distributed.run"]
-    result = launch.run(_spec(tiny_model, tmp_path, params), params.launch, tmp_path / "work", "sft.launch")
-    assert result["metrics"]["steps"] == 2
+    assert launch.command(params.launch, tmp_path / "job.json", "rung.sft", "sft.launch")[1:3] == ["-m", "torch.distributed.run"]
+    result = launch.run(_job(tiny_model, tmp_path, params, callbacks=["tests.recording:RecordExamples"]), params.launch)
+    assert result.metrics["steps"] == 2
     models.load(tmp_path / "work" / FINAL)
     shards = [set((tmp_path / "work" / "shards" / f"rank{r}.txt").read_text().split()) for r in (0, 1)]
     assert all(len(s) >= 4 for s in shards)  # 2 steps x batch 2 per rank (+ the batch the loader prefetches)

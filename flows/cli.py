@@ -1,6 +1,7 @@
-"""The `rung` command line."""
+"""The `rung` command line (above the flows: it may start them)."""
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Annotated
 
@@ -49,14 +50,15 @@ def compare(
     from mlflow.exceptions import MlflowException
 
     from rung import compare as cmp, tracking
+    from tasks.dvc import experiments
 
     try:
         if dvc:
-            columns = cmp.dvc_columns(ids or [])
+            columns = experiments(ids or None)
         else:
             tracking.setup(config.load(params_file))
             columns = cmp.mlflow_columns(ids or [], config.load(params_file).tracking.experiment, last, name)
-    except (InputError, MlflowException) as e:
+    except (InputError, MlflowException, subprocess.CalledProcessError) as e:
         typer.echo(f"error: {str(e).splitlines()[0]}", err=True)
         raise typer.Exit(2) from None
     if not columns:

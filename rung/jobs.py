@@ -1,0 +1,80 @@
+"""The job a training process runs, typed: one pydantic model per kind, written once as job.json
+(`model_dump_json`) and read once by the kind's entry point (`python -m rung.sft JOB.json`,
+`python -m rung.rl JOB.json`, started on every rank by rung.launch) or handed over in-process."""
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar, Literal, TypeVar
+
+import torch.distributed as dist
+from pydantic import BaseModel, ConfigDict
+
+from rung.config import FormatParams, RLStageParams, SFTParams
+
+RESULT = "result.json"  # written by the main process into the work directory
+
+
+class TrainJob(BaseModel):
+    """What every training job reads."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    entry: ClassVar[str]
+    """The module whose `train(job)` runs this kind, and whose `__main__` reads its job.json."""
+
+    key: str
+    """The params key of the stage (e.g. 'rl.stages.main'), for error messages."""
+    init: Path
+    data: Path
+    work_dir: Path
+    format: FormatParams
+    seed: int
+    dtype: str
+    resume: str | None = None
+    callbacks: list[str] = []
+    """Import paths ('module:Class') of extra TRL callbacks, e.g. for tests that observe training."""
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The settings a checkpoint depends on (resume only from a checkpoint written for them)."""
+        return self.model_dump(mode="json", by_alias=True, exclude={"work_dir", "resume", "callbacks"})
+
+    def trainer_callbacks(self) -> list[Any]:
+        """Instances of the `callbacks` import paths."""
+        out = []
+        for path in self.callbacks:
+            module, _, name = path.partition(":")
+            out.append(getattr(importlib.import_module(module), name)())
+        return out
+
+
+class SFTJob(TrainJob):
+    entry: ClassVar[str] = "rung.sft"
+    kind: Literal["sft"] = "sft"
+    params: SFTParams
+
+
+class RLJob(TrainJob):
+    entry: ClassVar[str] = "rung.rl"
+    kind: Literal["rl"] = "rl"
+    params: RLStageParams
+    buckets: dict[str, float]
+    """Difficulty bucket bounds (params difficulty.buckets), for curricula and per-bucket metrics."""
+    curves: Path
+    """Where the per-step curves (a DVC plot) are written."""
+
+
+class JobResult(BaseModel):
+    metrics: dict[str, float]
+
+
+J = TypeVar("J", bound=TrainJob)
+
+
+def main(job_type: type[J], train: Callable[[J], JobResult]) -> None:
+    """Entry point of a kind's module: read the job, train, and (main process) write the result."""
+    job = job_type.model_validate_json(Path(sys.argv[1]).read_text())
+    result = train(job)
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        (job.work_dir / RESULT).write_text(result.model_dump_json())
