@@ -5,7 +5,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from rung import config, io, layout, tracking
+from rung import compat, config, io, layout, tracking
 from rung.errors import InputError
 
 
@@ -14,6 +14,7 @@ def main(flow: Callable[..., Any], *args: str) -> None:
     errors end with one line naming the key, file or field and exit code 2."""
     try:
         config.load(layout.PARAMS)
+        compat.check()
         flow(*args)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
 from trl.trainer.utils import pad
 
-from rung import answer_format, curriculum, io, rewards
+from rung import answer_format, compat, curriculum, io, rewards
 from rung.config import DynamicSamplingParams, FormatParams, RLStageParams
 from rung.errors import InputError
 from rung.jobs import JobResult, RLJob, main
@@ -229,6 +229,7 @@ def select(rows: list[dict[str, Any]], stage: RLStageParams) -> list[dict[str, A
 def train(job: RLJob, callbacks: list[Any] | None = None) -> JobResult:
     """Run one RL stage from the job's init model (resuming from checkpoint `job.resume` if given);
     the model lands in work_dir/final and (main process) the per-step curves at `job.curves`."""
+    compat.check()
     stage, model_dir, work_dir = job.params, job.init, job.work_dir
     rows = select(io.read_jsonl(job.data), stage)
     tok = AutoTokenizer.from_pretrained(model_dir)

@@ -1,0 +1,27 @@
+"""The trainer versions rung is tested with. rung overrides private methods of TRL's trainers
+(rung/rl.py), which may change in any release: outside the tested minor versions it stops with
+one line naming them rather than training with hooks that silently no longer apply."""
+from __future__ import annotations
+
+import importlib.metadata
+
+from rung.errors import InputError
+
+TESTED = {"trl": "1.16", "transformers": "5.23"}  # minor versions; pyproject.toml pins the same
+# Private methods rung/rl.py overrides, with the parameters it relies on (tests/test_compat.py checks them).
+OVERRIDDEN = {
+    "_calculate_rewards": ["self", "inputs", "prompts", "completions", "completion_ids_list"],
+    "_generate_and_score_completions": ["self", "inputs"],
+    "_save_checkpoint": ["self", "model", "trial"],
+    "_load_optimizer_and_scheduler": ["self", "checkpoint"],
+}
+
+
+def check(installed: dict[str, str] | None = None) -> None:
+    """Raise InputError when an installed trainer library is outside its tested minor version."""
+    installed = installed or {name: importlib.metadata.version(name) for name in TESTED}
+    for name, minor in TESTED.items():
+        version = installed[name]
+        if version != minor and not version.startswith(f"{minor}."):
+            methods = ", ".join(f"GRPOTrainer.{m}" for m in OVERRIDDEN)
+            raise InputError(f"{name} {version} is outside the tested {minor}.x: rung overrides {methods}; install {name}=={minor}.* (pyproject.toml)")

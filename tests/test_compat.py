@@ -1,0 +1,29 @@
+"""rung's hooks into TRL's private trainer methods: a TRL release that changes them is caught."""
+from __future__ import annotations
+
+import inspect
+
+import pytest
+from trl import GRPOTrainer, RLOOTrainer
+
+from rung import compat, rl
+from rung.errors import InputError
+
+
+@pytest.mark.parametrize("trainer", [GRPOTrainer, RLOOTrainer])
+@pytest.mark.parametrize("method", sorted(compat.OVERRIDDEN))
+def test_overridden_methods_keep_their_signatures(trainer, method):
+    assert list(inspect.signature(getattr(trainer, method)).parameters) == compat.OVERRIDDEN[method]
+    assert method in vars(rl.CurriculumMixin)  # rung really overrides it (the list is not stale)
+
+
+def test_installed_versions_are_the_tested_ones():
+    compat.check()
+
+
+def test_an_untested_version_is_refused_in_one_line_naming_the_methods():
+    with pytest.raises(InputError) as e:
+        compat.check({"trl": "1.17.0", "transformers": "5.23.1"})
+    assert str(e.value).startswith("trl 1.17.0 is outside the tested 1.16.x: rung overrides GRPOTrainer._calculate_rewards")
+    assert "\n" not in str(e.value)
+    compat.check({"trl": "1.16.3", "transformers": "5.23.0"})
