@@ -473,7 +473,8 @@ class RLStageParams(Section):
     num_generations: int = Field(8, ge=2)
     """Completions per prompt (the group); group-relative advantages need at least 2."""
     prompts_per_step: int = Field(2, gt=0)
-    """Distinct prompts per optimizer step; the batch is prompts_per_step * num_generations."""
+    """Distinct prompts per optimizer step over all processes; the batch is prompts_per_step *
+    num_generations completions, split evenly across launch.num_processes."""
     num_iterations: int = Field(1, gt=0)
     """Optimisation passes per generated batch (PPO epochs, GRPO's mu)."""
     max_completion_length: int = Field(48, gt=0)
@@ -522,6 +523,8 @@ class RLStageParams(Section):
             object.__setattr__(self, "rewards", {**self.rewards, "overlong": RewardParams(weight=1.0)})
         if self.algorithm == "rloo" and self.dynamic_sampling is not None:
             raise ValueError("dynamic_sampling: supported with algorithm grpo only")
+        if self.prompts_per_step % self.launch.num_processes:
+            raise ValueError(f"prompts_per_step: {self.prompts_per_step} is not divisible by launch.num_processes {self.launch.num_processes}")
         for name, reward in self.rewards.items():
             if reward.import_path is None and name not in BUILTIN_REWARDS:
                 raise ValueError(f"rewards.{name}: not a built-in reward {list(BUILTIN_REWARDS)}; give its 'import' path")

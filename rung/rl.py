@@ -7,6 +7,7 @@ and `_calculate_rewards`; tests/test_rl.py covers them because private hooks can
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections import defaultdict
 from pathlib import Path
 from statistics import mean
@@ -62,7 +63,8 @@ def trl_config(stage: RLStageParams, weights: list[float], seed: int, work_dir: 
     return cls(
         **common_args(seed, work_dir, dtype, stage.save_steps),
         **{k: getattr(stage, k) for k in _PASSTHROUGH if k in fields},
-        per_device_train_batch_size=stage.prompts_per_step * stage.num_generations,
+        # prompts_per_step counts over all processes (torchrun and accelerate set WORLD_SIZE)
+        per_device_train_batch_size=stage.prompts_per_step // int(os.environ.get("WORLD_SIZE", "1")) * stage.num_generations,
         reward_weights=weights,
         lr_scheduler_type="constant",
         **stage.trl,
@@ -93,6 +95,7 @@ class CurriculumMixin:
         world, rank, g = self.accelerator.num_processes, self.accelerator.process_index, self.num_generations
         prompts_local = n_local // g
         global_idx = self.curriculum.draw(prompts_local * world, step=self.state.global_step)
+        self._metrics["train"]["curriculum/prompts"].append(float(len(set(global_idx))))
         mine = global_idx[rank * prompts_local:(rank + 1) * prompts_local]
         return global_idx, [self.train_dataset[i] for i in mine for _ in range(g)]
 

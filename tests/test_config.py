@@ -90,3 +90,9 @@ def test_missing_and_malformed_files(tmp_path):
     broken.write_text("seed: [1,\n")
     with pytest.raises(config.ConfigError, match="not valid YAML"):
         config.load(broken)
+
+
+def test_prompts_per_step_must_split_evenly_across_processes(default_params):
+    default_params["rl"]["stages"]["main"].update(prompts_per_step=3, launch={"num_processes": 2})
+    with pytest.raises(config.ConfigError, match=r"rl.stages.main.*prompts_per_step: 3 is not divisible by launch.num_processes 2"):
+        config.parse(default_params)

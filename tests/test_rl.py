@@ -9,7 +9,7 @@ import torch
 from transformers import TrainerCallback
 
 from rung import io, launch, models, rl
-from rung.config import DifficultyParams, FormatParams, RLStageParams
+from rung.config import DifficultyParams, FormatParams, LaunchParams, RLStageParams
 from rung.jobs import RLJob
 
 FMT = FormatParams()
@@ -113,5 +113,10 @@ def test_two_process_rl_with_dynamic_sampling(tiny_model, tmp_path):
     stage = _stage(max_steps=2, curriculum={"type": "pools"}, dynamic_sampling={"max_rounds": 2}, launch={"num_processes": 2})
     job = _job(tiny_model, tmp_path / "w", stage)
     result = launch.run(job, stage.launch)
-    assert result.metrics["steps"] == 2 and [c["step"] for c in io.read_json(job.curves)] == [1, 2]
+    curves = io.read_json(job.curves)
+    assert result.metrics["steps"] == 2 and [c["step"] for c in curves] == [1, 2]
+    # prompts_per_step counts over all processes: 2 distinct prompts a step, as with one process
+    assert [c["curriculum/prompts"] for c in curves] == [2.0, 2.0]
+    _, alone = _train(tiny_model, tmp_path / "one", stage.model_copy(update={"launch": LaunchParams()}))
+    assert [c["curriculum/prompts"] for c in alone] == [2.0, 2.0]
     models.load(tmp_path / "w" / "final")
