@@ -17,7 +17,8 @@ def report(params_file: str = str(layout.PARAMS)) -> str:
         curves = {f"rl/{name}": io.read_json(layout.plot("rl", name)) for name in params.rl.stages}
         rl = {name: rep.rl_summary(s, io.read_json(layout.metrics(f"rl-{name}"))) for name, s in params.rl.stages.items()}
         settings = {"seed": params.seed, "model": params.model.source, "git commit": tracking.git_commit()[:12]}
-        text = rep.run(evals, curves, rl, settings)
+        warnings = [w for path in sorted(layout.METRICS.glob("*.json")) if isinstance(m := io.read_json(path), dict) for w in m.get("warnings", [])]
+        text = rep.run(evals, curves, rl, settings, warnings)
         mlflow.log_artifact(str(layout.REPORT))
         mlflow.log_artifact(str(layout.HTML_REPORT))
         create_markdown_artifact(markdown=text, key="rung-report", description="held-out results of every checkpoint")

@@ -5,7 +5,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from rung import compat, config, io, layout, tracking
+import mlflow
+from prefect import get_run_logger
+
+from rung import compat, config, health, io, layout, tracking
 from rung.errors import InputError
 
 
@@ -22,6 +25,13 @@ def main(flow: Callable[..., Any], *args: str) -> None:
 
 
 def finish(stage: str, metrics: dict[str, Any]) -> None:
-    """Write the stage's DVC metrics file and log the same numbers to its MLflow run."""
-    io.write_json(layout.metrics(stage), metrics)
+    """Write the stage's DVC metrics file and log the same numbers to its MLflow run; what the
+    numbers show to be degenerate (rung.health) is logged as a warning, kept in the metrics file
+    under "warnings" (the report lists them) and tagged on the MLflow run."""
+    found = health.warnings(stage, metrics)
+    for w in found:
+        get_run_logger().warning(w)
+    io.write_json(layout.metrics(stage), {**metrics, "warnings": found} if found else metrics)
     tracking.log_metrics(metrics, prefix=stage)
+    if found:
+        mlflow.set_tag("rung.warnings", " | ".join(found)[:5000])

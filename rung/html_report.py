@@ -203,13 +203,14 @@ def _figure(fig_id: str, svg: str, caption: str) -> str:
 
 
 def render(evals: Mapping[str, Mapping[str, Any]], reward_curves: Mapping[str, Sequence[tuple[int, float]]] | None = None,
-           *, title: str = "rung results", settings: Mapping[str, Any] | None = None) -> str:
+           *, title: str = "rung results", settings: Mapping[str, Any] | None = None, warnings: Sequence[str] = ()) -> str:
     """The whole HTML document.
 
     evals maps checkpoint name to its metrics (keys accuracy, format_rate, mean_tokens,
     truncation_rate, n; optionally accuracy_lenient, accuracy_ci [lo, hi], pass_at_k {"k": v},
     accuracy_by_source {source: v}, sampling {name: value}), in the order the rows should have;
-    reward_curves maps RL stage name to (step, mean reward) points; settings is shown as a table.
+    reward_curves maps RL stage name to (step, mean reward) points; settings is shown as a table;
+    warnings (rung.health) are listed above everything else.
     """
     colors = {name: f"C{i % 10}" for i, name in enumerate(evals)}  # one colour per checkpoint in every plot
     with matplotlib.rc_context(_RC):
@@ -238,6 +239,7 @@ def render(evals: Mapping[str, Mapping[str, Any]], reward_curves: Mapping[str, S
         "<body>",
         "<main>",
         f"<h1>{_e(title)}</h1>",
+        *(['<section id="warnings">', "<h2>Warnings</h2>", "<ul>", *(f"<li>{_e(w)}</li>" for w in warnings), "</ul>", "</section>"] if warnings else []),
         '<section id="tables">',
         *tables,
         "</section>",
@@ -250,9 +252,9 @@ def render(evals: Mapping[str, Mapping[str, Any]], reward_curves: Mapping[str, S
 
 def write(path: str | Path, evals: Mapping[str, Mapping[str, Any]],
           reward_curves: Mapping[str, Sequence[tuple[int, float]]] | None = None,
-          *, title: str = "rung results", settings: Mapping[str, Any] | None = None) -> Path:
+          *, title: str = "rung results", settings: Mapping[str, Any] | None = None, warnings: Sequence[str] = ()) -> Path:
     """Render the report and write it to path (parent directories created); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render(evals, reward_curves, title=title, settings=settings), encoding="utf-8")
+    path.write_text(render(evals, reward_curves, title=title, settings=settings, warnings=warnings), encoding="utf-8")
     return path

@@ -46,7 +46,7 @@ def rl_summary(stage: Any, metrics: dict[str, Any]) -> dict[str, str]:
     }
 
 
-def markdown(evals: dict[str, dict[str, Any]], rl: dict[str, dict[str, str]] | None = None) -> str:
+def markdown(evals: dict[str, dict[str, Any]], rl: dict[str, dict[str, str]] | None = None, warnings: list[str] | None = None) -> str:
     """A markdown table (checkpoints in pipeline order) plus the settings every number depends on."""
     views = {name: headline(m) for name, m in evals.items()}
     sample_cols = sorted({k for v in views.values() for k in v if k.startswith("avg@")})
@@ -68,21 +68,23 @@ def markdown(evals: dict[str, dict[str, Any]], rl: dict[str, dict[str, str]] | N
         keys = list(next(iter(rl.values())))
         rl_lines = ["", "RL stages:", "", "| stage | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys),
                     *(f"| rl/{name} | " + " | ".join(row[k] for k in keys) + " |" for name, row in rl.items())]
-    return "\n".join(["# rung results", "", *notes, "", *lines, *rl_lines, ""])
+    warning_lines = ["", "Warnings (rung.health):", "", *(f"- {w}" for w in warnings)] if warnings else []
+    return "\n".join(["# rung results", "", *notes, "", *lines, *rl_lines, *warning_lines, ""])
 
 
-def html(evals: dict[str, dict[str, Any]], reward_curves: dict[str, list[dict[str, float]]], settings: dict[str, Any], path: Path) -> None:
+def html(evals: dict[str, dict[str, Any]], reward_curves: dict[str, list[dict[str, float]]], settings: dict[str, Any], path: Path, warnings: list[str] | None = None) -> None:
     """The self-contained HTML report (tables and inline SVG plots)."""
     curves = {name: [(int(c["step"]), c["reward"]) for c in points] for name, points in reward_curves.items()}
-    html_report.write(path, {name: headline(m) for name, m in evals.items()}, curves, title="rung results", settings=settings)
+    html_report.write(path, {name: headline(m) for name, m in evals.items()}, curves, title="rung results", settings=settings, warnings=warnings or ())
 
 
-def run(evals: dict[str, dict[str, Any]], curves: dict[str, list[dict[str, float]]], rl: dict[str, dict[str, str]], settings: dict[str, Any]) -> str:
+def run(evals: dict[str, dict[str, Any]], curves: dict[str, list[dict[str, float]]], rl: dict[str, dict[str, str]], settings: dict[str, Any],
+        warnings: list[str] | None = None) -> str:
     """The report stage: write the markdown and HTML reports at their layout paths; returns the markdown."""
-    text = markdown(evals, rl)
+    text = markdown(evals, rl, warnings)
     settings = {**settings, **{f"rl/{name}": "; ".join(row.values()) for name, row in rl.items()}}
     with io.atomic_path(layout.REPORT) as tmp:
         tmp.write_text(text)
     with io.atomic_path(layout.HTML_REPORT) as tmp:
-        html(evals, curves, settings, tmp)
+        html(evals, curves, settings, tmp, warnings)
     return text

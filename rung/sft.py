@@ -47,7 +47,16 @@ def train(job: SFTJob) -> JobResult:
                          peft_config=peft_config, callbacks=job.trainer_callbacks())
     result = trainer.train(resume_from_checkpoint=job.resume)
     finalize(trainer, tok, job.work_dir)
-    return JobResult(metrics={"train_loss": float(result.training_loss), "steps": float(result.global_step), "examples": float(len(traces))})
+    return JobResult(metrics={"train_loss": float(result.training_loss), "steps": float(result.global_step), "examples": float(len(traces)),
+                              "truncated_fraction": truncated_fraction(traces, job.format, tok, params.max_length)})
+
+
+def truncated_fraction(traces: list[dict[str, Any]], fmt: FormatParams, tok: Any, max_length: int) -> float:
+    """Share of examples (chat-templated prompt and target) longer than max_length tokens: the trainer cuts their ends."""
+    if not traces:
+        return 0.0
+    texts = [tok.apply_chat_template([*answer_format.messages(t["prompt"], fmt), {"role": "assistant", "content": t["target"]}], tokenize=False) for t in traces]
+    return sum(len(ids) > max_length for ids in tok(texts, add_special_tokens=False)["input_ids"]) / len(traces)
 
 
 if __name__ == "__main__":

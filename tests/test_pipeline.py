@@ -113,6 +113,8 @@ def test_dvc_repro_runs_every_stage(workspace):
     report = (ws / "data/reports/report.md").read_text()
     for ckpt in ("| base |", "| sft |", "| rl/main |"):
         assert ckpt in report
+    # a random tiny model is degenerate: the report and the MLflow runs say so
+    assert "Warnings (rung.health):" in report and "eval-base: the model never follows the answer format on test" in report
 
     shown = run("dvc", "metrics", "show", "--json")
     assert shown.returncode == 0 and "eval-rl-main.json" in shown.stdout
@@ -137,6 +139,7 @@ def test_dvc_repro_runs_every_stage(workspace):
         assert len(client.get_metric_history(rl.info.run_id, key)) == 2, key  # per step: the dapo preset, pools curriculum
     assert any(k.startswith("accuracy_by_bucket/") for k in rl.data.metrics)
     assert "eval-sft/sets/test/accuracy" in by_name["eval@sft"].data.metrics
+    assert "never follows the answer format" in by_name["eval@base"].data.tags["rung.warnings"]
     assert "eval-sft/sets/test/pass_at_k/3" in by_name["eval@sft"].data.metrics
     assert {a.path for a in client.list_artifacts(by_name["eval@sft"].info.run_id, "samples")} >= {"samples/test.jsonl", "samples/ood_chain.jsonl"}
     assert by_name["curate"].inputs.dataset_inputs[0].dataset.digest == run("md5sum", "data/curated/train.jsonl").stdout.split()[0]

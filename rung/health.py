@@ -1,0 +1,28 @@
+"""Signs that an experiment is degenerate, one place for all of them: a stage's metrics are checked
+when it finishes, and what is found is logged, tagged on its MLflow run and shown in the report."""
+from __future__ import annotations
+
+import fnmatch
+from typing import Any
+
+SFT_TRUNCATED = 0.2  # share of SFT examples cut by max_length (the answer line is often what is cut)
+DIFFICULTY_ONE_SIDED = 0.9  # share of prompts solved by every rollout, or by none: no signal for RL
+RL_ZERO_VARIANCE = 0.5  # mean share of generated groups whose rewards were all equal: no gradient from them
+
+
+def warnings(stage: str, metrics: dict[str, Any]) -> list[str]:
+    """What is wrong with the experiment, as the metrics of `stage` (a metrics file stem) show it."""
+    out = []
+    if stage == "sft" and metrics.get("truncated_fraction", 0) > SFT_TRUNCATED:
+        out.append(f"sft: {metrics['truncated_fraction']:.0%} of SFT examples are longer than sft.max_length and were truncated")
+    if stage == "difficulty":
+        for side in ("solved", "unsolved"):
+            if metrics.get(f"{side}_fraction", 0) >= DIFFICULTY_ONE_SIDED:
+                out.append(f"difficulty: {metrics[f'{side}_fraction']:.0%} of prompts are {side} by every rollout: little for RL to learn from")
+    if fnmatch.fnmatch(stage, "rl-*") and metrics.get("frac_reward_zero_std", 0) > RL_ZERO_VARIANCE:
+        out.append(f"{stage}: {metrics['frac_reward_zero_std']:.0%} of generated groups had zero reward variance (no gradient)")
+    if fnmatch.fnmatch(stage, "eval-*"):
+        for name, m in metrics.get("sets", {}).items():
+            if m.get("format_rate") == 0:
+                out.append(f"{stage}: the model never follows the answer format on {name} (format rate 0%)")
+    return out
