@@ -9,13 +9,19 @@ from __future__ import annotations
 import importlib.util
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 from tqdm.auto import tqdm
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.cache_utils import DynamicLayer
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+from transformers.models.llama.modeling_llama import LlamaForCausalLM, apply_rotary_pos_emb
 
 from rung import models
 from rung.config import SamplingParams
@@ -88,33 +94,279 @@ def generate(
     seed: int = 0,
     desc: str = "generate",
 ) -> list[list[Completion]]:
-    """`n` completions for each rendered prompt, in input order. Deterministic given `seed`."""
+    """`n` completions for each rendered prompt, in input order. Deterministic given `seed`.
+
+    Greedy completions are those of batched `model.generate` (same argmax on the same logits, up to
+    floating-point summation order). Each sample draws from its own seeded stream, so a prompt's
+    samples do not depend on which other prompts share its batch.
+    """
     greedy = sampling.temperature == 0
     if greedy and n > 1:
         raise ValueError("sampling.temperature: 0 (greedy) gives identical samples; use n=1 or temperature > 0")
-    order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
-    per_batch = max(1, sampling.batch_size // n)
-    eos_ids = set(_as_list(model.generation_config.eos_token_id) or [tok.eos_token_id])
-    out: list[list[Completion]] = [[] for _ in prompts]
+    if not prompts:
+        return []
+    ids = tok(prompts, add_special_tokens=False)["input_ids"]
+    eos_ids = sorted(set(_as_list(model.generation_config.eos_token_id) or [tok.eos_token_id]))
+    out: list[list[Completion | None]] = [[None] * n for _ in prompts]
     with tqdm(total=len(prompts) * n, desc=desc, unit="seq") as bar:
-        for b, start in enumerate(range(0, len(order), per_batch)):
-            idx = order[start : start + per_batch]
-            enc = tok([prompts[i] for i in idx], return_tensors="pt", padding=True, add_special_tokens=False)
-            torch.manual_seed(seed + b)  # per-batch seed: results do not depend on earlier batches' lengths
-            kwargs = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
-            seqs = model.generate(
-                **enc, max_new_tokens=sampling.max_new_tokens, num_return_sequences=n,
-                pad_token_id=tok.pad_token_id, **kwargs,
-            )
-            new = seqs[:, enc["input_ids"].shape[1] :]  # (len(idx) * n, <= max_new_tokens)
-            for row, ids in enumerate(new.tolist()):
-                ended = next((j for j, t in enumerate(ids) if t in eos_ids), None)
-                kept = ids if ended is None else ids[:ended]
-                out[idx[row // n]].append(
-                    Completion(tok.decode(kept, skip_special_tokens=True), len(kept), ended is None)
-                )
-            bar.update(len(idx) * n)
-    return out
+        for done in _decode(model, ids, sampling, n, seed, eos_ids):
+            kept = done.tokens[: len(done.tokens) - (not done.truncated)]
+            out[done.prompt][done.sample] = Completion(tok.decode(kept, skip_special_tokens=True), len(kept), done.truncated)
+            bar.update(1)
+    return out  # type: ignore[return-value]  # every slot is filled
+
+
+# A hand-written decode loop because no library call gives the speed on CPU: `model.generate` keeps
+# finished rows in the batch until the longest ends (completions average about a third of
+# max_new_tokens) and prefills every sample of every prompt in full; transformers' continuous
+# batching (`generate_batch`) measured slower than that here (see bench/generation.py).
+# Here a finished row leaves the batch at once, its slot is refilled from the queue (prompts
+# shortest first, so a group pads little), the prompts' shared prefix (chat template and system
+# prompt) is encoded once, and each prompt's suffix once for its n samples.
+
+
+@dataclass
+class _Row:
+    prompt: int
+    sample: int
+    draws: torch.Tensor | None
+    """Uniform draws of this sample's own seeded stream, one per step; None when greedy."""
+    tokens: list[int] = field(default_factory=list)
+    truncated: bool = False
+
+
+@dataclass
+class _Batch:
+    """Rows being decoded: their KV cache, padding mask (batch, cache length) and next positions."""
+
+    rows: list[_Row]
+    cache: DynamicCache
+    mask: torch.Tensor
+    pos: torch.Tensor
+    last: torch.Tensor
+    """The token each row sampled last: the next step's input."""
+
+
+def _decode(model: PreTrainedModel, ids: list[list[int]], sampling: SamplingParams, n: int, seed: int, eos_ids: list[int]):
+    """Yield each finished `_Row` (tokens include the EOS if one ended it)."""
+    capacity = max(sampling.batch_size, n)
+    refill_at = max(n, capacity // _REFILL_FRACTION)  # refill in groups: a prefill and a merge cost one forward each
+    queue = deque(sorted(range(len(ids)), key=lambda i: (len(ids[i]), i)))
+    prefix = _shared_prefix(ids) if len(ids) > 1 else []
+    prefix_kv = _prefill_prefix(model, prefix) if prefix else None
+    eos = set(eos_ids)
+    fused = _fuse(model)
+    batch: _Batch | None = None
+    while queue or batch is not None:
+        free = capacity - (len(batch.rows) if batch else 0)
+        if queue and (batch is None or free >= refill_at):
+            group = [queue.popleft() for _ in range(min(len(queue), max(1, free // n)))]
+            rows = [_Row(i, j, _draws(seed, i, j, sampling)) for i in group for j in range(n)]
+            new, logits = _prefill(model, prefix_kv, len(prefix), [ids[i][len(prefix):] for i in group], n, rows)
+            yield from _advance(new, logits, sampling, eos)
+            batch = _merge(batch, new) if new.rows else batch
+        else:
+            logits = _step(model, fused, batch)
+            yield from _advance(batch, logits, sampling, eos)
+            batch = batch if batch.rows else None
+
+
+_REFILL_FRACTION = 4
+
+
+def _shared_prefix(ids: list[list[int]]) -> list[int]:
+    """The token prefix common to all prompts, leaving each at least one token of its own."""
+    first, shortest = ids[0], min(len(x) for x in ids)
+    p = 0
+    while p < shortest - 1 and all(x[p] == first[p] for x in ids):
+        p += 1
+    return first[:p]
+
+
+def _prefill_prefix(model: PreTrainedModel, prefix: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    out = model(input_ids=torch.tensor([prefix]), use_cache=True, logits_to_keep=1)
+    return [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+
+
+def _prefill(
+    model: PreTrainedModel, prefix_kv: list[tuple[torch.Tensor, torch.Tensor]] | None, offset: int,
+    suffixes: list[list[int]], n: int, rows: list[_Row],
+) -> tuple[_Batch, torch.Tensor]:
+    """Encode a group of prompts after the shared prefix (left-padded), repeated n times."""
+    k, width = len(suffixes), max(len(s) for s in suffixes)
+    input_ids = torch.zeros(k, width, dtype=torch.long)
+    mask = torch.zeros(k, offset + width, dtype=torch.long)
+    mask[:, :offset] = 1
+    for r, s in enumerate(suffixes):
+        input_ids[r, width - len(s):] = torch.tensor(s)
+        mask[r, offset + width - len(s):] = 1
+    # positions as model.generate gives them: real tokens count from 0, pads get 1
+    pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)[:, offset:]
+    cache = _cache([(kk.expand(k, -1, -1, -1), v.expand(k, -1, -1, -1)) for kk, v in prefix_kv] if prefix_kv else None,
+                   model.config.num_hidden_layers)
+    out = model(input_ids=input_ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    logits = out.logits[:, -1]
+    nxt = pos[:, -1] + 1
+    if n > 1:
+        for layer in out.past_key_values.layers:
+            layer.set(layer.keys.repeat_interleave(n, 0), layer.values.repeat_interleave(n, 0))
+        logits, mask, nxt = (t.repeat_interleave(n, 0) for t in (logits, mask, nxt))
+    return _Batch(rows, out.past_key_values, mask, nxt, torch.zeros(k * n, dtype=torch.long)), logits
+
+
+class _Layer(DynamicLayer):
+    """A DynamicLayer that appends into spare columns in place, instead of copying its whole cache
+    at every step as DynamicLayer does."""
+
+    def set(self, keys: torch.Tensor, values: torch.Tensor, spare: int = 64) -> None:
+        b, h, t, d = keys.shape
+        self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
+        self._k, self._v = keys.new_empty(b, h, t + spare, d), values.new_empty(b, h, t + spare, d)
+        self._k[:, :, :t], self._v[:, :, :t] = keys, values
+        self.keys, self.values = self._k[:, :, :t], self._v[:, :, :t]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.set(key_states, value_states)
+            return self.keys, self.values
+        t, new = self.keys.shape[2], key_states.shape[2]
+        if t + new > self._k.shape[2]:
+            self.set(self.keys, self.values, spare=max(64, new))
+        self._k[:, :, t : t + new], self._v[:, :, t : t + new] = key_states, value_states
+        self.keys, self.values = self._k[:, :, : t + new], self._v[:, :, : t + new]
+        return self.keys, self.values
+
+
+def _cache(kv: list[tuple[torch.Tensor, torch.Tensor]] | None, layers: int) -> DynamicCache:
+    cache = DynamicCache()
+    cache.layers = [_Layer() for _ in range(layers)]
+    for layer, (keys, values) in zip(cache.layers, kv or []):
+        layer.set(keys, values)
+    return cache
+
+
+def _step(model: PreTrainedModel, fused: list[tuple[torch.Tensor, torch.Tensor]] | None, batch: _Batch) -> torch.Tensor:
+    """One decode step of every row; its next-token logits (batch, vocab)."""
+    batch.mask = torch.cat([batch.mask, batch.mask.new_ones(len(batch.rows), 1)], 1)
+    if fused is not None:
+        logits = _llama_step(model, fused, batch)
+    else:
+        logits = model(input_ids=batch.last[:, None], attention_mask=batch.mask, position_ids=batch.pos[:, None],
+                       past_key_values=batch.cache, use_cache=True).logits[:, -1]
+    batch.pos = batch.pos + 1
+    return logits
+
+
+def _llama_step(model: LlamaForCausalLM, fused: list[tuple[torch.Tensor, torch.Tensor]], batch: _Batch) -> torch.Tensor:
+    """LlamaForCausalLM's forward for one new token per row, with the same operations in the same
+    order, less the per-layer overhead that dominates at this size on CPU: q/k/v and gate/up each
+    in one matmul (bitwise the same products), attention as two small matmuls over the cache
+    instead of the SDPA kernel, the padding mask built once for all layers."""
+    m, cfg = model.model, model.config
+    b, heads, kv_heads = len(batch.rows), cfg.num_attention_heads, cfg.num_key_value_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    h = m.embed_tokens(batch.last[:, None])  # (b, 1, hidden)
+    cos, sin = m.rotary_emb(h, batch.pos[:, None])
+    bias = torch.zeros(batch.mask.shape, dtype=h.dtype).masked_fill_(batch.mask == 0, float("-inf"))[:, None, None, :]
+    for layer, cache, (qkv, gate_up) in zip(m.layers, batch.cache.layers, fused):
+        attn = layer.self_attn
+        x = layer.input_layernorm(h)
+        q, k, v = F.linear(x, qkv).split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], -1)
+        q = q.view(b, 1, heads, head_dim).transpose(1, 2)
+        k = k.view(b, 1, kv_heads, head_dim).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        keys, values = cache.update(k, v.view(b, 1, kv_heads, head_dim).transpose(1, 2))
+        # grouped-query attention: the query heads of one key/value head attend together
+        scores = torch.matmul(q.reshape(b, kv_heads, heads // kv_heads, head_dim), keys.transpose(2, 3)) * attn.scaling
+        probs = (scores + bias).softmax(-1)
+        h = h + attn.o_proj(torch.matmul(probs, values).reshape(b, 1, heads * head_dim))
+        x = layer.post_attention_layernorm(h)
+        g, u = F.linear(x, gate_up).chunk(2, -1)
+        h = h + layer.mlp.down_proj(layer.mlp.act_fn(g) * u)
+    return model.lm_head(m.norm(h))[:, -1]
+
+
+def _fuse(model: PreTrainedModel) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    """Per layer, the q/k/v weights stacked and the gate/up weights stacked, for `_llama_step`;
+    None for models it does not cover (they decode through their own forward). Made per call, as
+    the weights may have been trained since the last one."""
+    cfg = model.config
+    if not isinstance(model, LlamaForCausalLM) or cfg.attention_bias or cfg.mlp_bias:
+        return None
+    return [
+        (torch.cat([l.self_attn.q_proj.weight, l.self_attn.k_proj.weight, l.self_attn.v_proj.weight]),
+         torch.cat([l.mlp.gate_proj.weight, l.mlp.up_proj.weight]))
+        for l in model.model.layers
+    ]
+
+
+def _advance(batch: _Batch, logits: torch.Tensor, sampling: SamplingParams, eos: set[int]):
+    """Append each row's next token; yield the rows that ended and drop them from the batch."""
+    batch.last = _pick(logits, batch.rows, sampling)
+    keep = []
+    for r, (row, t) in enumerate(zip(batch.rows, batch.last.tolist())):
+        row.tokens.append(t)
+        row.truncated = t not in eos and len(row.tokens) == sampling.max_new_tokens
+        if t in eos or row.truncated:
+            yield row
+        else:
+            keep.append(r)
+    if len(keep) < len(batch.rows):
+        _select(batch, keep)
+
+
+def _pick(logits: torch.Tensor, rows: list[_Row], sampling: SamplingParams) -> torch.Tensor:
+    """Next tokens: argmax when greedy, else inverse-CDF sampling with each row's own draw."""
+    if sampling.temperature == 0:
+        return logits.argmax(-1)
+    # the same warpers, in the same order, as model.generate(do_sample=True, top_k=0)
+    scores = TemperatureLogitsWarper(sampling.temperature)(None, logits.float())
+    if sampling.top_p < 1:
+        scores = TopPLogitsWarper(sampling.top_p)(None, scores)
+    cdf = scores.softmax(-1).double().cumsum(-1)
+    u = torch.stack([row.draws[len(row.tokens)] for row in rows])
+    # right=True: the first token whose cumulative mass exceeds u * total, never one of zero mass
+    picked = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
+    return picked.clamp_max(logits.shape[-1] - 1)
+
+
+def _draws(seed: int, prompt: int, sample: int, sampling: SamplingParams) -> torch.Tensor | None:
+    if sampling.temperature == 0:
+        return None
+    stream = int(np.random.SeedSequence([seed, prompt, sample]).generate_state(1, np.uint64)[0])
+    return torch.rand(sampling.max_new_tokens, generator=torch.Generator().manual_seed(stream), dtype=torch.float64)
+
+
+def _select(batch: _Batch, keep: list[int]) -> None:
+    """Keep only the given rows, and drop cache columns that are padding in all of them."""
+    batch.rows = [batch.rows[r] for r in keep]
+    if not keep:
+        return
+    index = torch.tensor(keep)
+    batch.mask, batch.pos, batch.last = batch.mask[index], batch.pos[index], batch.last[index]
+    start = int(batch.mask.any(0).int().argmax())
+    batch.mask = batch.mask[:, start:]
+    for layer in batch.cache.layers:
+        layer.set(layer.keys[index, :, start:], layer.values[index, :, start:])
+
+
+def _merge(a: _Batch | None, b: _Batch) -> _Batch:
+    """One batch of both, the shorter cache left-padded (masked) to the longer."""
+    if a is None:
+        return b
+    width = max(a.mask.shape[1], b.mask.shape[1])
+
+    def stack(x: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:
+        shape = list(x.shape)
+        shape[0], shape[dim] = x.shape[0] + y.shape[0], width
+        z = x.new_zeros(shape)
+        z.narrow(0, 0, x.shape[0]).narrow(dim, width - x.shape[dim], x.shape[dim]).copy_(x)
+        z.narrow(0, x.shape[0], y.shape[0]).narrow(dim, width - y.shape[dim], y.shape[dim]).copy_(y)
+        return z
+
+    cache = _cache([(stack(la.keys, lb.keys, 2), stack(la.values, lb.values, 2)) for la, lb in zip(a.cache.layers, b.cache.layers)],
+                   len(a.cache.layers))
+    return _Batch(a.rows + b.rows, cache, stack(a.mask, b.mask, 1), torch.cat([a.pos, b.pos]), torch.cat([a.last, b.last]))
 
 
 def _as_list(x: int | list[int] | None) -> list[int] | None:
