@@ -12,6 +12,7 @@ cores): compare the ratios of one run, not seconds across runs.
 
     python bench/generation.py                        # base model at data/models/base
     python bench/generation.py --model embedded --prompts 96
+    python bench/generation.py --model data/models/rl --shapes eval   # a trained policy: short answers
 """
 from __future__ import annotations
 
@@ -100,7 +101,10 @@ def main() -> None:
     ap.add_argument("--model", default="data/models/base", help="HF model directory; 'embedded' converts the default model")
     ap.add_argument("--prompts", type=int, default=96)
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--threads", type=int, default=None, help="torch threads for both contenders (default: torch's)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     model_dir = Path(args.model)
     if not model_dir.is_dir():

@@ -202,46 +202,66 @@ def _prefill(
         mask[r, offset + width - len(s):] = 1
     # positions as model.generate gives them: real tokens count from 0, pads get 1
     pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)[:, offset:]
-    cache = _cache([(kk.expand(k, -1, -1, -1), v.expand(k, -1, -1, -1)) for kk, v in prefix_kv] if prefix_kv else None,
-                   model.config.num_hidden_layers)
+    parts = [[(kk.expand(k, -1, -1, -1), v.expand(k, -1, -1, -1)) for kk, v in prefix_kv]] if prefix_kv else []
+    cache = _cache(parts, model.config.num_hidden_layers, offset)
     out = model(input_ids=input_ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1)
     logits = out.logits[:, -1]
     nxt = pos[:, -1] + 1
     if n > 1:
         for layer in out.past_key_values.layers:
-            layer.set(layer.keys.repeat_interleave(n, 0), layer.values.repeat_interleave(n, 0))
+            layer.select(torch.arange(k).repeat_interleave(n), 0)
         logits, mask, nxt = (t.repeat_interleave(n, 0) for t in (logits, mask, nxt))
     return _Batch(rows, out.past_key_values, mask, nxt, torch.zeros(k * n, dtype=torch.long)), logits
 
 
 class _Layer(DynamicLayer):
-    """A DynamicLayer that appends into spare columns in place, instead of copying its whole cache
-    at every step as DynamicLayer does."""
+    """A DynamicLayer whose keys and values are a window [lo, hi) of a buffer with spare columns:
+    a step writes one column in place where DynamicLayer copies its whole cache, and dropping
+    rows or leading padding copies the buffer once."""
 
-    def set(self, keys: torch.Tensor, values: torch.Tensor, spare: int = 64) -> None:
-        b, h, t, d = keys.shape
+    def build(self, parts: list[tuple[torch.Tensor, torch.Tensor]], width: int, spare: int = 64) -> None:
+        """Stack the (keys, values) of several row groups, each right-aligned to `width` columns."""
+        keys = parts[0][0]
+        b, h, d = sum(k.shape[0] for k, _ in parts), keys.shape[1], keys.shape[3]
         self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
-        self._k, self._v = keys.new_empty(b, h, t + spare, d), values.new_empty(b, h, t + spare, d)
-        self._k[:, :, :t], self._v[:, :, :t] = keys, values
-        self.keys, self.values = self._k[:, :, :t], self._v[:, :, :t]
+        self._k, self._v = keys.new_empty(b, h, width + spare, d), keys.new_empty(b, h, width + spare, d)
+        row = 0
+        for k, v in parts:
+            rows, pad = k.shape[0], width - k.shape[2]
+            for buf, x in ((self._k, k), (self._v, v)):
+                buf[row : row + rows, :, :pad] = 0  # masked, but must be finite: 0 x NaN is NaN
+                buf[row : row + rows, :, pad:width] = x
+            row += rows
+        self._window(0, width)
+
+    def _window(self, lo: int, hi: int) -> None:
+        self._lo, self._hi = lo, hi
+        self.keys, self.values = self._k[:, :, lo:hi], self._v[:, :, lo:hi]
+
+    def select(self, index: torch.Tensor, start: int) -> None:
+        """Keep the rows `index`, without the first `start` columns."""
+        lo = self._lo + start
+        self._k, self._v = self._k[index, :, lo:], self._v[index, :, lo:]
+        self._window(0, self._hi - lo)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        new = key_states.shape[2]
         if not self.is_initialized:
-            self.set(key_states, value_states)
+            self.build([(key_states, value_states)], new)
             return self.keys, self.values
-        t, new = self.keys.shape[2], key_states.shape[2]
-        if t + new > self._k.shape[2]:
-            self.set(self.keys, self.values, spare=max(64, new))
-        self._k[:, :, t : t + new], self._v[:, :, t : t + new] = key_states, value_states
-        self.keys, self.values = self._k[:, :, : t + new], self._v[:, :, : t + new]
+        if self._hi + new > self._k.shape[2]:
+            self.build([(self.keys, self.values)], self._hi - self._lo, spare=max(64, new))
+        self._k[:, :, self._hi : self._hi + new], self._v[:, :, self._hi : self._hi + new] = key_states, value_states
+        self._window(self._lo, self._hi + new)
         return self.keys, self.values
 
 
-def _cache(kv: list[tuple[torch.Tensor, torch.Tensor]] | None, layers: int) -> DynamicCache:
+def _cache(parts: list[list[tuple[torch.Tensor, torch.Tensor]]], layers: int, width: int = 0) -> DynamicCache:
+    """A cache of `layers` _Layers, each stacking its (keys, values) from every part; empty if no parts."""
     cache = DynamicCache()
     cache.layers = [_Layer() for _ in range(layers)]
-    for layer, (keys, values) in zip(cache.layers, kv or []):
-        layer.set(keys, values)
+    for i, layer in enumerate(cache.layers if parts else []):
+        layer.build([part[i] for part in parts], width)
     return cache
 
 
@@ -347,7 +367,7 @@ def _select(batch: _Batch, keep: list[int]) -> None:
     start = int(batch.mask.any(0).int().argmax())
     batch.mask = batch.mask[:, start:]
     for layer in batch.cache.layers:
-        layer.set(layer.keys[index, :, start:], layer.values[index, :, start:])
+        layer.select(index, start)
 
 
 def _merge(a: _Batch | None, b: _Batch) -> _Batch:
@@ -355,18 +375,11 @@ def _merge(a: _Batch | None, b: _Batch) -> _Batch:
     if a is None:
         return b
     width = max(a.mask.shape[1], b.mask.shape[1])
-
-    def stack(x: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:
-        shape = list(x.shape)
-        shape[0], shape[dim] = x.shape[0] + y.shape[0], width
-        z = x.new_zeros(shape)
-        z.narrow(0, 0, x.shape[0]).narrow(dim, width - x.shape[dim], x.shape[dim]).copy_(x)
-        z.narrow(0, x.shape[0], y.shape[0]).narrow(dim, width - y.shape[dim], y.shape[dim]).copy_(y)
-        return z
-
-    cache = _cache([(stack(la.keys, lb.keys, 2), stack(la.values, lb.values, 2)) for la, lb in zip(a.cache.layers, b.cache.layers)],
-                   len(a.cache.layers))
-    return _Batch(a.rows + b.rows, cache, stack(a.mask, b.mask, 1), torch.cat([a.pos, b.pos]), torch.cat([a.last, b.last]))
+    mask = torch.zeros(len(a.rows) + len(b.rows), width, dtype=a.mask.dtype)
+    mask[: len(a.rows), width - a.mask.shape[1] :], mask[len(a.rows) :, width - b.mask.shape[1] :] = a.mask, b.mask
+    parts = [[(layer.keys, layer.values) for layer in x.cache.layers] for x in (a, b)]
+    cache = _cache(parts, len(a.cache.layers), width)
+    return _Batch(a.rows + b.rows, cache, mask, torch.cat([a.pos, b.pos]), torch.cat([a.last, b.last]))
 
 
 def _as_list(x: int | list[int] | None) -> list[int] | None:
