@@ -16,12 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicLayer
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
-from transformers.models.llama.modeling_llama import LlamaForCausalLM, apply_rotary_pos_emb
 
 from rung import models
 from rung.config import SamplingParams
@@ -154,7 +152,6 @@ def _decode(model: PreTrainedModel, ids: list[list[int]], sampling: SamplingPara
     prefix = _shared_prefix(ids) if len(ids) > 1 else []
     prefix_kv = _prefill_prefix(model, prefix) if prefix else None
     eos = set(eos_ids)
-    fused = _fuse(model)
     batch: _Batch | None = None
     while queue or batch is not None:
         free = capacity - (len(batch.rows) if batch else 0)
@@ -166,7 +163,7 @@ def _decode(model: PreTrainedModel, ids: list[list[int]], sampling: SamplingPara
             yield from _advance(new, logits, sampling, eos)
             batch = _merge(batch, new) if new.rows else batch
         else:
-            logits = _step(model, fused, batch)
+            logits = _step(model, batch)
             yield from _advance(batch, logits, sampling, eos)
             batch = batch if batch.rows else None
 
@@ -263,59 +260,13 @@ def _cache(parts: list[list[tuple[torch.Tensor, torch.Tensor]]], layers: int, wi
     return cache
 
 
-def _step(model: PreTrainedModel, fused: list[tuple[torch.Tensor, torch.Tensor]] | None, batch: _Batch) -> torch.Tensor:
+def _step(model: PreTrainedModel, batch: _Batch) -> torch.Tensor:
     """One decode step of every row; its next-token logits (batch, vocab)."""
     batch.mask = torch.cat([batch.mask, batch.mask.new_ones(len(batch.rows), 1)], 1)
-    if fused is not None:
-        logits = _llama_step(model, fused, batch)
-    else:
-        logits = model(input_ids=batch.last[:, None], attention_mask=batch.mask, position_ids=batch.pos[:, None],
-                       past_key_values=batch.cache, use_cache=True).logits[:, -1]
+    out = model(input_ids=batch.last[:, None], attention_mask=batch.mask, position_ids=batch.pos[:, None],
+                past_key_values=batch.cache, use_cache=True)
     batch.pos = batch.pos + 1
-    return logits
-
-
-def _llama_step(model: LlamaForCausalLM, fused: list[tuple[torch.Tensor, torch.Tensor]], batch: _Batch) -> torch.Tensor:
-    """LlamaForCausalLM's forward for one new token per row, with the same operations in the same
-    order, less the per-layer overhead that dominates at this size on CPU: q/k/v and gate/up each
-    in one matmul (bitwise the same products), attention as two small matmuls over the cache
-    instead of the SDPA kernel, the padding mask built once for all layers."""
-    m, cfg = model.model, model.config
-    b, heads, kv_heads = len(batch.rows), cfg.num_attention_heads, cfg.num_key_value_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    h = m.embed_tokens(batch.last[:, None])  # (b, 1, hidden)
-    cos, sin = m.rotary_emb(h, batch.pos[:, None])
-    bias = torch.zeros(batch.mask.shape, dtype=h.dtype).masked_fill_(batch.mask == 0, float("-inf"))[:, None, None, :]
-    for layer, cache, (qkv, gate_up) in zip(m.layers, batch.cache.layers, fused):
-        attn = layer.self_attn
-        x = layer.input_layernorm(h)
-        q, k, v = F.linear(x, qkv).split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], -1)
-        q = q.view(b, 1, heads, head_dim).transpose(1, 2)
-        k = k.view(b, 1, kv_heads, head_dim).transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        keys, values = cache.update(k, v.view(b, 1, kv_heads, head_dim).transpose(1, 2))
-        # grouped-query attention: the query heads of one key/value head attend together
-        scores = torch.matmul(q.reshape(b, kv_heads, heads // kv_heads, head_dim), keys.transpose(2, 3)) * attn.scaling
-        probs = (scores + bias).softmax(-1)
-        h = h + attn.o_proj(torch.matmul(probs, values).reshape(b, 1, heads * head_dim))
-        x = layer.post_attention_layernorm(h)
-        g, u = F.linear(x, gate_up).chunk(2, -1)
-        h = h + layer.mlp.down_proj(layer.mlp.act_fn(g) * u)
-    return model.lm_head(m.norm(h))[:, -1]
-
-
-def _fuse(model: PreTrainedModel) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
-    """Per layer, the q/k/v weights stacked and the gate/up weights stacked, for `_llama_step`;
-    None for models it does not cover (they decode through their own forward). Made per call, as
-    the weights may have been trained since the last one."""
-    cfg = model.config
-    if not isinstance(model, LlamaForCausalLM) or cfg.attention_bias or cfg.mlp_bias:
-        return None
-    return [
-        (torch.cat([l.self_attn.q_proj.weight, l.self_attn.k_proj.weight, l.self_attn.v_proj.weight]),
-         torch.cat([l.mlp.gate_proj.weight, l.mlp.up_proj.weight]))
-        for l in model.model.layers
-    ]
+    return out.logits[:, -1]
 
 
 def _advance(batch: _Batch, logits: torch.Tensor, sampling: SamplingParams, eos: set[int]):

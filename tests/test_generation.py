@@ -73,14 +73,11 @@ def eos_model(tiny_model):
     return model, tok, prompts
 
 
-def test_greedy_is_batched_model_generate(eos_model, monkeypatch):
+def test_greedy_is_batched_model_generate(eos_model):
     model, tok, prompts = eos_model
     want = _reference(model, tok, prompts, 12)
     assert {c[0].truncated for c in want} == {True, False}  # some rows end early, some run to the limit
     sampling = SamplingParams(temperature=0, max_new_tokens=12, batch_size=3)  # fewer slots than prompts: rows refill
-    assert generate(model, tok, prompts, sampling) == want
-    # the model's own forward (used for architectures without the Llama fast path) gives the same
-    monkeypatch.setattr(generation, "_fuse", lambda model: None)
     assert generate(model, tok, prompts, sampling) == want
 
 
