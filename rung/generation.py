@@ -1,8 +1,8 @@
 """Batched rollouts, shared by difficulty scoring, rejection sampling and evaluation.
 
-Two backends behind one `Generator`: transformers (CPU or GPU; prompts sorted by length for less
-padding, left-padded, each prompt encoded once for its n samples via num_return_sequences) and
-vLLM (GPU; optional, selected by params `generation.backend`).
+Two backends behind one `Generator`: transformers (CPU or GPU; a continuous-batching decode loop
+over the model's forward and KV cache, see `_decode`) and vLLM (GPU; optional, selected by params
+`generation.backend`).
 """
 from __future__ import annotations
 
