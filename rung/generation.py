@@ -115,7 +115,7 @@ def generate(
 
 
 # A hand-written decode loop because no library call gives the speed on CPU: `model.generate` keeps
-# finished rows in the batch until the longest ends (completions average about a third of
+# finished rows in the batch until the longest ends (a trained policy's completions average about a third of
 # max_new_tokens) and prefills every sample of every prompt in full; transformers' continuous
 # batching (`generate_batch`) ran at 0.36x of batched model.generate on this CPU (16 prompts, greedy).
 # Here a finished row leaves the batch at once, its slot is refilled from the queue (prompts
