@@ -1,73 +1,142 @@
-"""Throughput of rung's batched generation against a plain loop of model.generate.
+"""Throughput of rung's generation against batched `model.generate`, the honest peer.
 
-Same model, prompts, sampling settings and number of samples; generated tokens per second of
-each, and their ratio, measured in one run (this machine is noisy: compare ratios, not seconds).
+Both get the same model, prompts, sampling, samples per prompt (`num_return_sequences` for the
+peer), batch size and left padding; the peer also gets rung's former length sorting. Two shapes,
+the default pipeline's: difficulty (4 samples, 40 new tokens, temperature 1) and eval (greedy, 48
+new tokens). Tokens are counted alike for both: generated tokens up to and including EOS.
 
-    python bench/generation.py                       # base model at data/models/base
-    python bench/generation.py --model PATH --prompts 32 --n 4 --max-new-tokens 32
+Each contender's fraction of the fp32 roofline = FLOPs per generated token x tokens/s / the
+matmul peak of this machine (measured here with a large fp32 torch.matmul). Prompt encoding is not
+counted as useful work, so a fraction is of generated tokens only. This machine is noisy (shared
+cores): compare the ratios of one run, not seconds across runs.
+
+    python bench/generation.py                        # base model at data/models/base
+    python bench/generation.py --model embedded --prompts 96
+    python bench/generation.py --model data/models/rl --shapes eval   # a trained policy: short answers
 """
 from __future__ import annotations
 
 import argparse
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rung import answer_format, models
 from rung.config import CurateParams, FormatParams, SamplingParams
 from rung.data import curate
-from rung.generation import generate, render
+from rung.generation import Completion, generate, render
+
+SHAPES = {
+    "difficulty": (SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=40, batch_size=32), 4),
+    "eval": (SamplingParams(temperature=0.0, max_new_tokens=48, batch_size=32), 1),
+}
 
 
-def plain_loop(model, tok, prompts: list[str], sampling: SamplingParams, n: int) -> int:
-    """The baseline: one model.generate call per prompt and sample, no batching."""
-    tokens = 0
-    for i, prompt in enumerate(prompts):
-        enc = tok(prompt, return_tensors="pt", add_special_tokens=False)
-        for j in range(n):
-            torch.manual_seed(i * n + j)
-            out = model.generate(**enc, do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0,
-                                 max_new_tokens=sampling.max_new_tokens, pad_token_id=tok.pad_token_id)
-            tokens += out.shape[1] - enc["input_ids"].shape[1]
-    return tokens
+def peer(model: PreTrainedModel, tok: PreTrainedTokenizerBase, prompts: list[str], sampling: SamplingParams,
+         n: int = 1, seed: int = 0) -> list[list[Completion]]:
+    """Batched model.generate: prompts sorted by length, left-padded, n samples per prompt."""
+    greedy = sampling.temperature == 0
+    order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
+    per_batch = max(1, sampling.batch_size // n)
+    eos_ids = set(_as_list(model.generation_config.eos_token_id) or [tok.eos_token_id])
+    out: list[list[Completion]] = [[] for _ in prompts]
+    for b, start in enumerate(range(0, len(order), per_batch)):
+        idx = order[start : start + per_batch]
+        enc = tok([prompts[i] for i in idx], return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+        torch.manual_seed(seed + b)
+        kwargs = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+        with torch.inference_mode():
+            seqs = model.generate(**enc, max_new_tokens=sampling.max_new_tokens, num_return_sequences=n,
+                                  pad_token_id=tok.pad_token_id, **kwargs)
+        for row, ids in enumerate(seqs[:, enc["input_ids"].shape[1] :].tolist()):
+            ended = next((j for j, t in enumerate(ids) if t in eos_ids), None)
+            kept = ids if ended is None else ids[:ended]
+            out[idx[row // n]].append(Completion(tok.decode(kept, skip_special_tokens=True), len(kept), ended is None))
+    return out
+
+
+def _as_list(x: int | list[int] | None) -> list[int] | None:
+    return [x] if isinstance(x, int) else x
+
+
+def matmul_peak(size: int = 2048, reps: int = 10) -> float:
+    """Best fp32 GFLOP/s of a square torch.matmul over a few timed rounds."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b
+    best = 0.0
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            a @ b
+        best = max(best, reps * 2 * size**3 / (time.perf_counter() - t0) / 1e9)
+    return best
+
+
+def flops_per_token(model: PreTrainedModel, context: float) -> float:
+    """2 x the weights of every matmul (LM head included, embedding lookup not) + attention
+    (QK^T and AV: 4 x layers x heads x head_dim x context)."""
+    cfg = model.config
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return 2 * linear + 4 * cfg.num_hidden_layers * cfg.num_attention_heads * head_dim * context
+
+
+def tokens(outs: list[list[Completion]]) -> int:
+    """Generated tokens up to and including EOS."""
+    return sum(c.tokens + (not c.truncated) for cs in outs for c in cs)
+
+
+def timed(fn: Callable[[], list[list[Completion]]]) -> tuple[list[list[Completion]], float]:
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="data/models/base", help="HF model directory; 'embedded' converts the default model")
-    ap.add_argument("--prompts", type=int, default=32)
-    ap.add_argument("--n", type=int, default=4, help="samples per prompt")
-    ap.add_argument("--max-new-tokens", type=int, default=32)
-    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--prompts", type=int, default=96)
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--threads", type=int, default=None, help="torch threads for both contenders (default: torch's)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     model_dir = Path(args.model)
     if not model_dir.is_dir():
         model_dir = Path(tempfile.mkdtemp()) / "base"
         models.materialize("embedded", model_dir)
     model, tok = models.load(model_dir)
-    fmt = FormatParams()
     rows, _, _ = curate(CurateParams(sources=[dict(name="a", task="basic_arithmetic", size=4 * args.prompts)]), {}, seed=0)
-    prompts = render(tok, [answer_format.messages(r["prompt"], fmt) for r in rows[: args.prompts]])
-    sampling = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
+    prompts = render(tok, [answer_format.messages(r["prompt"], FormatParams()) for r in rows[: args.prompts]])
+    prompt_tokens = sum(len(x) for x in tok(prompts, add_special_tokens=False)["input_ids"]) / len(prompts)
 
-    t0 = time.perf_counter()
-    batched = generate(model, tok, prompts, sampling, n=args.n, seed=0, desc="rung")
-    t_rung = time.perf_counter() - t0
-    # rung counts tokens up to EOS; the loop's count stops at EOS too (generate stops each sequence there)
-    tok_rung = sum(c.tokens + (not c.truncated) for cs in batched for c in cs)
-    t0 = time.perf_counter()
-    tok_loop = plain_loop(model, tok, prompts, sampling, args.n)
-    t_loop = time.perf_counter() - t0
-
-    rate_rung, rate_loop = tok_rung / t_rung, tok_loop / t_loop
-    print(f"{len(prompts)} prompts x {args.n} samples, max {args.max_new_tokens} new tokens, batch {args.batch_size}, {torch.get_num_threads()} threads")
-    print(f"{'':16}{'tokens':>8}{'seconds':>10}{'tokens/s':>10}")
-    print(f"{'rung batched':16}{tok_rung:>8}{t_rung:>10.1f}{rate_rung:>10.1f}")
-    print(f"{'plain loop':16}{tok_loop:>8}{t_loop:>10.1f}{rate_loop:>10.1f}")
-    print(f"speed-up: {rate_rung / rate_loop:.2f}x")
+    peak = matmul_peak()
+    print(f"{len(prompts)} prompts ({prompt_tokens:.0f} tokens on average), {torch.get_num_threads()} threads, "
+          f"fp32 matmul peak {peak:.0f} GFLOP/s")
+    print(f"{'shape':12}{'contender':18}{'tokens':>8}{'seconds':>9}{'tokens/s':>10}{'roofline':>10}")
+    for shape in args.shapes:
+        sampling, n = SHAPES[shape]
+        # peer first, then rung: a slower machine later in the run only penalizes rung
+        theirs, t_peer = timed(lambda: peer(model, tok, prompts, sampling, n=n))
+        ours, t_rung = timed(lambda: generate(model, tok, prompts, sampling, n=n, desc=shape))
+        mean_len = tokens(ours) / (len(prompts) * n)
+        flops = flops_per_token(model, prompt_tokens + mean_len / 2)
+        rates = {}
+        for name, outs, secs in (("model.generate", theirs, t_peer), ("rung", ours, t_rung)):
+            rates[name] = tokens(outs) / secs
+            print(f"{shape:12}{name:18}{tokens(outs):>8}{secs:>9.1f}{rates[name]:>10.1f}{flops * rates[name] / 1e9 / peak:>10.1%}")
+        print(f"{shape:12}speed-up {rates['rung'] / rates['model.generate']:.2f}x   "
+              f"({flops / 1e9:.3f} GFLOP per token; mean completion {mean_len:.1f} tokens, "
+              f"peer {tokens(theirs) / (len(prompts) * n):.1f})")
+        if sampling.temperature == 0:
+            same = sum(a == b for a, b in zip(ours, theirs))
+            print(f"{shape:12}greedy completions identical to model.generate: {'yes' if same == len(prompts) else 'no'} "
+                  f"({same}/{len(prompts)})")
 
 
 if __name__ == "__main__":

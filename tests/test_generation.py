@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import importlib.util
+from collections import Counter
 
 import pytest
 import torch
@@ -38,6 +39,72 @@ def test_sampling_is_seeded_and_in_input_order(loaded):
     solo = generate(model, tok, prompts[:1], SamplingParams(temperature=0, max_new_tokens=6), n=1)
     batched = generate(model, tok, prompts, SamplingParams(temperature=0, max_new_tokens=6), n=1)
     assert solo[0][0].text == batched[0][0].text
+
+
+def _reference(model, tok, prompts, max_new_tokens):
+    """Greedy completions of one batched, left-padded model.generate call, as rung reports them."""
+    enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    with torch.inference_mode():
+        seqs = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id)
+    eos = model.generation_config.eos_token_id
+    out = []
+    for ids in seqs[:, enc["input_ids"].shape[1]:].tolist():
+        kept = ids[: ids.index(eos)] if eos in ids else ids
+        out.append([generation.Completion(tok.decode(kept, skip_special_tokens=True), len(kept), eos not in ids)])
+    return out
+
+
+@pytest.fixture
+def eos_model(tiny_model):
+    """The tiny model with larger random weights (the fixture's greedy output is one repeated token)
+    and an end token that it emits in some rows only, so that rows end at different steps."""
+    model, tok = models.load(tiny_model)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.normal_(0, 0.3)
+    prompts = render(tok, [[{"role": "user", "content": r["prompt"] * (1 + i % 4)}] for i, r in enumerate(ROWS * 2)])
+    enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    with torch.inference_mode():
+        rows = model.generate(**enc, do_sample=False, max_new_tokens=12)[:, enc["input_ids"].shape[1]:].tolist()
+    counts = Counter(t for row in rows for t in set(row[1:]))
+    model.generation_config.eos_token_id = next(t for t, c in counts.most_common() if c < len(rows))
+    return model, tok, prompts
+
+
+def test_greedy_is_batched_model_generate(eos_model):
+    model, tok, prompts = eos_model
+    want = _reference(model, tok, prompts, 12)
+    assert {c[0].truncated for c in want} == {True, False}  # some rows end early, some run to the limit
+    sampling = SamplingParams(temperature=0, max_new_tokens=12, batch_size=3)  # fewer slots than prompts: rows refill
+    assert generate(model, tok, prompts, sampling) == want
+
+
+def test_eos_and_truncation_accounting(eos_model):
+    """A completion stops before its end token and is truncated exactly when it used all its tokens."""
+    model, tok, prompts = eos_model
+    greedy = generate(model, tok, prompts, SamplingParams(temperature=0, max_new_tokens=12, batch_size=4))
+    sampled = generate(model, tok, prompts, SamplingParams(temperature=1.0, max_new_tokens=12, batch_size=8), n=3, seed=0)
+    assert all(len(x) == 3 for x in sampled)
+    completions = [c for x in greedy + sampled for c in x]
+    assert all(c.truncated == (c.tokens == 12) for c in completions)
+    assert {c.truncated for c in completions} == {True, False}
+
+
+def test_samples_do_not_depend_on_the_other_prompts(loaded):
+    model, tok = loaded
+    prompts = render(tok, [[{"role": "user", "content": r["prompt"] * (1 + i % 3)}] for i, r in enumerate(ROWS)])
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=8, batch_size=4)
+    assert generate(model, tok, prompts[:1], sampling, n=3, seed=5)[0] == generate(model, tok, prompts, sampling, n=3, seed=5)[0]
+
+
+def test_top_p_keeps_the_nucleus(loaded):
+    model, tok = loaded
+    prompts = render(tok, [[{"role": "user", "content": r["prompt"]}] for r in ROWS])
+    greedy = generate(model, tok, prompts, SamplingParams(temperature=0, max_new_tokens=6))
+    nucleus = generate(model, tok, prompts, SamplingParams(temperature=1.0, top_p=1e-6, max_new_tokens=6), n=2, seed=3)
+    assert all(s == g[0] for g, x in zip(greedy, nucleus) for s in x)  # only the top token survives
 
 
 def test_greedy_with_several_samples_is_refused(loaded):
