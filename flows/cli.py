@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.markdown import Markdown
 
-from rung import compat, config, layout
+from rung import config, layout, preflight
 from rung.errors import InputError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="rung: reproducible RL post-training for reasoning.")
@@ -18,10 +18,11 @@ console = Console()
 
 @app.command()
 def validate(params_file: Path = typer.Argument(layout.PARAMS, help="params file to check")) -> None:
-    """Check a params file against the schema; one line naming the key on error (exit 2)."""
+    """Check a params file against the schema and preflight it (sources, tasks, models, rewards,
+    launch); one line naming the key or file on error (exit 2)."""
     try:
         params = config.load(params_file)
-        compat.check()
+        preflight.check(params)
     except InputError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None

@@ -8,16 +8,15 @@ from typing import Any
 import mlflow
 from prefect import get_run_logger
 
-from rung import compat, config, health, io, layout, tracking
+from rung import config, health, io, layout, preflight, tracking
 from rung.errors import InputError
 
 
 def main(flow: Callable[..., Any], *args: str) -> None:
-    """Entry of `python -m flows.<stage>`: params.yaml is validated before any compute, and input
-    errors end with one line naming the key, file or field and exit code 2."""
+    """Entry of `python -m flows.<stage>`: params.yaml is validated and preflighted (rung.preflight)
+    before any compute, and input errors end with one line naming the key, file or field and exit code 2."""
     try:
-        config.load(layout.PARAMS)
-        compat.check()
+        preflight.check(config.load(layout.PARAMS))
         flow(*args)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -26,7 +26,7 @@ from prefect.artifacts import create_markdown_artifact
 from rich.console import Console
 
 from flows.stage import main
-from rung import compare, config, layout
+from rung import compare, config, layout, preflight
 from rung.errors import InputError
 from tasks import dvc
 
@@ -61,7 +61,7 @@ def experiments(grid: dict[str, list[Any]], prefix: str, params_file: str | Path
     base = yaml.safe_load(Path(params_file).read_text())
     todo = {f"{prefix}-{i}": point for i, point in enumerate(points(grid), start=1)}
     for exp, point in todo.items():
-        config.parse(_with(base, point), f"{params_file} with {exp} {point}")
+        preflight.check(config.parse(_with(base, point), f"{params_file} with {exp} {point}"))
     return todo
 
 

@@ -107,11 +107,19 @@ def difficulty_label(row: Row) -> str:
     return "unknown"
 
 
+def load_eval_source(src: Source, seed: int) -> tuple[list[Row], dict[str, int]]:
+    """`load_source` for an eval set: its errors name eval.sets.<name>, not curate.sources.<name>."""
+    try:
+        return load_source(src, seed)
+    except InputError as e:  # the loaders name the curate section; one rewrite here beats a key argument through each
+        raise InputError(str(e).replace(f"curate.sources.{src.name}", f"eval.sets.{src.name}", 1)) from None
+
+
 def eval_sets(params: EvalParams, seed: int) -> dict[str, list[Row]]:
     """The extra eval sets of params.eval.sets, verified and deduplicated, by name."""
     out = {}
     for src in params.sets:
-        rows, _ = load_source(src, seed)
+        rows, _ = load_eval_source(src, seed)
         rows, _ = filters.unverifiable(rows, verifiable)
         rows, _ = filters.exact_duplicates(rows)
         if not rows:

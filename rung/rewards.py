@@ -140,7 +140,7 @@ def load_custom(path: str, key: str) -> Callable[..., Any]:
     return obj
 
 
-def build(stage: RLStageParams, fmt: FormatParams, key: str = "rl.stages.<name>.rewards") -> tuple[list[Guarded], list[float]]:
+def build(stage: RLStageParams, fmt: FormatParams, key: str) -> tuple[list[Guarded], list[float]]:
     """Reward functions in params order and their weights (for GRPOConfig.reward_weights)."""
     funcs = []
     for name, spec in stage.rewards.items():

@@ -49,17 +49,17 @@ _PASSTHROUGH = (
 )
 
 
-def trl_config(stage: RLStageParams, weights: list[float], seed: int, work_dir: Path, dtype: str = "float32") -> GRPOConfig | RLOOConfig:
+def trl_config(stage: RLStageParams, weights: list[float], seed: int, work_dir: Path, dtype: str = "float32", key: str = "rl.stages.main") -> GRPOConfig | RLOOConfig:
     """TRL's GRPOConfig (or RLOOConfig) from a stage's params; TRL's own names pass straight through."""
     cls = RLOOConfig if stage.algorithm == "rloo" else GRPOConfig
     fields = {f.name for f in dataclasses.fields(cls)}
     explicit = stage.model_fields_set
     unsupported = sorted(k for k in _PASSTHROUGH if k not in fields and k in explicit)
     if unsupported:
-        raise InputError(f"rl.stages: {unsupported} are not settings of TRL's {cls.__name__} (algorithm {stage.algorithm})")
+        raise InputError(f"{key}: {unsupported} are not settings of TRL's {cls.__name__} (algorithm {stage.algorithm})")
     unknown = sorted(set(stage.trl) - fields)
     if unknown:
-        raise InputError(f"rl.stages.trl: {unknown} are not fields of TRL's {cls.__name__}")
+        raise InputError(f"{key}.trl: {unknown} are not fields of TRL's {cls.__name__}")
     return cls(
         **common_args(seed, work_dir, dtype, stage.save_steps),
         **{k: getattr(stage, k) for k in _PASSTHROUGH if k in fields},
@@ -221,11 +221,11 @@ CURVES = {
 TRACKED_PREFIXES = ("curriculum/", "accuracy_by_bucket/")
 
 
-def select(rows: list[dict[str, Any]], stage: RLStageParams) -> list[dict[str, Any]]:
+def select(rows: list[dict[str, Any]], stage: RLStageParams, key: str = "rl.stages.main") -> list[dict[str, Any]]:
     """The stage's training prompts: all filtered rows, or those of its difficulty buckets."""
     chosen = rows if stage.buckets is None else [r for r in rows if r.get("bucket") in stage.buckets]
     if len(chosen) < stage.prompts_per_step:
-        raise InputError(f"rl.stages.buckets: {len(chosen)} prompts in {stage.buckets}, fewer than prompts_per_step={stage.prompts_per_step}")
+        raise InputError(f"{key}.buckets: {len(chosen)} prompts in {stage.buckets}, fewer than prompts_per_step={stage.prompts_per_step}")
     return chosen
 
 
@@ -234,12 +234,12 @@ def train(job: RLJob, callbacks: list[Any] | None = None) -> JobResult:
     the model lands in work_dir/final and (main process) the per-step curves at `job.curves`."""
     compat.check()
     stage, model_dir, work_dir = job.params, job.init, job.work_dir
-    rows = select(io.read_jsonl(job.data), stage)
+    rows = select(io.read_jsonl(job.data), stage, job.key)
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=job.dtype)
-    funcs, weights = rewards.build(stage, job.format)
+    funcs, weights = rewards.build(stage, job.format, f"{job.key}.rewards")
     cls = RLOO if stage.algorithm == "rloo" else GRPO
-    trainer = cls(model=model, reward_funcs=funcs, args=trl_config(stage, weights, job.seed, work_dir, job.dtype), train_dataset=prompts(rows, job.format),
+    trainer = cls(model=model, reward_funcs=funcs, args=trl_config(stage, weights, job.seed, work_dir, job.dtype, job.key), train_dataset=prompts(rows, job.format),
                   processing_class=tok, callbacks=[*job.trainer_callbacks(), *(callbacks or [])])
     trainer.setup_curriculum(curriculum.build(rows, stage.curriculum, buckets=job.buckets, max_steps=stage.max_steps, seed=job.seed), rows, stage.dynamic_sampling)
     result = trainer.train(resume_from_checkpoint=job.resume)

@@ -48,7 +48,7 @@ def flaky(completions, **_):
 
 def test_build_custom_reward_and_isolate_failures():
     stage = RLStageParams.model_validate({"rewards": {"accuracy": 1.0, "flaky": {"weight": 0.5, "import": "tests.test_rewards:flaky"}}})
-    funcs, weights = build(stage, FMT)
+    funcs, weights = build(stage, FMT, key="rl.stages.main.rewards")
     assert [f.__name__ for f in funcs] == ["accuracy", "flaky"] and weights == [1.0, 0.5]
     logged = []
     scores = funcs[1]([_conv("ab"), _conv("a"), _conv("abc")], log_metric=lambda k, v: logged.append((k, v)), **_cols(3))

@@ -1,0 +1,98 @@
+"""Everything about an experiment that can be checked without training, checked before any compute:
+by `rung validate`, `make demo` / `make pipeline`, the start of every stage, and before a sweep is
+queued. Each failure is one InputError naming the params key (with the stage's real name) or file."""
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from rung import compat, data, launch, rewards
+from rung.config import FileSource, HFSource, Params, ReasoningGymSource, Source
+from rung.errors import InputError
+from rung.generation import require_vllm
+from rung.models import EMBEDDED
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+
+
+def check(params: Params) -> None:
+    """Raise InputError at the first thing that would make a stage fail on its input."""
+    compat.check()
+    _model(params.model.source, "model.source")
+    for src in params.curate.sources:
+        _source(src, f"curate.sources.{src.name}", params.seed, data.load_source)
+    for src in params.eval.sets:
+        _source(src, f"eval.sets.{src.name}", params.seed, data.load_eval_source)
+    for trace in params.sft.traces:
+        model = getattr(trace, "model", "base")
+        if model != "base":
+            _model(model, "sft.traces.model")
+    if params.generation.backend == "vllm":
+        require_vllm("generation.backend")
+    launch.check(params.sft.launch, "sft.launch")
+    for name, stage in params.rl.stages.items():
+        key = f"rl.stages.{name}"
+        launch.check(stage.launch, f"{key}.launch")
+        if stage.use_vllm:
+            require_vllm(f"{key}.use_vllm")
+        for reward, spec in stage.rewards.items():
+            if spec.import_path is not None:
+                _reward(spec.import_path, bool(spec.args), f"{key}.rewards.{reward}")
+
+
+def _model(source: str, key: str) -> None:
+    """A local model directory needs a config and a tokenizer; a hub id must be cached when offline."""
+    if source == EMBEDDED:
+        return
+    path = Path(source).expanduser()
+    if path.suffix == ".gguf" or source.startswith((".", "/", "~")) or path.exists():
+        if path.suffix == ".gguf":
+            if not path.is_file():
+                raise InputError(f"{key}: GGUF file not found: {source}")
+            return
+        if not path.is_dir():
+            raise InputError(f"{key}: directory not found: {source}")
+        if not (path / "config.json").is_file():
+            raise InputError(f"{key}: {source} has no config.json (not a Hugging Face model directory)")
+        if not any((path / f).is_file() for f in TOKENIZER_FILES):
+            raise InputError(f"{key}: {source} has no tokenizer ({' / '.join(TOKENIZER_FILES)})")
+        return
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        from huggingface_hub import try_to_load_from_cache
+
+        if not isinstance(try_to_load_from_cache(source, "config.json"), str):
+            raise InputError(f"{key}: {source!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE=1")
+
+
+def _source(src: Source, key: str, seed: int, load: Callable[[Source, int], object]) -> None:
+    """A reasoning-gym task must exist and accept its config; a file source must exist, be non-empty,
+    parse and have the mapped columns (read whole: the loader's own checks, with the same messages)."""
+    if isinstance(src, ReasoningGymSource):
+        load(src.model_copy(update={"size": 1}), seed)
+    elif isinstance(src, FileSource):
+        path = Path(src.path)
+        if not path.is_file():
+            raise InputError(f"{key}.path: {src.path} not found")
+        if path.stat().st_size == 0:
+            raise InputError(f"{key}.path: {src.path} is empty")
+        load(src, seed)
+    elif isinstance(src, HFSource) and Path(src.dataset).expanduser().exists():
+        load(src, seed)  # a local directory; hub datasets are checked when the stage loads them
+
+
+def _reward(path: str, factory: bool, key: str) -> None:
+    """A custom reward resolves to a callable that takes the completions (or, with args, a factory)."""
+    func = rewards.load_custom(path, key)
+    if factory:
+        return
+    try:
+        params = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):
+        return  # builtins and C callables: nothing to inspect
+    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params)
+    names = {p.name for p in params}
+    if not takes_kwargs and not names & {"completions", "completion_ids", "prompts"}:
+        raise InputError(f"{key}.import: {path!r} must accept completions (TRL calls reward(prompts=, completions=, completion_ids=, **columns))")
+

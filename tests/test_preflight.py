@@ -1,0 +1,86 @@
+"""A catalogue of bad inputs, each refused by `rung validate` before any compute: exit code 2, one
+line naming the key (with the stage's real name) or the file, and data/ untouched."""
+from __future__ import annotations
+
+import copy
+import time
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from flows.cli import app
+from rung import io
+
+
+def _set(params: dict, key: str, value) -> None:
+    """Set a dotted key; a numeric part is a list position."""
+    *parents, leaf = key.split(".")
+    node = params
+    for p in parents:
+        node = node[int(p)] if p.isdigit() else node[p]
+    node[leaf] = value
+
+
+def _reward_not_taking_completions(answer):  # used by a case below through its import path
+    return [0.0]
+
+
+CASES = {
+    # (edits as (dotted key, value); the start of the expected one-line error)
+    "unknown key": ([("rl.stages.main.learning_rat", 1e-6)], "error: params.yaml: rl.stages.main.learning_rat"),
+    "wrong type": ([("sft.max_steps", "many")], "error: params.yaml: sft.max_steps"),
+    "negative learning rate": ([("rl.stages.main.learning_rate", -1.0)], "error: params.yaml: rl.stages.main.learning_rate"),
+    "window min > max": ([("difficulty.pass_rate_min", 0.9), ("difficulty.pass_rate_max", 0.1)], "error: params.yaml: difficulty"),
+    "no RL stage": ([("rl.stages", {})], "error: params.yaml: rl.stages"),
+    "init of an unknown stage": ([("rl.stages.main.init", "rl/nope")], "error: params.yaml: rl.stages.main.init"),
+    "uneven prompts over processes": ([("rl.stages.main.prompts_per_step", 3), ("rl.stages.main.launch", {"num_processes": 2})],
+                                      "error: params.yaml: rl.stages.main"),
+    "empty source file": ([("curate.sources", [{"name": "mine", "type": "file", "path": "empty.jsonl"}])], "error: curate.sources.mine.path: empty.jsonl is empty"),
+    "missing source file": ([("curate.sources", [{"name": "mine", "type": "file", "path": "nope.jsonl"}])], "error: curate.sources.mine.path: nope.jsonl not found"),
+    "source without its answer column": ([("curate.sources", [{"name": "mine", "type": "file", "path": "noanswer.jsonl"}])],
+                                         "error: curate.sources.mine.columns.answer"),
+    "unknown reasoning-gym task": ([("curate.sources.0.task", "no_such_task")], "error: curate.sources.arith_easy.task: unknown reasoning-gym task"),
+    "config a task rejects": ([("curate.sources.0.config", {"min_terms": 5, "max_terms": 2})], "error: curate.sources.arith_easy.config"),
+    "eval set of an unknown task": ([("eval.sets.0.task", "no_such_task")], "error: eval.sets.chain_sum_4terms.task"),
+    "model path that does not exist": ([("model.source", "./no/such/model")], "error: model.source: directory not found"),
+    "model dir without a tokenizer": ([("model.source", "./half_model")], "error: model.source: ./half_model has no tokenizer"),
+    "teacher that does not exist": ([("sft.traces", [{"type": "distill", "model": "./no/teacher"}])], "error: sft.traces.model: directory not found"),
+    "reward import that fails": ([("rl.stages.main.rewards", {"mine": {"import": "no_such_module:f"}})],
+                                 "error: rl.stages.main.rewards.mine.import: cannot load 'no_such_module:f'"),
+    "reward without completions": ([("rl.stages.main.rewards", {"mine": {"import": "tests.test_preflight:_reward_not_taking_completions"}})],
+                                   "error: rl.stages.main.rewards.mine.import: 'tests.test_preflight:_reward_not_taking_completions' must accept completions"),
+    "FSDP without CUDA": ([("rl.stages.main.launch", {"num_processes": 2, "accelerate_config": "fsdp"})],
+                          "error: rl.stages.main.launch.accelerate_config: fsdp.yaml (FSDP / DeepSpeed) needs CUDA GPUs"),
+    "vllm without a GPU": ([("generation.backend", "vllm")], "error: generation.backend: vllm"),
+}
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty.jsonl").write_text("")
+    io.write_jsonl(tmp_path / "noanswer.jsonl", [{"prompt": "1 + 1?", "solution": "2"}])
+    (tmp_path / "half_model").mkdir()
+    (tmp_path / "half_model" / "config.json").write_text("{}")
+    io.write_jsonl(tmp_path / "data" / "curated" / "train.jsonl", [{"id": "x"}])  # earlier outputs
+    return tmp_path
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="some cases are what a CPU-only machine rejects")
+def test_each_bad_input_is_refused_in_one_line_before_any_compute(workdir, default_params):
+    runner = CliRunner()
+    before = io.md5(workdir / "data")
+    start = time.perf_counter()
+    for name, (edits, expected) in CASES.items():
+        params = copy.deepcopy(default_params)
+        for key, value in edits:
+            _set(params, key, value)
+        (workdir / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+        res = runner.invoke(app, ["validate", "params.yaml"])
+        lines = res.output.strip().splitlines()
+        assert res.exit_code == 2, (name, res.output)
+        assert len(lines) == 1 and lines[0].startswith(expected), (name, lines)
+    print(f"{len(CASES)} bad inputs refused in {time.perf_counter() - start:.1f} s")  # reported, not asserted
+    assert io.md5(workdir / "data") == before
+    assert len(CASES) >= 15
