@@ -10,6 +10,7 @@ import contextlib
 import importlib.metadata
 import os
 import re
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,13 +62,43 @@ def versions() -> dict[str, str]:
     return out
 
 
+OWNER_TAG = "rung.owner"  # '<host>:<pid>-<start time>' of the process that closes the run
+
+
+def _owner(proc: psutil.Process | None = None) -> str:
+    proc = proc or psutil.Process()
+    return f"{socket.gethostname()}:{proc.pid}-{proc.create_time():.0f}"
+
+
+def close_orphans(experiment_id: str) -> list[str]:
+    """Mark KILLED the RUNNING runs whose owner process, on this host, is gone (a killed stage or
+    `dvc repro`): a resumed stage then starts a new run and no run stays RUNNING for ever."""
+    host = socket.gethostname()
+    client = mlflow.MlflowClient()
+    closed = []
+    for run in client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=1000):
+        owner = run.data.tags.get(OWNER_TAG, "")
+        where, _, ident = owner.rpartition(":")
+        if where != host or not ident:
+            continue
+        pid, _, started = ident.partition("-")
+        try:
+            alive = f"{psutil.Process(int(pid)).create_time():.0f}" == started
+        except psutil.Error:
+            alive = False
+        if not alive:
+            client.set_terminated(run.info.run_id, "KILLED")
+            closed.append(run.info.run_id)
+    return closed
+
+
 def _dvc_invocation() -> str | None:
     """'<pid>-<start time>' of the `dvc` process running this stage, if any."""
     try:
         for proc in psutil.Process().parents():
             cmd = proc.cmdline()
             if any(Path(a).name == "dvc" for a in cmd[:2]) or cmd[1:3] == ["-m", "dvc"]:
-                return f"{proc.pid}-{proc.create_time():.0f}"
+                return _owner(proc)
     except psutil.Error:
         return None
     return None
@@ -76,7 +107,8 @@ def _dvc_invocation() -> str | None:
 def start_parent(params: Params, name: str = "pipeline", key: str | None = None) -> Run:
     """Start (and leave open) a parent run for one pipeline execution."""
     experiment_id = setup(params)
-    tags = {"rung.role": "pipeline", "git.commit": git_commit(), **versions()}
+    close_orphans(experiment_id)
+    tags = {"rung.role": "pipeline", "git.commit": git_commit(), OWNER_TAG: key or _owner(), **versions()}
     if key:
         tags["rung.pipeline_key"] = key
     if os.environ.get("DVC_EXP_NAME"):
@@ -104,9 +136,10 @@ def _parent_id(params: Params) -> str:
 @contextlib.contextmanager
 def stage_run(stage: str, params: Params, logged: dict[str, Any], inputs: dict[str, Path]) -> Iterator[Run]:
     """A child run for `stage` under the pipeline's parent, with params, tags and input md5s."""
-    setup(params)
+    close_orphans(setup(params))
     parent = _parent_id(params)
     tags = {
+        OWNER_TAG: _owner(),
         "rung.role": "stage",
         "dvc.stage": os.environ.get("DVC_STAGE", stage),
         "git.commit": git_commit(),

@@ -236,6 +236,10 @@ def test_killed_stage_resumes_from_its_last_checkpoint(workspace, prefect_server
     last = max((r for r in _runs(ws) if r.info.run_name == stage), key=lambda r: r.info.start_time)
     history = mlflow.MlflowClient().get_metric_history(last.info.run_id, "loss")
     assert sorted(m.step for m in history) == list(range(int(resumed.group(1)) + 1, 31))  # only the steps after it ran
+    # the killed stage's run was closed as KILLED by the rerun; no run is left RUNNING
+    runs = _runs(ws)
+    assert not [r.info.run_name for r in runs if r.info.status == "RUNNING"]
+    assert stage in {r.info.run_name for r in runs if r.info.status == "KILLED"}
 
 
 def test_zero_rl_skips_sft_and_starts_from_base(workspace):
