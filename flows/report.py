@@ -37,8 +37,8 @@ def report(params_file: str = str(layout.PARAMS)) -> str:
         mlflow.log_artifact(str(layout.HTML_REPORT))
         parent = mlflow.get_run(run.info.run_id).data.tags.get("mlflow.parentRunId")
         if parent:
-            greedy, sampled = rep.comparison_rows(compared)
-            tracking.log_tables(parent, {"paired_greedy.json": (rep.GREEDY_HEADER, greedy), "paired_sampled.json": (rep.SAMPLED_HEADER, sampled)})
+            (greedy, sampled), (greedy_header, sampled_header) = rep.comparison_rows(compared), rep.headers(compared)
+            tracking.log_tables(parent, {"paired_greedy.json": (greedy_header, greedy), "paired_sampled.json": (sampled_header, sampled)})
             mlflow.MlflowClient().log_text(parent, rep.paired_markdown(compared), "paired_comparisons.md")
         create_markdown_artifact(markdown=text, key="rung-report", description="held-out results of every checkpoint, with paired comparisons")
         print(text)

@@ -239,7 +239,9 @@ def render(evals: Mapping[str, Mapping[str, Any]], reward_curves: Mapping[str, S
              "pass@k per checkpoint: the chance that at least one of k samples is correct "
              "(unbiased estimator of Chen et al. 2021)."),
             ("plot-by-source", _by_source_plot(evals, colors), "Held-out accuracy per task source and checkpoint."),
-            ("plot-reward", _reward_plot(reward_curves or {}), "Mean reward per logged training step of each RL stage."),
+            ("plot-reward", _reward_plot(reward_curves or {}),
+             "Mean reward per logged training step of each RL stage: of the groups trained on, and, with dynamic sampling, "
+             "of all generated groups (zero-variance groups included)."),
         ]
         figures = [_figure(fig_id, _svg(fig, fig_id), caption) for fig_id, fig, caption in plots if fig is not None]
     tables = [_headline(evals), *(_extra(t) for t in extra)]

@@ -47,7 +47,10 @@ def rl_summary(stage: Any, metrics: dict[str, Any]) -> dict[str, str]:
         "recipe": f"{stage.algorithm}, {stage.preset or 'custom'}: {stage.loss_type} loss, clip {stage.epsilon}/{stage.epsilon_high or stage.epsilon}, beta {stage.beta}",
         "curriculum": stage.curriculum.type + (f" + dynamic sampling ({ds.max_rounds} rounds)" if ds else ""),
         "steps": f"{metrics.get('steps', 0):.0f} x {stage.prompts_per_step} prompts x {stage.num_generations}, lr {stage.learning_rate:g}",
-        "zero-variance groups": f"{metrics.get('frac_reward_zero_std', float('nan')):.2f} generated, {metrics.get('frac_zero_std_trained', float('nan')):.2f} trained",
+        "zero-variance groups": f"{metrics.get('frac_reward_zero_std', float('nan')):.2f} generated, {metrics.get('frac_zero_std_trained', float('nan')):.2f} trained"
+        + (f"; {metrics.get('dropped_share', 0.0):.2f} of generated groups dropped, {metrics.get('extra_generations', 0.0):.0f} extra completions" if ds else ""),
+        "last reward": f"{metrics.get('reward_last', float('nan')):.3f} trained on"
+        + (f", {metrics['reward_generated_last']:.3f} all generated" if ds and "reward_generated_last" in metrics else ""),
     }
 
 
@@ -95,9 +98,11 @@ def _p(p: float) -> str:
     return "< 0.001" if p < 0.001 else f"{p:.3f}" if p < 0.1 else f"{p:.2f}"
 
 
-GREEDY_HEADER = ["comparison (new vs old)", "eval set", "prompts", "accuracy old → new", "difference [CI], points",
-                 "right → wrong", "wrong → right", "exact McNemar p", "verdict"]
-SAMPLED_HEADER = ["comparison (new vs old)", "eval set", "prompts", "metric", "old → new", "difference [CI], points", "verdict"]
+def headers(result: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """Column names of the (greedy, sampled) paired tables."""
+    diff = f"difference, points [{100 * result['confidence']:g}% CI]"
+    return (["comparison (new vs old)", "eval set", "prompts", "accuracy old → new", diff, "right → wrong", "wrong → right", "exact McNemar p", "verdict"],
+            ["comparison (new vs old)", "eval set", "prompts", "metric", "old → new", diff, "verdict"])
 
 
 def comparison_rows(result: dict[str, Any]) -> tuple[list[list[str]], list[list[str]]]:
@@ -139,9 +144,11 @@ def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
 def paired_markdown(result: dict[str, Any]) -> str:
     """The paired comparisons as a markdown section (also the MLflow artifact of the parent run)."""
     greedy, sampled = comparison_rows(result)
-    lines = ["## Paired comparisons", "", *explanation(result), "", "Greedy accuracy:", "", *_md_table(GREEDY_HEADER, greedy)]
+    greedy_header, sampled_header = headers(result)
+    first, second = explanation(result)
+    lines = ["## Paired comparisons", "", first, "", second, "", "Greedy accuracy:", "", *_md_table(greedy_header, greedy)]
     if sampled:
-        lines += ["", "Sampled (avg@n, pass@n):", "", *_md_table(SAMPLED_HEADER, sampled)]
+        lines += ["", "Sampled (avg@n, pass@n):", "", *_md_table(sampled_header, sampled)]
     return "\n".join(lines) + "\n"
 
 
@@ -176,13 +183,16 @@ def html(evals: dict[str, dict[str, Any]], reward_curves: dict[str, list[dict[st
          compared: dict[str, Any] | None = None) -> None:
     """The self-contained HTML report (tables and inline SVG plots)."""
     curves = {name: [(int(c["step"]), c["reward"]) for c in points] for name, points in reward_curves.items()}
+    for name, points in reward_curves.items():  # with dynamic sampling the reward of all generated groups differs
+        if any(c.get("reward_generated", c["reward"]) != c["reward"] for c in points):
+            curves[f"{name} (all generated)"] = [(int(c["step"]), c["reward_generated"]) for c in points if "reward_generated" in c]
     tables = []
     if compared and compared["comparisons"]:
         greedy, sampled = comparison_rows(compared)
-        notes = explanation(compared)
-        tables.append(html_report.Extra("paired", "Paired comparisons: greedy accuracy (same prompts)", GREEDY_HEADER, greedy, notes))
+        greedy_header, sampled_header = headers(compared)
+        tables.append(html_report.Extra("paired", "Paired comparisons: greedy accuracy (same prompts)", greedy_header, greedy, explanation(compared)))
         if sampled:
-            tables.append(html_report.Extra("paired-sampled", "Paired comparisons: avg@n and pass@n (same prompts)", SAMPLED_HEADER, sampled, []))
+            tables.append(html_report.Extra("paired-sampled", "Paired comparisons: avg@n and pass@n (same prompts)", sampled_header, sampled, []))
     html_report.write(path, {name: headline(m) for name, m in evals.items()}, curves, title="rung results", settings=settings, extra=tables)
 
 
