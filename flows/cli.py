@@ -31,7 +31,7 @@ def validate(params_file: Path = typer.Argument(layout.PARAMS, help="params file
 
 @app.command()
 def table(report: Path = typer.Argument(layout.REPORT, help="report written by the report stage")) -> None:
-    """Print the results table of the last pipeline run."""
+    """Print the results of the last pipeline run: every checkpoint, and the paired comparisons."""
     if not report.is_file():
         typer.echo(f"error: {report}: not found; run `dvc repro` first", err=True)
         raise typer.Exit(2)
@@ -43,12 +43,16 @@ def compare(
     ids: list[str] = typer.Argument(None, help="MLflow run ids, or DVC experiment names with --dvc; none: the most recent"),
     dvc: bool = typer.Option(False, "--dvc", help="compare DVC experiments (dvc exp show) instead of MLflow runs"),
     keys: str = typer.Option("*", "--keys", "-k", help="glob over param/metric keys, e.g. '*accuracy*'"),
-    name: str = typer.Option("eval@*", "--name", help="MLflow run-name glob when no ids are given"),
+    name: str = typer.Option("eval@*", "--name", help="MLflow run-name glob when no ids are given; 'report' for the paired comparisons (keys paired/*)"),
     last: int = typer.Option(3, "--last", help="how many recent MLflow runs when no ids are given"),
     all_rows: bool = typer.Option(False, "--all", help="show keys whose values are equal too"),
     params_file: Path = typer.Option(layout.PARAMS, "--params", help="params file naming the MLflow store"),
 ) -> None:
-    """Print MLflow runs or DVC experiments side by side (keys whose values differ)."""
+    """Print MLflow runs or DVC experiments side by side (keys whose values differ).
+
+    Paired comparisons of checkpoints are metrics of the report run (MLflow) and of
+    data/reports/comparisons.json (DVC): `rung compare --name report --keys 'paired/*test*'`,
+    `rung compare --dvc --keys '*comparisons.json:*test*'`."""
     from mlflow.exceptions import MlflowException
 
     from rung import compare as cmp, tracking

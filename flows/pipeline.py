@@ -57,7 +57,7 @@ def pipeline(params_file: str = str(layout.PARAMS)) -> list[str]:
     params = config.load(params_file)
     log = get_run_logger()
     with dvc.workspace_lock():
-        parent = tracking.start_parent(params, name="pipeline").info.run_id
+        parent = tracking.start_parent(params, invocation="pipeline").info.run_id
         os.environ[tracking.PARENT_ENV] = parent  # inherited by the stage processes
         ran, status = [], "FAILED"
         try:

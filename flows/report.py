@@ -1,5 +1,8 @@
-"""Stage `report`: every checkpoint side by side (markdown, HTML, Prefect artifact, MLflow)."""
+"""Stage `report`: every checkpoint side by side, with paired comparisons (markdown, HTML, DVC
+metrics file, Prefect artifact, MLflow: metrics of the report run, a table on the parent run)."""
 from __future__ import annotations
+
+from typing import Any
 
 import mlflow
 from prefect import flow
@@ -9,19 +12,36 @@ from flows.stage import main
 from rung import config, io, layout, report as rep, tracking
 
 
+def _numeric(tree: Any) -> Any:
+    """Booleans (significant or not) as 1/0, so that MLflow keeps them as metrics."""
+    if isinstance(tree, dict):
+        return {k: _numeric(v) for k, v in tree.items()}
+    return int(tree) if isinstance(tree, bool) else tree
+
+
 @flow(name="report")
 def report(params_file: str = str(layout.PARAMS)) -> str:
     params = config.load(params_file)
-    with tracking.stage_run("report", params, logged={"checkpoints": params.checkpoints}, inputs={}):
+    with tracking.stage_run("report", params, logged={"checkpoints": params.checkpoints}, inputs={}) as run:
         evals = {c: io.read_json(layout.metrics(f"eval-{layout.checkpoint_slug(c)}")) for c in params.checkpoints}
         curves = {f"rl/{name}": io.read_json(layout.plot("rl", name)) for name in params.rl.stages}
         rl = {name: rep.rl_summary(s, io.read_json(layout.metrics(f"rl-{name}"))) for name, s in params.rl.stages.items()}
         settings = {"seed": params.seed, "model": params.model.source, "git commit": tracking.git_commit()[:12]}
+        boot = params.eval.bootstrap
+        compared = rep.comparisons(rep.pairs({n: s.init for n, s in params.rl.stages.items()}), boot.confidence, boot.resamples, params.seed)
         warnings = [w for path in sorted(layout.METRICS.glob("*.json")) if isinstance(m := io.read_json(path), dict) for w in m.get("warnings", [])]
-        text = rep.run(evals, curves, rl, settings, warnings)
+        text = rep.run(evals, curves, rl, settings, compared, warnings)
+        # The comparisons file is the stage's DVC metrics; the same numbers (significance as 0/1) on its MLflow run.
+        tracking.log_metrics(_numeric(compared["comparisons"]), prefix="paired")
+        mlflow.log_artifact(str(rep.COMPARISONS))
         mlflow.log_artifact(str(layout.REPORT))
         mlflow.log_artifact(str(layout.HTML_REPORT))
-        create_markdown_artifact(markdown=text, key="rung-report", description="held-out results of every checkpoint")
+        parent = mlflow.get_run(run.info.run_id).data.tags.get("mlflow.parentRunId")
+        if parent:
+            (greedy, sampled), (greedy_header, sampled_header) = rep.comparison_rows(compared), rep.headers(compared)
+            tracking.log_tables(parent, {"paired_greedy.json": (greedy_header, greedy), "paired_sampled.json": (sampled_header, sampled)})
+            mlflow.MlflowClient().log_text(parent, rep.paired_markdown(compared), "paired_comparisons.md")
+        create_markdown_artifact(markdown=text, key="rung-report", description="held-out results of every checkpoint, with paired comparisons")
         print(text)
     return text
 

@@ -11,7 +11,7 @@ import io
 import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import matplotlib
 import numpy as np
@@ -48,6 +48,7 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: now
 figure.plot { margin: 0.5rem 0 2rem; }
 figure.plot svg { width: 100%; max-width: 760px; height: auto; display: block; }
 figcaption { color: #444; font-size: 0.9rem; margin-top: 0.3rem; }
+p.note { color: #444; font-size: 0.9rem; max-width: 52rem; margin: -1rem 0 1.5rem; }
 """
 
 
@@ -65,6 +66,25 @@ _HEADLINE: list[tuple[str, str, Callable[[Any], str], bool]] = [
     ("truncation_rate", "truncated", _pct, True),
     ("n", "prompts", str, True),
 ]
+
+
+class Extra(NamedTuple):
+    """A table given as text, shown after the headline table: cells that start with a digit, a
+    sign or '< digit' are right-aligned numbers; notes are paragraphs under it."""
+
+    table_id: str
+    caption: str
+    header: Sequence[str]
+    rows: Sequence[Sequence[str]]
+    notes: Sequence[str]
+
+
+_NUMERIC = re.compile(r"^([0-9+\-−]|< ?[0-9])")
+
+
+def _extra(t: Extra) -> str:
+    body = [[(_e(c), bool(_NUMERIC.match(c))) for c in row] for row in t.rows]
+    return "\n".join([_table(t.table_id, t.caption, t.header, body), *(f'<p class="note">{_e(n)}</p>' for n in t.notes)])
 
 
 def _e(value: Any) -> str:
@@ -203,14 +223,16 @@ def _figure(fig_id: str, svg: str, caption: str) -> str:
 
 
 def render(evals: Mapping[str, Mapping[str, Any]], reward_curves: Mapping[str, Sequence[tuple[int, float]]] | None = None,
-           *, title: str = "rung results", settings: Mapping[str, Any] | None = None, warnings: Sequence[str] = ()) -> str:
+           *, title: str = "rung results", settings: Mapping[str, Any] | None = None, extra: Sequence[Extra] = (),
+           warnings: Sequence[str] = ()) -> str:
     """The whole HTML document.
 
     evals maps checkpoint name to its metrics (keys accuracy, format_rate, mean_tokens,
     truncation_rate, n; optionally accuracy_lenient, accuracy_ci [lo, hi], pass_at_k {"k": v},
     accuracy_by_source {source: v}, sampling {name: value}), in the order the rows should have;
     reward_curves maps RL stage name to (step, mean reward) points; settings is shown as a table;
-    warnings (rung.health) are listed above everything else.
+    extra tables (e.g. the paired comparisons) follow the headline table; warnings (rung.health)
+    are listed above everything else.
     """
     colors = {name: f"C{i % 10}" for i, name in enumerate(evals)}  # one colour per checkpoint in every plot
     with matplotlib.rc_context(_RC):
@@ -219,10 +241,12 @@ def render(evals: Mapping[str, Mapping[str, Any]], reward_curves: Mapping[str, S
              "pass@k per checkpoint: the chance that at least one of k samples is correct "
              "(unbiased estimator of Chen et al. 2021)."),
             ("plot-by-source", _by_source_plot(evals, colors), "Held-out accuracy per task source and checkpoint."),
-            ("plot-reward", _reward_plot(reward_curves or {}), "Mean reward per logged training step of each RL stage."),
+            ("plot-reward", _reward_plot(reward_curves or {}),
+             "Mean reward per logged training step of each RL stage: of the groups trained on, and, with dynamic sampling, "
+             "of all generated groups (zero-variance groups included)."),
         ]
         figures = [_figure(fig_id, _svg(fig, fig_id), caption) for fig_id, fig, caption in plots if fig is not None]
-    tables = [_headline(evals)]
+    tables = [_headline(evals), *(_extra(t) for t in extra)]
     if _sources(evals):
         tables.append(_by_source(evals))
     if settings:
@@ -252,9 +276,10 @@ def render(evals: Mapping[str, Mapping[str, Any]], reward_curves: Mapping[str, S
 
 def write(path: str | Path, evals: Mapping[str, Mapping[str, Any]],
           reward_curves: Mapping[str, Sequence[tuple[int, float]]] | None = None,
-          *, title: str = "rung results", settings: Mapping[str, Any] | None = None, warnings: Sequence[str] = ()) -> Path:
+          *, title: str = "rung results", settings: Mapping[str, Any] | None = None, extra: Sequence[Extra] = (),
+          warnings: Sequence[str] = ()) -> Path:
     """Render the report and write it to path (parent directories created); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render(evals, reward_curves, title=title, settings=settings, warnings=warnings), encoding="utf-8")
+    path.write_text(render(evals, reward_curves, title=title, settings=settings, extra=extra, warnings=warnings), encoding="utf-8")
     return path

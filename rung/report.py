@@ -1,10 +1,15 @@
-"""The comparison of every evaluated checkpoint: headline rows, markdown and HTML reports."""
+"""The comparison of every evaluated checkpoint: headline rows, paired comparisons of
+checkpoints (rung.paired on the per-prompt eval records), markdown and HTML reports."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from rung import html_report, io, layout
+from rung import html_report, io, layout, paired
+
+# The paired comparisons: a DVC metrics file of the report stage (next to report.md, outside
+# data/metrics, which the stage depends on).
+COMPARISONS = layout.REPORTS / "comparisons.json"
 
 COLUMNS = [
     ("accuracy", "held-out accuracy"),
@@ -42,11 +47,113 @@ def rl_summary(stage: Any, metrics: dict[str, Any]) -> dict[str, str]:
         "recipe": f"{stage.algorithm}, {stage.preset or 'custom'}: {stage.loss_type} loss, clip {stage.epsilon}/{stage.epsilon_high or stage.epsilon}, beta {stage.beta}",
         "curriculum": stage.curriculum.type + (f" + dynamic sampling ({ds.max_rounds} rounds)" if ds else ""),
         "steps": f"{metrics.get('steps', 0):.0f} x {stage.prompts_per_step} prompts x {stage.num_generations}, lr {stage.learning_rate:g}",
-        "zero-variance groups": f"{metrics.get('frac_reward_zero_std', float('nan')):.2f} generated, {metrics.get('frac_zero_std_trained', float('nan')):.2f} trained",
+        "zero-variance groups": f"{metrics.get('frac_reward_zero_std', float('nan')):.2f} generated, {metrics.get('frac_zero_std_trained', float('nan')):.2f} trained"
+        + (f"; {metrics.get('dropped_share', 0.0):.2f} of generated groups dropped, {metrics.get('extra_generations', 0.0):.0f} extra completions" if ds else ""),
+        "last reward": f"{metrics.get('reward_last', float('nan')):.3f} trained on"
+        + (f", {metrics['reward_generated_last']:.3f} all generated" if ds and "reward_generated_last" in metrics else ""),
     }
 
 
-def markdown(evals: dict[str, dict[str, Any]], rl: dict[str, dict[str, str]] | None = None, warnings: list[str] | None = None) -> str:
+def pairs(rl_inits: dict[str, str]) -> list[tuple[str, str]]:
+    """(new, old) checkpoints to compare: sft against base, every RL stage against the checkpoint it
+    started from and against base; each pair once, in pipeline order."""
+    out = [("sft", "base")]
+    for name, init in rl_inits.items():
+        out += [(f"rl/{name}", init), (f"rl/{name}", "base")]
+    return list(dict.fromkeys(out))
+
+
+def _records(checkpoint: str, name: str) -> list[dict[str, Any]] | None:
+    path = layout.EVAL / layout.checkpoint_slug(checkpoint) / name
+    return io.read_jsonl(path) if path.is_file() else None
+
+
+def comparisons(pairs: list[tuple[str, str]], confidence: float, resamples: int, seed: int) -> dict[str, Any]:
+    """Paired comparisons of each (new, old) pair on every eval set both were evaluated on, from
+    the per-prompt records under data/eval: greedy accuracy (paired bootstrap, flips, exact
+    McNemar) and, where both have samples, avg@n and pass@k (paired bootstrap)."""
+    out: dict[str, Any] = {}
+    for new, old in pairs:
+        sets: dict[str, Any] = {}
+        names = sorted(p.stem for p in (layout.EVAL / layout.checkpoint_slug(new)).glob("*.jsonl") if not p.stem.endswith(".samples"))
+        for name in sorted(names, key=lambda n: (n != "test", n)):  # the held-out split first
+            greedy_old, greedy_new = _records(old, f"{name}.jsonl"), _records(new, f"{name}.jsonl")
+            if greedy_old is None or greedy_new is None:
+                continue
+            what = f"{new} vs {old} on {name}"
+            sets[name] = paired.compare_greedy(greedy_old, greedy_new, confidence, resamples, seed, what)
+            sampled_old, sampled_new = _records(old, f"{name}.samples.jsonl"), _records(new, f"{name}.samples.jsonl")
+            if sampled_old and sampled_new:
+                sets[name]["sampled"] = paired.compare_sampled(sampled_old, sampled_new, confidence, resamples, seed, f"{what} (samples)")
+        out[paired.key(new, old)] = {"new": new, "old": old, "sets": sets}
+    return {"level": paired.level(confidence), "confidence": confidence, "resamples": resamples, "seed": seed, "comparisons": out}
+
+
+def _points(v: float) -> str:
+    """A difference of fractions in percentage points, signed, with a true minus sign."""
+    return f"{100 * v:+.1f}".replace("-", "−")
+
+
+def _p(p: float) -> str:
+    return "< 0.001" if p < 0.001 else f"{p:.3f}" if p < 0.1 else f"{p:.2f}"
+
+
+def headers(result: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """Column names of the (greedy, sampled) paired tables."""
+    diff = f"difference, points [{100 * result['confidence']:g}% CI]"
+    return (["comparison (new vs old)", "eval set", "prompts", "accuracy old → new", diff, "right → wrong", "wrong → right", "exact McNemar p", "verdict"],
+            ["comparison (new vs old)", "eval set", "prompts", "metric", "old → new", diff, "verdict"])
+
+
+def comparison_rows(result: dict[str, Any]) -> tuple[list[list[str]], list[list[str]]]:
+    """Display rows of the paired comparisons: (greedy accuracy rows, avg@n / pass@n rows)."""
+    greedy, sampled = [], []
+    for c in result["comparisons"].values():
+        label = f"{c['new']} vs {c['old']}"
+        for name, g in c["sets"].items():
+            greedy.append([label, name, str(g["n"]), f"{100 * g['accuracy_old']:.1f}% → {100 * g['accuracy_new']:.1f}%",
+                           f"{_points(g['difference'])} [{_points(g['ci_low'])}, {_points(g['ci_high'])}]",
+                           str(g["right_to_wrong"]), str(g["wrong_to_right"]), _p(g["mcnemar_p"]), g["verdict"]])
+            s = g.get("sampled")
+            if s:
+                for metric in (f"avg@{s['samples']}", f"pass@{s['samples']}"):
+                    m = s[metric]
+                    sampled.append([label, name, str(s["n"]), metric, f"{100 * m['old']:.1f}% → {100 * m['new']:.1f}%",
+                                    f"{_points(m['difference'])} [{_points(m['ci_low'])}, {_points(m['ci_high'])}]", m["verdict"]])
+    return greedy, sampled
+
+
+def explanation(result: dict[str, Any]) -> list[str]:
+    """What the paired tables mean, in words."""
+    conf, alpha = result["confidence"], result["level"]
+    return [
+        f"Each row compares two checkpoints on the same prompts. Difference: new minus old, in percentage points, with its "
+        f"{100 * conf:g}% paired bootstrap interval ({result['resamples']} resamples of the prompts). "
+        "Right → wrong and wrong → right count the prompts whose greedy answer changed grade; the exact McNemar test asks "
+        "whether those flips lean one way more than chance would, and gives the verdict of the accuracy row. "
+        f"For avg@n and pass@n the verdict is whether the {100 * conf:g}% paired interval excludes 0.",
+        f"\"Not significant at {alpha:g}\" means these prompts do not establish a difference either way; "
+        "it does not mean the checkpoints are equal.",
+    ]
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|", *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def paired_markdown(result: dict[str, Any]) -> str:
+    """The paired comparisons as a markdown section (also the MLflow artifact of the parent run)."""
+    greedy, sampled = comparison_rows(result)
+    greedy_header, sampled_header = headers(result)
+    first, second = explanation(result)
+    lines = ["## Paired comparisons", "", first, "", second, "", "Greedy accuracy:", "", *_md_table(greedy_header, greedy)]
+    if sampled:
+        lines += ["", "Sampled (avg@n, pass@n):", "", *_md_table(sampled_header, sampled)]
+    return "\n".join(lines) + "\n"
+
+
+def markdown(evals: dict[str, dict[str, Any]], rl: dict[str, dict[str, str]] | None = None, compared: dict[str, Any] | None = None,
+             warnings: list[str] | None = None) -> str:
     """A markdown table (checkpoints in pipeline order) plus the settings every number depends on."""
     views = {name: headline(m) for name, m in evals.items()}
     sample_cols = sorted({k for v in views.values() for k in v if k.startswith("avg@")})
@@ -59,7 +166,8 @@ def markdown(evals: dict[str, dict[str, Any]], rl: dict[str, dict[str, str]] | N
     n = next(iter(views.values()))["n"]
     sampling = ", ".join(f"{k}={v}" for k, v in sorted(first["sampling"].items()))
     confidence = first.get("bootstrap", {}).get("confidence", 0.95)
-    notes = [f"Held-out split: {n} prompts; headline decoding: {sampling}; accuracy with its {100 * confidence:.0f}% bootstrap interval."]
+    notes = [f"Held-out split: {n} prompts; headline decoding: {sampling}; accuracy with its {100 * confidence:.0f}% bootstrap interval "
+             "(of that checkpoint alone: whether two checkpoints differ is read from the paired comparisons, not from overlapping intervals)."]
     if first.get("samples"):
         s = first["samples"]
         notes.append(f"avg@{s['n']}: {s['n']} samples per prompt at temperature {s['temperature']}, top_p {s['top_p']}.")
@@ -68,23 +176,39 @@ def markdown(evals: dict[str, dict[str, Any]], rl: dict[str, dict[str, str]] | N
         keys = list(next(iter(rl.values())))
         rl_lines = ["", "RL stages:", "", "| stage | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys),
                     *(f"| rl/{name} | " + " | ".join(row[k] for k in keys) + " |" for name, row in rl.items())]
+    paired_lines = ["", paired_markdown(compared).rstrip("\n")] if compared and compared["comparisons"] else []
     warning_lines = ["", "Warnings (rung.health):", "", *(f"- {w}" for w in warnings)] if warnings else []
-    return "\n".join(["# rung results", "", *notes, "", *lines, *rl_lines, *warning_lines, ""])
+    return "\n".join(["# rung results", "", *notes, "", *lines, *paired_lines, *rl_lines, *warning_lines, ""])
 
 
-def html(evals: dict[str, dict[str, Any]], reward_curves: dict[str, list[dict[str, float]]], settings: dict[str, Any], path: Path, warnings: list[str] | None = None) -> None:
+def html(evals: dict[str, dict[str, Any]], reward_curves: dict[str, list[dict[str, float]]], settings: dict[str, Any], path: Path,
+         compared: dict[str, Any] | None = None, warnings: list[str] | None = None) -> None:
     """The self-contained HTML report (tables and inline SVG plots)."""
     curves = {name: [(int(c["step"]), c["reward"]) for c in points] for name, points in reward_curves.items()}
-    html_report.write(path, {name: headline(m) for name, m in evals.items()}, curves, title="rung results", settings=settings, warnings=warnings or ())
+    for name, points in reward_curves.items():  # with dynamic sampling the reward of all generated groups differs
+        if any(c.get("reward_generated", c["reward"]) != c["reward"] for c in points):
+            curves[f"{name} (all generated)"] = [(int(c["step"]), c["reward_generated"]) for c in points if "reward_generated" in c]
+    tables = []
+    if compared and compared["comparisons"]:
+        greedy, sampled = comparison_rows(compared)
+        greedy_header, sampled_header = headers(compared)
+        tables.append(html_report.Extra("paired", "Paired comparisons: greedy accuracy (same prompts)", greedy_header, greedy, explanation(compared)))
+        if sampled:
+            tables.append(html_report.Extra("paired-sampled", "Paired comparisons: avg@n and pass@n (same prompts)", sampled_header, sampled, []))
+    html_report.write(path, {name: headline(m) for name, m in evals.items()}, curves, title="rung results", settings=settings, extra=tables,
+                      warnings=warnings or ())
 
 
 def run(evals: dict[str, dict[str, Any]], curves: dict[str, list[dict[str, float]]], rl: dict[str, dict[str, str]], settings: dict[str, Any],
-        warnings: list[str] | None = None) -> str:
-    """The report stage: write the markdown and HTML reports at their layout paths; returns the markdown."""
-    text = markdown(evals, rl, warnings)
+        compared: dict[str, Any] | None = None, warnings: list[str] | None = None) -> str:
+    """The report stage: write the paired comparisons (DVC metrics file), the markdown and the HTML
+    report at their layout paths; returns the markdown."""
+    if compared is not None:
+        io.write_json(COMPARISONS, compared)
+    text = markdown(evals, rl, compared, warnings)
     settings = {**settings, **{f"rl/{name}": "; ".join(row.values()) for name, row in rl.items()}}
     with io.atomic_path(layout.REPORT) as tmp:
         tmp.write_text(text)
     with io.atomic_path(layout.HTML_REPORT) as tmp:
-        html(evals, curves, settings, tmp, warnings)
+        html(evals, curves, settings, tmp, compared, warnings)
     return text

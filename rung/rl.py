@@ -17,7 +17,7 @@ import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
-from trl.trainer.utils import pad
+from trl.trainer.utils import nanstd, pad
 
 from rung import answer_format, compat, curriculum, io, rewards
 from rung.config import DynamicSamplingParams, FormatParams, RLStageParams
@@ -80,6 +80,11 @@ class CurriculumMixin:
     batch and take their slice, so groups never straddle processes. Dynamic sampling drops groups
     whose rewards are all equal and generates replacements from newly drawn prompts, at most
     `max_rounds` times; a batch still short is topped up with dropped groups (no gradient).
+
+    Logged per step: TRL's `reward`, `reward_std` and `rewards/<func>/mean|std` describe the groups
+    trained on; `reward_generated` and `rewards_generated/<func>/mean` everything generated (the
+    same without dynamic sampling); `dynamic_sampling/*` the groups dropped for zero variance
+    (their share of what was generated) and the extra completions the refills cost.
     """
 
     def setup_curriculum(self, scheduler: curriculum.Scheduler, rows: list[dict[str, Any]], dynamic: DynamicSamplingParams | None) -> None:
@@ -98,6 +103,32 @@ class CurriculumMixin:
         self._metrics["train"]["curriculum/prompts"].append(float(len(set(global_idx))))
         mine = global_idx[rank * prompts_local:(rank + 1) * prompts_local]
         return global_idx, [self.train_dataset[i] for i in mine for _ in range(g)]
+
+    def _reward_names(self) -> list[str]:
+        """TRL's reward log keys that rung rewrites to describe the trained groups only."""
+        return ["reward", "reward_std", *(f"rewards/{n}/{s}" for n in self.reward_func_names for s in ("mean", "std"))]
+
+    def _log_rewards(self, trained: torch.Tensor, generated: torch.Tensor, marks: dict[str, int]) -> None:
+        """Replace this step's TRL reward entries (one per generation call, from `marks` on) by those
+        of the trained rows, and log the reward of every generated row apart. Rows: (completions,
+        reward funcs), as TRL computes them (weighted sum; a row no function scored is NaN)."""
+        metrics = self._metrics["train"]
+        for key, mark in marks.items():
+            del metrics[key][mark:]
+        weights = self.reward_weights.to(trained.device)
+
+        def total(r: torch.Tensor) -> torch.Tensor:
+            t = (r * weights).nansum(dim=1)
+            t[torch.isnan(r).all(dim=1)] = torch.nan
+            return t
+
+        metrics["reward"].append(torch.nanmean(total(trained)).item())
+        metrics["reward_std"].append(nanstd(total(trained)).item())
+        metrics["reward_generated"].append(torch.nanmean(total(generated)).item())
+        for i, name in enumerate(self.reward_func_names):
+            metrics[f"rewards/{name}/mean"].append(torch.nanmean(trained[:, i]).item())
+            metrics[f"rewards/{name}/std"].append(nanstd(trained[:, i]).item())
+            metrics[f"rewards_generated/{name}/mean"].append(torch.nanmean(generated[:, i]).item())
 
     def _score_groups(self, global_idx: list[int], out: dict[str, Any]) -> tuple[list[curriculum.GroupResult], torch.Tensor]:
         """Per-group results of the last generation (all processes) and a zero-variance flag per group."""
@@ -120,6 +151,7 @@ class CurriculumMixin:
             return super()._generate_and_score_completions(inputs)
         g, world, rank = self.num_generations, self.accelerator.num_processes, self.accelerator.process_index
         n_local = len(inputs)
+        marks = {k: len(self._metrics["train"][k]) for k in self._reward_names()}
         global_idx, inputs = self._draw(n_local)
         out = super()._generate_and_score_completions(inputs)
         results, zero = self._score_groups(global_idx, out)
@@ -129,18 +161,21 @@ class CurriculumMixin:
             self._metrics["train"][f"curriculum/{key}"].append(float(value))
         if self.dynamic is None:
             self._metrics["train"]["frac_zero_std_trained"].append(zero.float().mean().item())
+            self._log_rewards(self._last_rewards, self._last_rewards, marks)  # everything generated is trained on
             return out
-        return self._refill(out, zero, n_local // g, world, rank)
+        return self._refill(out, zero, n_local // g, world, rank, marks)
 
-    def _refill(self, out: dict[str, Any], zero: torch.Tensor, per_rank: int, world: int, rank: int) -> dict[str, Any]:
+    def _refill(self, out: dict[str, Any], zero: torch.Tensor, per_rank: int, world: int, rank: int, marks: dict[str, int]) -> dict[str, Any]:
         g = self.num_generations
-        kept: list[list[tuple[dict[str, Any], int]]] = [[] for _ in range(world)]  # per rank: (output, row)
-        dropped: list[list[tuple[dict[str, Any], int]]] = [[] for _ in range(world)]
+        Group = tuple[dict[str, Any], int, torch.Tensor]  # (generation output, local group index, its reward rows)
+        kept: list[list[Group]] = [[] for _ in range(world)]  # per rank
+        dropped: list[list[Group]] = [[] for _ in range(world)]
+        rewards = [self._last_rewards]  # of every generation call
 
         def sort(out: dict[str, Any], zero: torch.Tensor) -> None:
             for j, z in enumerate(zero.tolist()):
                 owner, local = divmod(j, per_rank)
-                (dropped if z else kept)[owner].append((out, local))
+                (dropped if z else kept)[owner].append((out, local, rewards[-1][j * g:(j + 1) * g]))
 
         sort(out, zero)
         generated, zero_groups, rounds = len(zero), int(zero.sum()), 0
@@ -148,26 +183,31 @@ class CurriculumMixin:
             rounds += 1
             global_idx, inputs = self._draw(per_rank * g)
             more = super()._generate_and_score_completions(inputs)
+            rewards.append(self._last_rewards)
             results, more_zero = self._score_groups(global_idx, more)
             self.curriculum.update(results, step=self.state.global_step)
             sort(more, more_zero)
             generated += len(more_zero)
             zero_groups += int(more_zero.sum())
-        chosen = (kept[rank] + dropped[rank])[:per_rank]
-        trained_zero = [min(per_rank, max(0, per_rank - len(k))) for k in kept]
-        self._metrics["train"]["dynamic_sampling/rounds"].append(float(rounds))
-        self._metrics["train"]["dynamic_sampling/zero_std_generated"].append(zero_groups / generated)
-        self._metrics["train"]["frac_zero_std_trained"].append(sum(trained_zero) / (per_rank * world))
-        return self._merge(chosen)
+        trained = [(kept[r] + dropped[r])[:per_rank] for r in range(world)]  # every rank's batch
+        trained_zero = sum(min(per_rank, max(0, per_rank - len(k))) for k in kept)  # zero-variance groups topped up
+        metrics = self._metrics["train"]
+        metrics["dynamic_sampling/rounds"].append(float(rounds))
+        metrics["dynamic_sampling/zero_std_generated"].append(zero_groups / generated)
+        metrics["dynamic_sampling/dropped_share"].append((zero_groups - trained_zero) / generated)  # generated, not trained on
+        metrics["dynamic_sampling/extra_generations"].append(float((generated - per_rank * world) * g))  # completions beyond one batch
+        metrics["frac_zero_std_trained"].append(trained_zero / (per_rank * world))
+        self._log_rewards(torch.cat([r for batch in trained for _, _, r in batch]), torch.cat(rewards), marks)
+        return self._merge(trained[rank])
 
-    def _merge(self, chosen: list[tuple[dict[str, Any], int]]) -> dict[str, Any]:
+    def _merge(self, chosen: list[tuple[dict[str, Any], int, torch.Tensor]]) -> dict[str, Any]:
         """Concatenate the chosen groups' rows from several generation outputs (re-padded)."""
         g, pad_id = self.num_generations, self.processing_class.pad_token_id
         merged: dict[str, Any] = {}
         for key, first in chosen[0][0].items():
             if key == "num_items_in_batch" or not isinstance(first, torch.Tensor):
                 continue
-            rows = [row for out, j in chosen for row in out[key][j * g:(j + 1) * g]]
+            rows = [row for out, j, _ in chosen for row in out[key][j * g:(j + 1) * g]]
             if first.dim() == 1:
                 merged[key] = torch.stack(rows)
                 continue
@@ -206,11 +246,15 @@ class RLOO(CurriculumMixin, RLOOTrainer):
 
 # Per-step curves kept for plots and the report: our name -> TRL's (or rung's) log key.
 CURVES = {
-    "reward": "reward",
+    "reward": "reward",  # of the groups trained on
+    "reward_generated": "reward_generated",  # of every generated group, dropped ones included
     "accuracy": "rewards/accuracy/mean",
+    "accuracy_generated": "rewards_generated/accuracy/mean",
     "frac_reward_zero_std": "frac_reward_zero_std",
     "frac_zero_std_trained": "frac_zero_std_trained",
     "dynamic_sampling_rounds": "dynamic_sampling/rounds",
+    "dropped_share": "dynamic_sampling/dropped_share",
+    "extra_generations": "dynamic_sampling/extra_generations",
     "kl": "kl",
     "entropy": "entropy",
     "completion_length": "completions/mean_length",
@@ -251,8 +295,10 @@ def train(job: RLJob, callbacks: list[Any] | None = None) -> JobResult:
     summary = {"train_loss": float(result.training_loss), "steps": float(result.global_step), "reward_errors": float(sum(f.errors for f in funcs))}
     if curves:
         summary["reward_last"] = curves[-1]["reward"]
-        for key in ("frac_reward_zero_std", "frac_zero_std_trained"):
+        summary["reward_generated_last"] = curves[-1].get("reward_generated", curves[-1]["reward"])
+        for key in ("frac_reward_zero_std", "frac_zero_std_trained", "dropped_share"):
             summary[key] = mean(c.get(key, 0.0) for c in curves)
+        summary["extra_generations"] = sum(c.get("extra_generations", 0.0) for c in curves)
     finalize(trainer, tok, work_dir)
     if trainer.args.should_save:
         io.write_json(job.curves, curves)

@@ -18,12 +18,16 @@ from typing import Any
 
 import mlflow
 import psutil
+import yaml
 from mlflow.entities import Run
 
 from rung.config import Params
 from rung.io import flatten, md5
 
 PARENT_ENV = "RUNG_PIPELINE_RUN_ID"
+# MLflow 3's UI opens an experiment by its kind; without one it shows the GenAI overview (traces).
+# "finetuning" is one of the kinds it opens on the training runs (mlflow/server/js: ExperimentKind).
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "finetuning"
 VERSIONED = ("torch", "transformers", "trl", "datasets", "accelerate", "reasoning-gym", "math-verify", "vllm", "prefect", "dvc", "mlflow")
 
 
@@ -39,9 +43,13 @@ def tracking_uri(params: Params) -> str:
 
 
 def setup(params: Params) -> str:
-    """Point MLflow at the store and experiment of `params`; returns the experiment id."""
+    """Point MLflow at the store and experiment of `params`, marked as a training experiment
+    (unless its kind was set otherwise); returns the experiment id."""
     mlflow.set_tracking_uri(tracking_uri(params))
-    return mlflow.set_experiment(params.tracking.experiment).experiment_id
+    experiment = mlflow.set_experiment(params.tracking.experiment)
+    if EXPERIMENT_KIND_TAG not in experiment.tags:
+        mlflow.MlflowClient().set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+    return experiment.experiment_id
 
 
 def git_commit() -> str:
@@ -49,6 +57,31 @@ def git_commit() -> str:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
     except (subprocess.CalledProcessError, FileNotFoundError):
         return "unknown"
+
+
+def changed_params(path: Path | str = "params.yaml", limit: int = 3) -> str:
+    """The params that differ from the committed params.yaml, as 'key=value, ...' (at most `limit`,
+    then '+N more'); '' when none differ or git cannot tell."""
+    try:
+        committed = subprocess.run(["git", "show", f"HEAD:{Path(path).as_posix()}"], capture_output=True, text=True, check=True).stdout
+        old, new = flatten(yaml.safe_load(committed) or {}), flatten(yaml.safe_load(Path(path).read_text()) or {})
+    except (subprocess.CalledProcessError, FileNotFoundError, OSError, yaml.YAMLError):
+        return ""
+    diff = [f"{k}={new.get(k, '(removed)')}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    more = f", +{len(diff) - limit} more" if len(diff) > limit else ""
+    return ", ".join(diff[:limit]) + more
+
+
+def parent_name(invocation: str) -> str:
+    """What a parent run ran, for the runs list: the DVC experiment's name when there is one, else
+    '<invocation> <short commit>' and the params changed since that commit, e.g.
+    'repro 1a2b3c4 (rl.stages.main.learning_rate=1e-05)'."""
+    if os.environ.get("DVC_EXP_NAME"):
+        return os.environ["DVC_EXP_NAME"]
+    commit = git_commit()
+    name = f"{invocation} {commit[:7]}" if commit != "unknown" else invocation
+    changed = changed_params()
+    return f"{name} ({changed})" if changed else name
 
 
 def versions() -> dict[str, str]:
@@ -104,17 +137,17 @@ def _dvc_invocation() -> str | None:
     return None
 
 
-def start_parent(params: Params, name: str = "pipeline", key: str | None = None) -> Run:
-    """Start (and leave open) a parent run for one pipeline execution."""
+def start_parent(params: Params, invocation: str = "pipeline", key: str | None = None) -> Run:
+    """Start (and leave open) a parent run for one pipeline execution, named by parent_name."""
     experiment_id = setup(params)
     close_orphans(experiment_id)
-    tags = {"rung.role": "pipeline", "git.commit": git_commit(), OWNER_TAG: key or _owner(), **versions()}
+    tags = {"rung.role": "pipeline", "rung.invocation": invocation, "git.commit": git_commit(), OWNER_TAG: key or _owner(), **versions()}
     if key:
         tags["rung.pipeline_key"] = key
     if os.environ.get("DVC_EXP_NAME"):
         tags["dvc.exp_name"] = os.environ["DVC_EXP_NAME"]
     client = mlflow.MlflowClient()
-    return client.create_run(experiment_id, run_name=name, tags=tags)
+    return client.create_run(experiment_id, run_name=parent_name(invocation), tags=tags)
 
 
 def _parent_id(params: Params) -> str:
@@ -130,7 +163,7 @@ def _parent_id(params: Params) -> str:
         )
         if found:
             return found[0].info.run_id
-    return start_parent(params, name="dvc-repro" if key else "stage", key=key).info.run_id
+    return start_parent(params, invocation="repro" if key else "stage", key=key).info.run_id
 
 
 @contextlib.contextmanager
@@ -170,6 +203,14 @@ def log_metrics(metrics: dict[str, Any], prefix: str, step: int | None = None) -
     # MLflow allows only these characters in metric names (difficulty labels have '=' and ',').
     name = lambda k: re.sub(r"[^0-9A-Za-z_\-. :/]", "_", f"{prefix}/{k.replace('.', '/')}")  # noqa: E731
     mlflow.log_metrics({name(k): float(v) for k, v in flat.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}, step=step)
+
+
+def log_tables(run_id: str, tables: dict[str, tuple[list[str], list[list[str]]]]) -> None:
+    """Log (header, rows) tables as MLflow table artifacts of run `run_id` (shown as tables in the UI)."""
+    client = mlflow.MlflowClient()
+    for artifact_file, (header, rows) in tables.items():
+        if rows:
+            client.log_table(run_id, {h: [r[i] for r in rows] for i, h in enumerate(header)}, artifact_file)
 
 
 def log_dataset(path: Path, name: str, context: str) -> None:

@@ -27,5 +27,5 @@ def test_the_report_lists_the_warnings(tmp_path):
                                         "n": 4, "accuracy_by_source": {}}}, "sampling": {"temperature": 0.0}}}
     text = report.markdown(evals, warnings=["eval-base: the model never follows the answer format on test (format rate 0%)"])
     assert "Warnings (rung.health):" in text and "- eval-base: the model never follows" in text
-    report.html(evals, {}, {}, tmp_path / "r.html", ["rl-main: 64% of generated groups had zero reward variance"])
+    report.html(evals, {}, {}, tmp_path / "r.html", warnings=["rl-main: 64% of generated groups had zero reward variance"])
     assert '<section id="warnings">' in (tmp_path / "r.html").read_text()

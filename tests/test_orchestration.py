@@ -141,8 +141,8 @@ def test_deployed_pipeline_runs_on_a_gpu_pool_worker(workspace, servers, prefect
     # MLflow server mode: the parent run, a child per stage with params and dataset inputs, proxied artifacts.
     mlflow.set_tracking_uri(servers["mlflow"])
     runs = mlflow.search_runs(experiment_names=["rung"], output_format="list")
-    parent = [r for r in runs if r.info.run_name == "pipeline"]
-    assert len(parent) == 1 and parent[0].info.status == "FINISHED" and parent[0].data.tags["rung.stages_run"] == "model,curate"
+    parent = [r for r in runs if r.data.tags.get("rung.invocation") == "pipeline"]
+    assert len(parent) == 1 and parent[0].info.run_name.startswith("pipeline ") and parent[0].info.status == "FINISHED" and parent[0].data.tags["rung.stages_run"] == "model,curate"
     children = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent[0].info.run_id}
     assert set(children) == {"model", "curate"}
     assert children["curate"].data.params["seed"] == "42" and children["curate"].data.metrics["curate/train"] == curated["train"]

@@ -84,7 +84,7 @@ def _runs(ws: Path) -> list:
     return mlflow.search_runs(experiment_names=["rung"], output_format="list")
 
 
-def test_dvc_repro_runs_every_stage(workspace):
+def test_dvc_repro_runs_every_stage(workspace, tmp_path):
     ws, run = workspace
     res = run("dvc", "repro")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -116,6 +116,24 @@ def test_dvc_repro_runs_every_stage(workspace):
     # a random tiny model is degenerate: the report and the MLflow runs say so
     assert "Warnings (rung.health):" in report and "eval-base: the model never follows the answer format on test" in report
 
+    # Paired comparisons: a DVC metrics file, the reports, MLflow (the report run and the parent).
+    compared = json.loads((ws / "data/reports/comparisons.json").read_text())
+    assert set(compared["comparisons"]) == {"sft-vs-base", "rl-main-vs-sft", "rl-main-vs-base"}  # (the file's keys are sorted)
+    assert (compared["level"], compared["resamples"]) == (0.05, 1000)
+    for c in compared["comparisons"].values():
+        assert set(c["sets"]) == {"test", "ood_chain"}
+        test = c["sets"]["test"]
+        assert test["n"] == len(test_rows) and test["ci_low"] <= test["difference"] <= test["ci_high"]
+        assert 0 <= test["mcnemar_p"] <= 1 and test["verdict"] in ("significant at 0.05", "not significant at 0.05")
+        assert set(test["sampled"]) == {"n", "samples", "avg@3", "pass@1", "pass@2", "pass@3"}
+    rl_vs_sft = compared["comparisons"]["rl-main-vs-sft"]["sets"]["test"]
+    assert "## Paired comparisons" in report and f"| rl/main vs sft | test | {len(test_rows)} |" in report and rl_vs_sft["verdict"] in report
+    assert '<table id="paired">' in (ws / "data/reports/report.html").read_text()
+    shown = run("dvc", "metrics", "show", "--json")
+    assert shown.returncode == 0 and "data/reports/comparisons.json" in shown.stdout and "mcnemar_p" in shown.stdout
+    table = run("rung", "table")
+    assert table.returncode == 0 and "Paired comparisons" in table.stdout and "McNemar" in table.stdout
+
     shown = run("dvc", "metrics", "show", "--json")
     assert shown.returncode == 0 and "eval-rl-main.json" in shown.stdout
     plots = run("dvc", "plots", "show", "--json")
@@ -126,6 +144,9 @@ def test_dvc_repro_runs_every_stage(workspace):
     parents = [r for r in runs if r.data.tags.get("rung.role") == "pipeline"]
     children = [r for r in runs if r.data.tags.get("rung.role") == "stage"]
     assert len(parents) == 1
+    commit = run("git", "rev-parse", "HEAD").stdout.strip()
+    assert parents[0].info.run_name == f"repro {commit[:7]}" and parents[0].data.tags["rung.invocation"] == "repro"
+    assert mlflow.get_experiment_by_name("rung").tags["mlflow.experimentKind"] == "finetuning"  # the UI opens on training runs
     assert {r.info.run_name for r in children} == STAGES and len(children) == len(STAGES)
     assert all(r.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for r in children)
     by_name = {r.info.run_name: r for r in children}
@@ -140,6 +161,14 @@ def test_dvc_repro_runs_every_stage(workspace):
     assert any(k.startswith("accuracy_by_bucket/") for k in rl.data.metrics)
     assert "eval-sft/sets/test/accuracy" in by_name["eval@sft"].data.metrics
     assert "never follows the answer format" in by_name["eval@base"].data.tags["rung.warnings"]
+    paired = by_name["report"].data.metrics
+    assert paired["paired/rl-main-vs-sft/sets/test/mcnemar_p"] == pytest.approx(rl_vs_sft["mcnemar_p"])
+    assert paired["paired/rl-main-vs-sft/sets/test/significant"] == float(rl_vs_sft["significant"])
+    assert "paired/sft-vs-base/sets/ood_chain/wrong_to_right" in paired and "paired/rl-main-vs-base/sets/test/sampled/avg_3/ci_low" in paired
+    assert {a.path for a in client.list_artifacts(parents[0].info.run_id)} >= {"paired_greedy.json", "paired_sampled.json", "paired_comparisons.md"}
+    table = json.loads(Path(client.download_artifacts(parents[0].info.run_id, "paired_greedy.json", str(tmp_path))).read_text())
+    rows = [dict(zip(table["columns"], r, strict=True)) for r in table["data"]]
+    assert [r["verdict"] for r in rows if r["comparison (new vs old)"] == "rl/main vs sft" and r["eval set"] == "test"] == [rl_vs_sft["verdict"]]
     assert "eval-sft/sets/test/pass_at_k/3" in by_name["eval@sft"].data.metrics
     assert {a.path for a in client.list_artifacts(by_name["eval@sft"].info.run_id, "samples")} >= {"samples/test.jsonl", "samples/ood_chain.jsonl"}
     assert by_name["curate"].inputs.dataset_inputs[0].dataset.digest == run("md5sum", "data/curated/train.jsonl").stdout.split()[0]
@@ -160,8 +189,10 @@ def test_pipeline_flow_runs_only_stale_stages(workspace):
     assert (ws / "data/models/sft/model.safetensors").stat().st_mtime == sft_before
     assert json.loads((ws / "data/metrics/eval-base.json").read_text())["sampling"]["max_new_tokens"] == 6
 
-    parent = [r for r in _runs(ws) if r.info.run_name == "pipeline"]
+    parent = [r for r in _runs(ws) if r.data.tags.get("rung.invocation") == "pipeline"]
+    commit = run("git", "rev-parse", "HEAD").stdout.strip()
     assert len(parent) == 1 and parent[0].info.status == "FINISHED"
+    assert parent[0].info.run_name == f"pipeline {commit[:7]} (eval.sampling.max_new_tokens=6)"  # what it ran: the commit and the change
     assert parent[0].data.tags["rung.stages_run"] == "eval_base,eval_sft,eval_rl@main,report"
     kids = [r for r in _runs(ws) if r.data.tags.get("mlflow.parentRunId") == parent[0].info.run_id]
     assert {r.info.run_name for r in kids} == {"eval@base", "eval@sft", "eval@rl-main", "report"}
@@ -172,6 +203,11 @@ def test_compare_cli(workspace):
     res = run("rung", "compare", "--keys", "*sets/test/accuracy", "--all", "--last", "3")
     assert res.returncode == 0, res.stderr
     assert "eval@base" in res.stdout and "eval@rl-main" in res.stdout and "accuracy" in res.stdout
+    res = run("rung", "compare", "--name", "report", "--last", "1", "--keys", "paired/rl-main-vs-sft/sets/test/*")
+    assert res.returncode == 0, res.stderr
+    assert "mcnemar_p" in res.stdout and "wrong_to_right" in res.stdout and "significant" in res.stdout
+    res = run("rung", "compare", "--dvc", "--keys", "*comparisons.json:*rl-main-vs-sft.sets.test.mcnemar_p", "--all")
+    assert res.returncode == 0 and "mcnemar_p" in res.stdout, res.stderr
     res = run("rung", "compare", "--dvc", "--keys", "*eval-sft.json:sets.test.accuracy", "--all")
     assert res.returncode == 0, res.stderr
     assert "workspace" in res.stdout and "sets.test.accuracy" in res.stdout

@@ -67,11 +67,32 @@ def test_dynamic_sampling_refills_zero_variance_groups(tiny_model, tmp_path):
     assert (tmp_path / "w" / "checkpoint-3" / rl.CURRICULUM_STATE).is_file()
 
 
+def test_rl_curves_separate_dropped_groups_from_the_trained_ones(tiny_model, tmp_path):
+    """With dynamic sampling the logged reward is that of the groups trained on; the reward of all
+    generated groups, the share dropped and the completions the refills cost are logged apart."""
+    stage = _stage(max_steps=4, curriculum={"type": "pools"}, dynamic_sampling={"max_rounds": 2})
+    summary, curves = _train(tiny_model, tmp_path / "w", stage)
+    per_batch = stage.prompts_per_step  # groups in one batch (one process)
+    for c in curves:
+        # parity gives 0/1 rewards: a group has zero variance iff its rewards are all 0 or all 1
+        assert c["extra_generations"] == c["dynamic_sampling_rounds"] * per_batch * stage.num_generations
+        assert 0 <= c["dropped_share"] <= c["frac_reward_zero_std"] + 1e-9
+        assert c["frac_zero_std_trained"] <= c["frac_reward_zero_std"] + 1e-9
+        assert 0 <= c["reward_generated"] <= 1 and 0 <= c["reward"] <= 1
+        if c["dynamic_sampling_rounds"] == 0:  # nothing dropped: the batch is everything generated
+            assert c["reward"] == pytest.approx(c["reward_generated"]) and c["dropped_share"] == 0
+    assert summary["extra_generations"] == sum(c["extra_generations"] for c in curves)
+    assert any(c["dynamic_sampling_rounds"] > 0 for c in curves)  # the seeded run refills at least once
+
+
 def test_all_equal_rewards_use_every_round_then_fill(tiny_model, tmp_path):
     stage = _stage(max_steps=2, rewards={"constant": {"import": "tests.test_rl:constant"}}, dynamic_sampling={"max_rounds": 2})
     summary, curves = _train(tiny_model, tmp_path / "w", stage)
     assert [c["dynamic_sampling_rounds"] for c in curves] == [2.0, 2.0]
     assert summary["frac_zero_std_trained"] == 1.0
+    # all 6 generated groups have zero variance: 2 top up the batch, 4 are dropped; two refills of a batch each
+    assert all(c["dropped_share"] == pytest.approx(2 / 3) and c["extra_generations"] == 2 * 2 * 2 for c in curves)
+    assert all(c["reward"] == c["reward_generated"] == 1.0 for c in curves)
 
 
 def test_rloo_with_a_bandit_curriculum(tiny_model, tmp_path):

@@ -1,0 +1,215 @@
+"""Paired comparisons of checkpoints (rung.paired), their place in the report, and how MLflow
+names and marks the runs."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+
+import mlflow
+import numpy as np
+import pytest
+
+from rung import config, html_report, io, paired, report, tracking
+from rung.errors import InputError
+
+
+def _greedy(correct: list[bool], ids: list[str] | None = None) -> list[dict]:
+    ids = ids or [str(i) for i in range(len(correct))]
+    return [{"id": i, "samples": [{"correct": c}]} for i, c in zip(ids, correct, strict=True)]
+
+
+def _sampled(counts: list[int], n: int) -> list[dict]:
+    return [{"id": str(i), "samples": [{"correct": j < c} for j in range(n)]} for i, c in enumerate(counts)]
+
+
+def test_exact_mcnemar_on_the_issue_numbers():
+    # 12 prompts turn right, 5 turn wrong (issue #18): two-sided exact p = 2 * P(X <= 5), X ~ Bin(17, 1/2)
+    old = [False] * 12 + [True] * 5 + [True] * 40 + [False] * 38
+    new = [True] * 12 + [False] * 5 + [True] * 40 + [False] * 38
+    t = paired.mcnemar(old, new)
+    expected = 2 * sum(math.comb(17, i) for i in range(6)) / 2**17  # 9402 / 65536 = 0.1435
+    assert t == {"right_to_wrong": 5, "wrong_to_right": 12, "both_right": 40, "both_wrong": 38, "mcnemar_p": pytest.approx(expected)}
+    assert round(t["mcnemar_p"], 2) == 0.14
+
+
+@pytest.mark.parametrize("flips, p", [(0, 1.0), (5, 2 / 2**5), (6, 2 / 2**6)])
+def test_mcnemar_one_sided_flips(flips, p):
+    old = [False] * flips + [True] * 10
+    new = [True] * flips + [True] * 10
+    assert paired.mcnemar(old, new)["mcnemar_p"] == pytest.approx(p)
+
+
+def test_verdict_follows_mcnemar_at_the_level_of_the_confidence():
+    six = paired.compare_greedy(_greedy([False] * 6 + [True] * 4), _greedy([True] * 10), 0.95, 500, 0, "x")
+    five = paired.compare_greedy(_greedy([False] * 5 + [True] * 5), _greedy([True] * 10), 0.95, 500, 0, "x")
+    assert (six["mcnemar_p"], six["significant"], six["verdict"]) == (pytest.approx(0.03125), True, "significant at 0.05")
+    assert (five["mcnemar_p"], five["significant"], five["verdict"]) == (pytest.approx(0.0625), False, "not significant at 0.05")
+    assert five["difference"] == pytest.approx(0.5) and five["accuracy_old"] == 0.5 and five["accuracy_new"] == 1.0
+    assert paired.compare_greedy(_greedy([False] * 5 + [True] * 5), _greedy([True] * 10), 0.9, 500, 0, "x")["verdict"] == "significant at 0.1"
+
+
+def test_paired_bootstrap_is_seeded_and_covers_the_true_difference():
+    rng = np.random.default_rng(1)
+    old = rng.random(400) < 0.45
+    new = np.where(rng.random(400) < 0.2, ~old, old)  # 20% of prompts flip, either way
+    first = paired.paired_bootstrap(old, new, 0.95, 2000, seed=3)
+    assert paired.paired_bootstrap(old, new, 0.95, 2000, seed=3) == first
+    assert paired.paired_bootstrap(old, new, 0.95, 2000, seed=4) != first
+    diff, lo, hi = first
+    assert diff == pytest.approx(new.mean() - old.mean()) and lo < diff < hi
+    # the paired interval is narrower than the one from two independent samples would be
+    se_unpaired = math.sqrt(old.mean() * (1 - old.mean()) / 400 + new.mean() * (1 - new.mean()) / 400)
+    assert hi - lo < 2 * 1.96 * se_unpaired
+
+
+def test_paired_bootstrap_of_a_constant_difference_is_that_difference():
+    assert paired.paired_bootstrap([0.1, 0.5, 0.2], [0.3, 0.7, 0.4]) == pytest.approx((0.2, 0.2, 0.2))
+
+
+def test_stratified_bootstrap_resamples_within_each_stratum():
+    # differences are 1 in stratum a (3 rows) and 0 in stratum b (1 row): keeping each stratum's
+    # size, every resample has mean 3/4; resampling across strata it would vary
+    old, new = [0, 0, 0, 0], [1, 1, 1, 0]
+    assert paired.paired_bootstrap(old, new, 0.95, 500, 0, strata=["a", "a", "a", "b"]) == pytest.approx((0.75, 0.75, 0.75))
+    _, lo, hi = paired.paired_bootstrap(old, new, 0.95, 500, 0)
+    assert lo < 0.75 < hi
+    with pytest.raises(ValueError, match="strata has 2 labels for 4 prompts"):
+        paired.paired_bootstrap(old, new, strata=["a", "b"])
+
+
+def test_records_pair_by_id_and_refuse_different_prompts():
+    old = _greedy([True, False, False], ids=["a", "b", "c"])
+    new = _greedy([False, True, True], ids=["c", "b", "a"])  # same prompts, another order
+    g = paired.compare_greedy(old, new, 0.95, 200, 0, "new vs old on test")
+    assert (g["right_to_wrong"], g["wrong_to_right"], g["both_right"], g["both_wrong"]) == (0, 1, 1, 1)
+    with pytest.raises(InputError, match=r"^sft vs base on test: the two checkpoints were evaluated on different prompts \(1 ids only in the first, 1 only in the second, e.g. 'c'\)"):
+        paired.compare_greedy(old, _greedy([True, True, True], ids=["a", "b", "d"]), 0.95, 200, 0, "sft vs base on test")
+    with pytest.raises(InputError, match="duplicate prompt ids"):
+        paired.align(old, _greedy([True, True, True], ids=["a", "a", "b"]), "x")
+
+
+def test_sampled_comparison_of_avg_and_pass_at_k():
+    old = _sampled([0, 0, 2, 4], n=4)  # avg@4 = 6/16; pass@4 = 2/4
+    new = _sampled([1, 2, 4, 4], n=4)  # avg@4 = 11/16; pass@4 = 1
+    s = paired.compare_sampled(old, new, 0.95, 500, 0, "x")
+    assert s["samples"] == 4 and s["n"] == 4 and set(s) == {"n", "samples", "avg@4", "pass@1", "pass@2", "pass@3", "pass@4"}
+    assert s["avg@4"]["old"] == pytest.approx(6 / 16) and s["avg@4"]["difference"] == pytest.approx(5 / 16)
+    assert s["pass@1"]["difference"] == pytest.approx(s["avg@4"]["difference"])  # pass@1 is avg@n
+    assert s["pass@4"]["old"] == 0.5 and s["pass@4"]["new"] == 1.0
+    assert s["avg@4"]["ci_low"] > 0 and s["avg@4"]["verdict"] == "significant at 0.05"  # every prompt improves or stays
+
+
+def test_pairs_compare_each_checkpoint_with_its_init_and_rl_with_base():
+    assert report.pairs({"main": "sft"}) == [("sft", "base"), ("rl/main", "sft"), ("rl/main", "base")]
+    assert report.pairs({"zero": "base", "more": "rl/zero"}) == [("sft", "base"), ("rl/zero", "base"), ("rl/more", "rl/zero"), ("rl/more", "base")]
+
+
+@pytest.fixture
+def evaluated(tmp_path, monkeypatch):
+    """data/eval records of base, sft and rl/main in a temporary workspace."""
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(0)
+    base = rng.random(60) < 0.3
+    sft = np.where(rng.random(60) < 0.25, ~base, base)
+    rl = sft.copy()
+    rl[np.flatnonzero(~sft)[:12]] = True  # 12 wrong -> right ...
+    rl[np.flatnonzero(sft)[:5]] = False   # ... and 5 right -> wrong against sft
+    for name, correct in {"base": base, "sft": sft, "rl-main": rl}.items():
+        d = tmp_path / "data/eval" / name
+        io.write_jsonl(d / "test.jsonl", _greedy(list(map(bool, correct))))
+        io.write_jsonl(d / "ood.jsonl", _greedy(list(map(bool, correct[:20]))))
+        io.write_jsonl(d / "test.samples.jsonl", _sampled([int(c) * 3 for c in correct[:10]], n=3))
+    return tmp_path
+
+
+def test_report_writes_the_comparisons_in_words(evaluated):
+    compared = report.comparisons(report.pairs({"main": "sft"}), 0.95, 1000, 42)
+    assert list(compared["comparisons"]) == ["sft-vs-base", "rl-main-vs-sft", "rl-main-vs-base"]
+    c = compared["comparisons"]["rl-main-vs-sft"]
+    assert (c["new"], c["old"], list(c["sets"])) == ("rl/main", "sft", ["test", "ood"])
+    test = c["sets"]["test"]
+    assert (test["wrong_to_right"], test["right_to_wrong"]) == (12, 5) and test["verdict"] == "not significant at 0.05"
+    assert test["ci_low"] < test["difference"] < test["ci_high"] and set(test["sampled"]) >= {"avg@3", "pass@3"}
+    assert "sampled" not in c["sets"]["ood"]
+    assert report.comparisons(report.pairs({"main": "sft"}), 0.95, 1000, 42) == compared  # seeded
+
+    evals = {c: {"sets": {"test": {"n": 60, "accuracy": 0.3, "accuracy_ci": [0.2, 0.4], "accuracy_lenient": 0.3, "format_rate": 1.0,
+                                   "mean_tokens": 9.0, "truncation_rate": 0.0, "accuracy_by_source": {}}},
+                 "sampling": {"temperature": 0.0}, "bootstrap": {"confidence": 0.95}} for c in ("base", "sft", "rl/main")}
+    text = report.run(evals, {"rl/main": [{"step": 1, "reward": 0.5}]}, {}, {"seed": 42}, compared)
+    assert json.loads(report.COMPARISONS.read_text()) == json.loads(json.dumps(compared))
+    assert "## Paired comparisons" in text and "not significant at 0.05" in text
+    row = next(line for line in text.splitlines() if line.startswith("| rl/main vs sft | test |"))
+    p = f"{test['mcnemar_p']:.2f}"
+    signed = lambda v: f"{100 * v:+.1f}".replace("-", "−")  # noqa: E731
+    assert f"| 60 | {100 * test['accuracy_old']:.1f}% → {100 * test['accuracy_new']:.1f}% | +11.7 [{signed(test['ci_low'])}, {signed(test['ci_high'])}] |" in row
+    assert row.endswith(f"| 5 | 12 | {p} | not significant at 0.05 |")
+    assert "| rl/main vs sft | test | 10 | pass@3 |" in text
+    page = (evaluated / "data/reports/report.html").read_text()
+    assert '<table id="paired">' in page and '<table id="paired-sampled">' in page
+    assert "<td>not significant at 0.05</td>" in page and "<th>exact McNemar p</th>" in page
+
+
+def test_report_refuses_checkpoints_evaluated_on_different_prompts(evaluated):
+    io.write_jsonl(evaluated / "data/eval/sft/test.jsonl", _greedy([True] * 59))
+    with pytest.raises(InputError, match="^sft vs base on test: the two checkpoints were evaluated on different prompts"):
+        report.comparisons([("sft", "base")], 0.95, 100, 0)
+
+
+def test_extra_tables_escape_and_align():
+    page = html_report.render({"base": {"accuracy": 0.1, "format_rate": 1, "mean_tokens": 3, "truncation_rate": 0, "n": 4}},
+                              extra=[html_report.Extra("t", "cap", ["a", "b"], [["<x>", "−1.0 [−2, 0]"], ["x", "< 0.001"]], ["a & b"])])
+    assert '<tr><td>&lt;x&gt;</td><td class="num">−1.0 [−2, 0]</td></tr>' in page and '<td class="num">&lt; 0.001</td>' in page and '<p class="note">a &amp; b</p>' in page
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch, default_params):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    for var in ("DVC_EXP_NAME", tracking.PARENT_ENV, "DVC_ROOT"):
+        monkeypatch.delenv(var, raising=False)
+    return config.parse(default_params)
+
+
+def _git(*args: str) -> None:
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True, capture_output=True)
+
+
+def test_experiment_opens_on_training_runs(store):
+    experiment_id = tracking.setup(store)
+    assert mlflow.get_experiment(experiment_id).tags["mlflow.experimentKind"] == "finetuning"
+    mlflow.MlflowClient().set_experiment_tag(experiment_id, "mlflow.experimentKind", "custom_model_development")
+    tracking.setup(store)  # a kind the user chose stays
+    assert mlflow.get_experiment(experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_parent_runs_are_named_for_what_they_ran(store, tmp_path, monkeypatch, default_params):
+    assert tracking.start_parent(store, invocation="pipeline").info.run_name == "pipeline"  # no git here
+    _git("init", "-q")
+    (tmp_path / "params.yaml").write_text(json.dumps(default_params))
+    _git("add", "params.yaml")
+    _git("commit", "-q", "-m", "x")
+    commit = tracking.git_commit()[:7]
+    assert tracking.start_parent(store, invocation="repro").info.run_name == f"repro {commit}"
+    default_params["seed"] = 7
+    default_params["rl"]["stages"]["main"]["learning_rate"] = 1e-5
+    (tmp_path / "params.yaml").write_text(json.dumps(default_params))
+    run = tracking.start_parent(store, invocation="pipeline")
+    assert run.info.run_name == f"pipeline {commit} (rl.stages.main.learning_rate=1e-05, seed=7)"
+    assert run.data.tags["rung.invocation"] == "pipeline" and run.data.tags["rung.role"] == "pipeline"
+    monkeypatch.setenv("DVC_EXP_NAME", "lr-low")
+    assert tracking.start_parent(store, invocation="repro").info.run_name == "lr-low"
+    with tracking.stage_run("report", store, logged={}, inputs={}) as child:  # a stage outside dvc: its own parent
+        pass
+    parent = mlflow.get_run(mlflow.get_run(child.info.run_id).data.tags["mlflow.parentRunId"])
+    assert parent.info.run_name == "lr-low" and parent.data.tags["rung.invocation"] == "stage"
+
+
+def test_tables_on_a_run(store):
+    tracking.setup(store)
+    run = mlflow.MlflowClient().create_run(tracking.setup(store), run_name="p")
+    tracking.log_tables(run.info.run_id, {"t.json": (["a", "b"], [["r1", "x"], ["r2", "y"]]), "empty.json": (["a"], [])})
+    assert [a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id)] == ["t.json"]
+    table = mlflow.load_table("t.json", run_ids=[run.info.run_id])
+    assert table[["a", "b"]].values.tolist() == [["r1", "x"], ["r2", "y"]]
