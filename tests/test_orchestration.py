@@ -159,7 +159,8 @@ def test_workspace_lock_serializes_runs_and_input_errors_are_not_retried(workspa
     assert dvc.repro.retries == 2 and dvc.repro.retry_delay_seconds == [30, 60]  # exponential backoff
     good = (ws / "params.yaml").read_text()
     params = yaml.safe_load(good)
-    params["curate"]["sources"][1]["task"] = "no_such_task"  # valid params, bad data: curate exits 2
+    # passes the preflight, but curate rejects it when it runs (every row filtered out): exit 2
+    params["curate"]["filters"].update(min_chars=100000, max_chars=200000)
     (ws / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     name = dvc.lock_name(ws)
     prefect_client.upsert_global_concurrency_limit_by_name(name, limit=1)
@@ -181,7 +182,7 @@ def test_workspace_lock_serializes_runs_and_input_errors_are_not_retried(workspa
     assert f"{name} taken" in text
     assert text.count("Running stage 'curate'") == 1 and "Retry" not in text  # one attempt: input errors are final
     assert text.strip().splitlines()[-1] == "error: stage curate rejected its input (its error is above)"
-    assert "error: curate.sources.chain_sum.task: unknown reasoning-gym task 'no_such_task'" in text
+    assert "error: curate.filters: the " in text and "removed every row" in text
 
 
 def test_sweep_queues_a_grid_of_dvc_experiments(workspace):
