@@ -243,8 +243,8 @@ def test_a_failed_stage_under_plain_dvc_repro_keeps_its_outputs(workspace):
     assert res.returncode != 0
     assert "error: curate.sources.chain_sum.task: unknown reasoning-gym task 'no_such_task'" in res.stderr
     assert _snapshot(ws, *outputs) == before and len(before) >= 6  # byte for byte (persist: true + atomic writes)
-    failed = [r for r in _runs(ws) if r.info.run_name == "curate" and r.info.status == "FAILED"]
-    assert len(failed) == 1
+    # the stage's preflight refused the input before its MLflow run started
+    assert not [r for r in _runs(ws) if r.info.run_name == "curate" and r.info.status in ("FAILED", "RUNNING")]
 
 
 @pytest.mark.parametrize("stage, work, section", [("sft", "sft", "sft"), ("rl@main", "rl/main", "rl")])
