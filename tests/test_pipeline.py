@@ -258,7 +258,8 @@ def test_killed_stage_resumes_from_its_last_checkpoint(workspace, prefect_server
     env.pop("MLFLOW_TRACKING_URI", None)
     job = subprocess.Popen(["dvc", "repro", stage], cwd=ws, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 300
-    while not (ws / "data/work" / work / "checkpoint-2" / "trainer_state.json").exists():
+    last_file = "curriculum.json" if section == "rl" else "trainer_state.json"  # what completes a checkpoint (rung.trainer.resume_point)
+    while not (ws / "data/work" / work / "checkpoint-2" / last_file).exists():
         assert job.poll() is None and time.time() < deadline, "the stage ended before its first checkpoint"
         time.sleep(0.05)
     os.killpg(job.pid, 9)  # the whole job at once, like a lost node (maybe mid-way through a checkpoint)
