@@ -85,6 +85,14 @@ def maj_at_k(per_prompt_samples: Sequence[Sequence[tuple[str | None, bool]]], k:
     return float(np.mean(hits))
 
 
+def check_bootstrap(confidence: float, resamples: int) -> None:
+    """The settings every bootstrap here accepts."""
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    if resamples < 1:
+        raise ValueError(f"resamples must be >= 1, got {resamples}")
+
+
 def bootstrap_ci(values: Sequence[float], confidence: float = 0.95, resamples: int = 1000, seed: int = 0) -> tuple[float, float]:
     """Percentile-bootstrap confidence interval of the mean of values.
 
@@ -94,10 +102,7 @@ def bootstrap_ci(values: Sequence[float], confidence: float = 0.95, resamples: i
     # interval fixed by our seed rather than by scipy's internal resampling order.
     if len(values) == 0:
         raise ValueError("values is empty")
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    if resamples < 1:
-        raise ValueError(f"resamples must be >= 1, got {resamples}")
+    check_bootstrap(confidence, resamples)
     x = np.asarray(values, dtype=float)
     rng = np.random.default_rng(seed)
     means = x[rng.integers(0, len(x), size=(resamples, len(x)))].mean(axis=1)

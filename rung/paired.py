@@ -64,10 +64,7 @@ def paired_bootstrap(
         raise ValueError(f"old and new must be 1-d and of one length, got {a.shape} and {b.shape}")
     if len(a) == 0:
         raise ValueError("nothing to compare: no prompts")
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    if resamples < 1:
-        raise ValueError(f"resamples must be >= 1, got {resamples}")
+    metrics.check_bootstrap(confidence, resamples)
     d = b - a
     rng = np.random.default_rng(seed)
     if strata is None:
