@@ -42,7 +42,7 @@ class HeldOut(TrainerCallback):
 
     def __init__(self, rows: list[dict[str, Any]], fmt: config.FormatParams, tok: Any, every: int, max_new_tokens: int):
         self.rows, self.fmt, self.every, self.tok = rows, fmt, every, tok  # left-padded, for generation
-        self.prompts = render(tok, [answer_format.messages(r["prompt"], fmt) for r in rows])
+        self.prompts = render(tok, [answer_format.prompt(r["prompt"], fmt) for r in rows])
         self.sampling = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, batch_size=32)
         self.curve: list[tuple[int, float]] = []
 

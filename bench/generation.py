@@ -112,7 +112,7 @@ def main() -> None:
         models.materialize("embedded", model_dir)
     model, tok = models.load(model_dir)
     rows, _, _ = curate(CurateParams(sources=[dict(name="a", task="basic_arithmetic", size=4 * args.prompts)]), {}, seed=0)
-    prompts = render(tok, [answer_format.messages(r["prompt"], FormatParams()) for r in rows[: args.prompts]])
+    prompts = render(tok, [answer_format.prompt(r["prompt"], FormatParams()) for r in rows[: args.prompts]])
     prompt_tokens = sum(len(x) for x in tok(prompts, add_special_tokens=False)["input_ids"]) / len(prompts)
 
     peak = matmul_peak()

@@ -46,12 +46,34 @@ class ModelParams(Section):
 
 
 class FormatParams(Section):
-    """The one response format: used for SFT targets, reward functions and answer extraction."""
+    """The one response format (rung/answer_format.py): how problems are put to the model, the SFT
+    targets, where rewards and evaluation read the answer, and the format checks."""
 
-    system_prompt: str = "Show your steps, then end with 'Answer: <result>'."
-    """Short on purpose: every prompt token is paid again in every rollout and training step."""
+    style: Literal["answer_line", "boxed", "tags"] = "answer_line"
+    """answer_line: steps then '<answer_prefix> <x>'; boxed: the answer in the last \\boxed{} (MATH,
+    Qwen2.5-Math, DAPO); tags: '<think> ... </think> <answer> ... </answer>' (DeepSeek-R1, open-r1)."""
+    template: Literal["chat", "plain"] = "chat"
+    """chat: the tokenizer's chat template (refused before any compute if the model has none);
+    plain: `plain_template`, for base models."""
+    instruction: str | None = None
+    """The text that tells the model the format; None uses the style's own (answer_line: "Show your
+    steps, then end with 'Answer: <result>'."; boxed: Qwen2.5-Math's "Please reason step by step,
+    and put your final answer within \\boxed{}."; tags: DeepSeek-R1's system prompt); "" none.
+    Short on purpose by default: every prompt token is paid again in every rollout and training step."""
+    system_message: bool = True
+    """chat: the instruction as a system message; false appends it to the user's turn (DAPO and
+    SimpleRL-Zoo put it after the question)."""
+    plain_template: str = "{instruction}\nUser: {prompt}\nAssistant:"
+    """plain: the whole prompt, with {prompt} for the problem and optionally {instruction}; the
+    default with the tags style is DeepSeek-R1-Zero's template."""
     answer_prefix: str = Field("Answer:", min_length=1)
-    """Marker before the final answer; the answer is the rest of the last line that starts with it."""
+    """answer_line: the marker before the final answer; the answer is the rest of its line (the last one)."""
+
+    @model_validator(mode="after")
+    def _template(self) -> FormatParams:
+        if self.template == "plain" and "{prompt}" not in self.plain_template:
+            raise ValueError("plain_template: must contain {prompt} (the problem's place) with template: plain")
+        return self
 
 
 class ReasoningGymSource(Section):
@@ -302,12 +324,13 @@ class SFTParams(Section):
         return self
 
 
-BUILTIN_REWARDS = ("accuracy", "format", "overlong", "conditional_length")
+BUILTIN_REWARDS = ("accuracy", "format", "format_partial", "overlong", "conditional_length")
 
 
 class RewardParams(Section):
-    """One reward function and its weight. Built-ins (rung.rewards.REGISTRY): accuracy, format,
-    overlong, conditional_length; any other name needs `import`."""
+    """One reward function and its weight. Built-ins (rung.rewards.REGISTRY): accuracy, format (the
+    style's strict check), format_partial (tags: 0.25 a tag, open-r1's tag_count_reward; the strict
+    check for the other styles), overlong, conditional_length; any other name needs `import`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
     weight: float = 1.0

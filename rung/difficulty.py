@@ -22,7 +22,7 @@ def pass_rates(gen: Generator, rows: list[dict[str, Any]], fmt: FormatParams, pa
     Correctness here ignores the answer format (last number counts): difficulty measures whether
     the reference model can solve the problem, not whether it already follows rung's format.
     """
-    prompts = gen.render([answer_format.messages(r["prompt"], fmt) for r in rows])
+    prompts = gen.render([answer_format.prompt(r["prompt"], fmt) for r in rows])
     samples = gen.generate(prompts, params.sampling, n=params.num_generations, seed=seed, desc="difficulty")
     out = []
     for row, completions in zip(rows, samples, strict=True):

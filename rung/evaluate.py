@@ -82,7 +82,7 @@ def evaluate(
 
     Returns (greedy records, sampled records, metrics).
     """
-    prompts = gen.render([answer_format.messages(r["prompt"], fmt) for r in rows])
+    prompts = gen.render([answer_format.prompt(r["prompt"], fmt) for r in rows])
     greedy = grade(rows, gen.generate(prompts, params.sampling, n=1, seed=seed, desc="eval greedy"), fmt)
     result = summarize_greedy(greedy, params, seed)
     progress(f"greedy accuracy {result['accuracy']:.3f} on {len(rows)} prompts")

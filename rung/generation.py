@@ -22,6 +22,7 @@ from transformers.cache_utils import DynamicLayer
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
 from rung import models
+from rung.answer_format import Prompt
 from rung.config import SamplingParams
 from rung.errors import InputError
 
@@ -34,9 +35,12 @@ class Completion:
     """True when generation stopped at max_new_tokens instead of an end-of-sequence token."""
 
 
-def render(tok: PreTrainedTokenizerBase, conversations: list[list[dict[str, str]]]) -> list[str]:
-    """Chat-template each conversation with the assistant turn opened."""
-    return [tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in conversations]
+def render(tok: PreTrainedTokenizerBase, prompts: list[Prompt]) -> list[str]:
+    """Chat-template each conversation with the assistant turn opened; a plain-template prompt
+    (already a string) is used as it is."""
+    if any(not isinstance(p, str) for p in prompts) and tok.chat_template is None:
+        raise InputError("format.template: chat, but the model's tokenizer has no chat template (use template: plain)")
+    return [p if isinstance(p, str) else tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
 
 
 @dataclass(frozen=True)
@@ -47,8 +51,8 @@ class Generator:
     tok: PreTrainedTokenizerBase
     generate: Callable[..., list[list[Completion]]]
 
-    def render(self, conversations: list[list[dict[str, str]]]) -> list[str]:
-        return render(self.tok, conversations)
+    def render(self, prompts: list[Prompt]) -> list[str]:
+        return render(self.tok, prompts)
 
 
 def load(model_dir: Path, dtype: str, backend: str = "transformers") -> Generator:

@@ -4,6 +4,7 @@ queued. Each failure is one InputError naming the params key (with the stage's r
 from __future__ import annotations
 
 import inspect
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,8 @@ def check(params: Params) -> None:
     """Raise InputError at the first thing that would make a stage fail on its input."""
     compat.check()
     _model(params.model.source, "model.source")
+    if params.format.template == "chat":
+        _chat_template(params.model.source, "model.source")
     for src in params.curate.sources:
         _source(src, f"curate.sources.{src.name}", params.seed, data.load_source)
     for src in params.eval.sets:
@@ -29,6 +32,8 @@ def check(params: Params) -> None:
         model = getattr(trace, "model", "base")
         if model != "base":
             _model(model, "sft.traces.model")
+            if params.format.template == "chat":
+                _chat_template(model, "sft.traces.model")
     if params.generation.backend == "vllm":
         require_vllm("generation.backend")
     launch.check(params.sft.launch, "sft.launch")
@@ -64,6 +69,35 @@ def _model(source: str, key: str) -> None:
 
         if not isinstance(try_to_load_from_cache(source, "config.json"), str):
             raise InputError(f"{key}: {source!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE=1")
+
+
+def _chat_template(source: str, key: str) -> None:
+    """`format.template: chat` needs a tokenizer with a chat template (base models often have none)."""
+    found = _has_chat_template(source)
+    if found is False:
+        raise InputError(f"format.template: chat, but {key} {source!r} has no chat template (use template: plain with a plain_template)")
+
+
+def _has_chat_template(source: str) -> bool | None:
+    """Whether the model's tokenizer has a chat template; None when it cannot be told without a download."""
+    if source == EMBEDDED:
+        return True  # SmolLM2-135M-Instruct
+    path = Path(source).expanduser()
+    if path.suffix == ".gguf":
+        from gguf import GGUFReader
+
+        return "tokenizer.chat_template" in GGUFReader(path).fields
+    if path.is_dir():
+        config = path / "tokenizer_config.json"
+        return (path / "chat_template.jinja").is_file() or (path / "chat_template.json").is_file() or (
+            config.is_file() and bool(json.loads(config.read_text()).get("chat_template")))
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(source, "tokenizer_config.json")
+    if not isinstance(cached, str):
+        return None  # not downloaded yet: the stage that loads it checks (rung.generation.render)
+    jinja = try_to_load_from_cache(source, "chat_template.jinja")
+    return isinstance(jinja, str) or bool(json.loads(Path(cached).read_text()).get("chat_template"))
 
 
 def _source(src: Source, key: str, seed: int, load: Callable[[Source, int], object]) -> None:

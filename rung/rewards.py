@@ -43,15 +43,25 @@ class Accuracy:
 
 
 class Format:
-    """1.0 when the completion ends with a non-empty answer line, else 0.0."""
+    """1.0 when the completion passes the style's strict format check (rung.answer_format), else 0.0."""
 
     __name__ = "format"
 
     def __init__(self, fmt: FormatParams, stage: RLStageParams):
-        self.fmt = fmt
+        self.style = answer_format.style(fmt)
 
     def __call__(self, completions: list[Any], **_: Any) -> list[float | None]:
-        return [float(answer_format.follows_format(_text(c), self.fmt)) for c in completions]
+        return [float(self.style.follows(_text(c))) for c in completions]
+
+
+class FormatPartial(Format):
+    """The style's partial credit in [0, 1]: for tags 0.25 per tag present once (open-r1's
+    tag_count_reward), so a policy is pulled towards the structure before it gets it all right."""
+
+    __name__ = "format_partial"
+
+    def __call__(self, completions: list[Any], **_: Any) -> list[float | None]:
+        return [self.style.partial_credit(_text(c)) for c in completions]
 
 
 class Overlong:
@@ -94,7 +104,7 @@ class ConditionalLength:
 
 
 REGISTRY: dict[str, Callable[..., RewardFunc]] = {
-    "accuracy": Accuracy, "format": Format, "overlong": Overlong, "conditional_length": ConditionalLength,
+    "accuracy": Accuracy, "format": Format, "format_partial": FormatPartial, "overlong": Overlong, "conditional_length": ConditionalLength,
 }
 assert tuple(REGISTRY) == BUILTIN_REWARDS  # config validates names against BUILTIN_REWARDS
 

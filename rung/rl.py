@@ -30,7 +30,7 @@ def prompts(rows: list[dict[str, Any]], fmt: FormatParams) -> Dataset:
     return Dataset.from_list(
         [
             {
-                "prompt": answer_format.messages(r["prompt"], fmt),
+                "prompt": answer_format.prompt(r["prompt"], fmt),
                 "prompt_text": r["prompt"],
                 "answer": r["answer"],
                 "task": r["task"],

@@ -16,10 +16,13 @@ from rung.trainer import common_args, finalize
 
 
 def examples(traces: list[dict[str, Any]], fmt: FormatParams) -> Dataset:
-    """Prompt/completion conversations: TRL masks the prompt, so only the response is learned."""
-    return Dataset.from_list(
-        [{"prompt": answer_format.messages(t["prompt"], fmt), "completion": [{"role": "assistant", "content": t["target"]}]} for t in traces]
-    )
+    """Prompt/completion pairs, conversations for a chat template or plain text (TRL appends EOS):
+    TRL masks the prompt, so only the response is learned."""
+    return Dataset.from_list([{"prompt": answer_format.prompt(t["prompt"], fmt), "completion": _completion(t["target"], fmt)} for t in traces])
+
+
+def _completion(target: str, fmt: FormatParams) -> list[dict[str, str]] | str:
+    return target if fmt.template == "plain" else [{"role": "assistant", "content": target}]
 
 
 def train(job: SFTJob) -> JobResult:
@@ -52,10 +55,14 @@ def train(job: SFTJob) -> JobResult:
 
 
 def truncated_fraction(traces: list[dict[str, Any]], fmt: FormatParams, tok: Any, max_length: int) -> float:
-    """Share of examples (chat-templated prompt and target) longer than max_length tokens: the trainer cuts their ends."""
+    """Share of examples (templated prompt and target) longer than max_length tokens: the trainer cuts their ends."""
     if not traces:
         return 0.0
-    texts = [tok.apply_chat_template([*answer_format.messages(t["prompt"], fmt), {"role": "assistant", "content": t["target"]}], tokenize=False) for t in traces]
+    texts = [
+        f"{p}{t['target']}{tok.eos_token}" if isinstance(p := answer_format.prompt(t["prompt"], fmt), str)
+        else tok.apply_chat_template([*p, {"role": "assistant", "content": t["target"]}], tokenize=False)
+        for t in traces
+    ]
     return sum(len(ids) > max_length for ids in tok(texts, add_special_tokens=False)["input_ids"]) / len(traces)
 
 

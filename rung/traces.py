@@ -27,19 +27,19 @@ def from_solutions(rows: list[dict[str, Any]], src: SolutionTraces, fmt: FormatP
 
 
 def in_format(text: str, row: dict[str, Any], fmt: FormatParams) -> str | None:
-    """The completion as a target if its answer is correct: unchanged when it already ends in the
-    answer line, else with the answer line appended; None when it is wrong."""
+    """The completion as a target if its answer is correct: unchanged when it already follows the
+    format, else with the answer added in the format; None when it is wrong."""
     text = text.strip()
     if answer_format.follows_format(text, fmt):
         return text if is_correct(answer_format.extract(text, fmt), row) else None
     answer = answer_format.extract_lenient(text, fmt)
-    return f"{text}\n{fmt.answer_prefix} {answer}" if answer is not None and is_correct(answer, row) else None
+    return answer_format.style(fmt).appended(text, answer) if answer is not None and is_correct(answer, row) else None
 
 
 def sampled(gen: Generator, rows: list[dict[str, Any]], src: SampledTraces, fmt: FormatParams, seed: int) -> tuple[list[Trace], dict[str, Any]]:
     """Verified-correct samples, at most `max_per_prompt` distinct ones per prompt; with counts."""
     rows = rows[: src.max_prompts]
-    prompts = gen.render([answer_format.messages(r["prompt"], fmt) for r in rows])
+    prompts = gen.render([answer_format.prompt(r["prompt"], fmt) for r in rows])
     samples = gen.generate(prompts, src.sampling, n=src.num_samples, seed=seed, desc=f"{src.type} traces")
     traces, kept_per_prompt = [], Counter()
     correct = 0
