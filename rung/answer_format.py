@@ -32,10 +32,9 @@ def _clean(answer: str | None) -> str | None:
     """An extracted answer without surrounding space, math delimiters or a sentence's final period."""
     if answer is None:
         return None
-    answer = answer.strip()
+    answer = answer.strip().removesuffix(".").strip()
     if len(answer) >= 2 and answer[0] == answer[-1] == "$":
-        answer = answer[1:-1].strip()
-    answer = answer.removesuffix(".").strip()
+        answer = answer[1:-1].strip().removesuffix(".").strip()
     return answer or None
 
 
@@ -151,7 +150,9 @@ class Tags(Style):
         return _clean(found[-1]) if found else None
 
     def follows(self, completion: str) -> bool:
-        return self._STRUCTURE.fullmatch(completion) is not None and self.extract(completion) is not None
+        # Each tag exactly once as well: open-r1's regex alone accepts "<answer>1</answer><answer>2</answer>".
+        once = all(completion.count(tag) == 1 for tag in self.TAGS)
+        return once and self._STRUCTURE.fullmatch(completion) is not None and self.extract(completion) is not None
 
     def extract_lenient(self, completion: str) -> str | None:
         strict = self.extract(completion)

@@ -1,0 +1,133 @@
+"""The three answer dialects (rung.answer_format): one table of literal completions, each read by its
+style's strict extraction and format check and judged against a gold answer by math-verify, as
+open-r1 judges math answers."""
+from __future__ import annotations
+
+import pytest
+
+from rung import answer_format
+from rung.config import FormatParams
+from rung.verify import is_correct
+
+LINE, BOXED, TAGS = (FormatParams(style=s) for s in ("answer_line", "boxed", "tags"))
+THINK = "<think>\n12 + 30 = 42\n</think>\n"
+
+# (format, completion, gold, strict extraction, follows the format, judged correct against gold)
+CASES = [
+    # answer_line
+    (LINE, "6 * 7 = 42\nAnswer: 42", "42", "42", True, True),
+    (LINE, "so the Answer: 12", "12", "12", True, True),  # mid-line
+    (LINE, "Answer: 12 apples", "12", "12 apples", True, True),  # math-verify reads past a unit
+    (LINE, "Answer: 3\nno, wait\nAnswer: 4", "4", "4", True, True),  # the last line wins
+    (LINE, "Answer: $\\frac{1}{2}$.", "0.5", "\\frac{1}{2}", True, True),  # delimiters and period dropped
+    (LINE, "Answer: 1,000", "1000", "1,000", True, True),  # thousands separator
+    (LINE, "Answer: -3", "-3", "-3", True, True),
+    (LINE, "Answer: 50\\%", "50", "50\\%", True, True),  # a percentage equals its number
+    (LINE, "Answer:   ", "7", None, False, False),  # an empty answer is no answer
+    (LINE, "The result is 7.", "7", None, False, False),  # right number, no answer line
+    (LINE, "Answer: 0.25", "\\frac{1}{4}", "0.25", True, True),  # decimal vs fraction gold
+    (LINE, "Answer: 2/3", "\\frac{2}{3}", "2/3", True, True),
+    (LINE, "Answer: 13", "12", "13", True, False),
+    (LINE, "answer: 12", "12", None, False, False),  # the prefix is case-sensitive
+    (LINE, "Answer: x = 5", "5", "x = 5", True, True),  # math-verify reads the right-hand side
+    # boxed
+    (BOXED, "So $x = \\boxed{42}$.", "42", "42", True, True),
+    (BOXED, "\\boxed{\\frac{1}{2}}", "0.5", "\\frac{1}{2}", True, True),  # nested braces
+    (BOXED, "\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt{3}}{2}", "\\frac{\\sqrt{3}}{2}", True, True),
+    (BOXED, "first \\boxed{3}, then \\boxed{4}", "4", "4", True, True),  # several boxes: the last counts
+    (BOXED, "first \\boxed{4}, then \\boxed{3}", "4", "3", True, False),
+    (BOXED, "\\boxed{12 \\text{ apples}}", "12", "12 \\text{ apples}", True, True),  # box with text
+    (BOXED, "\\boxed{\\text{12}}", "12", "\\text{12}", True, True),
+    (BOXED, "\\boxed{}", "5", None, False, False),  # an empty box is no answer
+    (BOXED, "The answer is 5.", "5", None, False, False),  # no box
+    (BOXED, "\\boxed{5", "5", None, False, False),  # unbalanced: no box
+    (BOXED, "\\boxed 5", "5", "5", True, True),  # the brace-less form
+    (BOXED, "\\fbox{7}", "7", "7", True, True),
+    (BOXED, "\\boxed{0.75}", "\\frac{3}{4}", "0.75", True, True),  # decimal vs fraction
+    (BOXED, "\\boxed{75\\%}", "75", "75\\%", True, True),  # percentage
+    (BOXED, "\\boxed{-\\frac{2}{3}}", "-\\frac{2}{3}", "-\\frac{2}{3}", True, True),  # negative fraction
+    (BOXED, "\\boxed{1,234}", "1234", "1,234", True, True),  # thousands separator
+    (BOXED, "\\boxed{(1, 2)}", "(1,2)", "(1, 2)", True, True),  # a tuple
+    (BOXED, "\\boxed{x^2+2x+1}", "(x+1)^2", "x^2+2x+1", True, True),  # symbolic equality
+    (BOXED, "\\boxed{\\dfrac{1}{3}}", "\\frac13", "\\dfrac{1}{3}", True, True),
+    (BOXED, "\\boxed{0.33}", "\\frac{1}{3}", "0.33", True, False),  # close is not equal
+    # tags
+    (TAGS, THINK + "<answer>\n42\n</answer>", "42", "42", True, True),
+    (TAGS, "<think> 12 + 30 = 42 </think> <answer> 42 </answer>", "42", "42", True, True),  # spaces, not newlines
+    (TAGS, "  <think>a</think>\n\n<answer>42</answer>\n", "42", "42", True, True),  # surrounding whitespace
+    (TAGS, THINK + "<answer>\n42", "42", None, False, False),  # missing closing tag
+    (TAGS, "<answer>42</answer>", "42", "42", False, True),  # no reasoning: answer read, format not followed
+    (TAGS, THINK + "<answer></answer>", "42", None, False, False),  # empty answer
+    (TAGS, THINK + "<answer>\\frac{1}{2}</answer>", "0.5", "\\frac{1}{2}", True, True),
+    (TAGS, THINK + "<answer>$-7$</answer>", "-7", "-7", True, True),
+    (TAGS, THINK + "<answer>The answer is \\boxed{9}</answer>", "9", "The answer is \\boxed{9}", True, True),
+    (TAGS, THINK + "<answer>1</answer><answer>2</answer>", "2", "2", False, True),  # two answers: not the format
+    (TAGS, THINK + "<answer>42</answer> trailing words", "42", "42", False, True),  # text after the answer
+    (TAGS, "<think>unfinished reasoning", "42", None, False, False),
+]
+
+
+@pytest.mark.parametrize("fmt, completion, gold, strict, follows, correct", CASES, ids=[f"{c[0].style}-{i}" for i, c in enumerate(CASES)])
+def test_style_table(fmt, completion, gold, strict, follows, correct):
+    assert answer_format.extract(completion, fmt) == strict
+    assert answer_format.follows_format(completion, fmt) is follows
+    assert is_correct(answer_format.extract(completion, fmt), {"task": "math", "answer": gold, "meta": {}}) is correct
+
+
+def test_table_covers_each_style_with_at_least_40_cases():
+    assert len(CASES) >= 40
+    assert {c[0].style for c in CASES} == {"answer_line", "boxed", "tags"}
+
+
+@pytest.mark.parametrize(
+    "completion, lenient",
+    [
+        (THINK + "<answer>\n42", "42"),  # the closing tag cut off by max_new_tokens
+        ("<think>so it is 41, no 42", "42"),  # no answer tag: the last number
+        ("no numbers", None),
+    ],
+)
+def test_tags_lenient_extraction(completion, lenient):
+    assert answer_format.extract_lenient(completion, TAGS) == lenient
+
+
+@pytest.mark.parametrize(
+    "completion, credit",
+    [
+        (THINK + "<answer>\n42\n</answer>", 1.0),
+        (THINK + "<answer>\n42", 0.75),
+        ("<think>x</think><think>y</think><answer>1</answer>", 0.5),  # repeated tags earn nothing
+        ("42", 0.0),
+    ],
+)
+def test_tags_partial_credit_is_open_r1_tag_count(completion, credit):
+    assert answer_format.style(TAGS).partial_credit(completion) == credit
+
+
+@pytest.mark.parametrize("fmt", [LINE, BOXED, TAGS], ids=lambda f: f.style)
+@pytest.mark.parametrize("answer, solution", [("42", "6 * 7 = 42"), ("\\frac{1}{2}", None), ("-3", "Subtract.\nIt is -3.")])
+def test_targets_follow_their_own_format(fmt, answer, solution):
+    target = answer_format.target(answer, solution, fmt)
+    assert answer_format.follows_format(target, fmt)
+    assert answer_format.extract(target, fmt) == answer
+
+
+def test_boxed_target_keeps_a_solution_that_already_has_its_box():
+    solution = "Half of one is $\\boxed{\\frac{1}{2}}$."
+    assert answer_format.target("\\frac{1}{2}", solution, BOXED) == solution
+
+
+def test_prompts_chat_and_plain():
+    assert answer_format.prompt("What is 2+2?", BOXED) == [
+        {"role": "system", "content": "Please reason step by step, and put your final answer within \\boxed{}."},
+        {"role": "user", "content": "What is 2+2?"},
+    ]
+    appended = FormatParams(style="boxed", system_message=False)
+    assert answer_format.prompt("What is 2+2?", appended) == [
+        {"role": "user", "content": "What is 2+2?\nPlease reason step by step, and put your final answer within \\boxed{}."}
+    ]
+    r1_zero = FormatParams(style="tags", template="plain")
+    text = answer_format.prompt("What is 2+2?", r1_zero)
+    assert text.startswith("A conversation between User and Assistant.") and text.endswith("\nUser: What is 2+2?\nAssistant:")
+    custom = FormatParams(template="plain", instruction="", plain_template="Q: {prompt}\nA:")
+    assert answer_format.prompt("What is 2+2?", custom) == "Q: What is 2+2?\nA:"
