@@ -12,18 +12,28 @@ from typing import Any
 
 from rung import answer_format, io, layout
 from rung.config import FormatParams, SampledTraces, SolutionTraces, TraceSource
+from rung.errors import InputError
 from rung.generation import Generator
 from rung.verify import is_correct
 
 Trace = dict[str, Any]  # id, prompt, target, origin
 
 
-def from_solutions(rows: list[dict[str, Any]], src: SolutionTraces, fmt: FormatParams) -> list[Trace]:
-    """The worked solution (or, with answer_only, the bare answer line) of each row."""
-    return [
-        {"id": r["id"], "prompt": r["prompt"], "target": answer_format.target(r["answer"], r.get("solution"), fmt), "origin": "solutions"}
-        for r in rows if r.get("solution") or src.answer_only
-    ]
+def from_solutions(rows: list[dict[str, Any]], src: SolutionTraces, fmt: FormatParams, key: str = "sft.traces") -> list[Trace]:
+    """The worked solution (or, with answer_only, the bare answer) of each row, in the style.
+
+    Refused when a target would not follow the style or would state another answer than the row's
+    (e.g. solutions that carry their own <answer> tags, or a MATH solution whose last box is not
+    its answer column): training on them would teach a format the rewards do not read."""
+    used = [r for r in rows if r.get("solution") or src.answer_only]
+    targets = [answer_format.target(r["answer"], r.get("solution"), fmt) for r in used]
+    bad = [r["id"] for r, t in zip(used, targets, strict=True)
+           if not answer_format.follows_format(t, fmt) or not is_correct(answer_format.extract(t, fmt), r)]
+    if bad:
+        raise InputError(f"{key}: {len(bad)} of {len(used)} solution targets do not state the row's answer in format.style "
+                         f"{fmt.style} (first: id {bad[0]}); fix the solutions or use another style")
+    traces = [{"id": r["id"], "prompt": r["prompt"], "target": t, "origin": "solutions"} for r, t in zip(used, targets, strict=True)]
+    return traces
 
 
 def in_format(text: str, row: dict[str, Any], fmt: FormatParams) -> str | None:
@@ -33,7 +43,10 @@ def in_format(text: str, row: dict[str, Any], fmt: FormatParams) -> str | None:
     if answer_format.follows_format(text, fmt):
         return text if is_correct(answer_format.extract(text, fmt), row) else None
     answer = answer_format.extract_lenient(text, fmt)
-    return answer_format.style(fmt).appended(text, answer) if answer is not None and is_correct(answer, row) else None
+    if answer is None or not is_correct(answer, row):
+        return None
+    fixed = answer_format.style(fmt).appended(text, answer)
+    return fixed if answer_format.follows_format(fixed, fmt) else None  # e.g. stray tags of its own
 
 
 def sampled(gen: Generator, rows: list[dict[str, Any]], src: SampledTraces, fmt: FormatParams, seed: int) -> tuple[list[Trace], dict[str, Any]]:
@@ -64,12 +77,14 @@ def sampled(gen: Generator, rows: list[dict[str, Any]], src: SampledTraces, fmt:
 def build(rows: list[dict[str, Any]], sources: list[TraceSource], fmt: FormatParams, seed: int, load: Callable[[str], Generator]) -> tuple[list[Trace], dict[str, Any]]:
     """Traces of every source in params order, and per-source counts. `load(model)` returns the
     generator for a sampled source's model ('base' or a teacher)."""
+    # Solution targets first, whatever their place: a refused one stops the stage before any sampling.
+    solved = {i: from_solutions(rows, src, fmt, f"sft.traces[{i}]") for i, src in enumerate(sources) if isinstance(src, SolutionTraces)}
     traces: list[Trace] = []
     stats: dict[str, Any] = {}
     for i, src in enumerate(sources):
         name = f"{i}_{src.type}"
-        if isinstance(src, SolutionTraces):
-            got = from_solutions(rows, src, fmt)
+        if i in solved:
+            got = solved[i]
             stats[name] = {"kept": len(got), "with_solution": sum(bool(r.get("solution")) for r in rows)}
         else:
             got, stats[name] = sampled(load(src.model), rows, src, fmt, seed + i)

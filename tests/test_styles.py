@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from rung import answer_format
-from rung.config import FormatParams
+from rung import answer_format, traces
+from rung.config import FormatParams, SolutionTraces
+from rung.errors import InputError
 from rung.verify import is_correct
 
 LINE, BOXED, TAGS = (FormatParams(style=s) for s in ("answer_line", "boxed", "tags"))
@@ -131,3 +132,22 @@ def test_prompts_chat_and_plain():
     assert text.startswith("A conversation between User and Assistant.") and text.endswith("\nUser: What is 2+2?\nAssistant:")
     custom = FormatParams(template="plain", instruction="", plain_template="Q: {prompt}\nA:")
     assert answer_format.prompt("What is 2+2?", custom) == "Q: What is 2+2?\nA:"
+
+
+def test_solution_targets_that_break_the_style_are_refused_naming_the_source():
+    rows = [{"id": "a", "prompt": "1+1?", "answer": "2", "solution": "1+1=2", "task": "math", "meta": {}},
+            {"id": "b", "prompt": "2+2?", "answer": "4", "solution": "<think>2+2</think><answer>4</answer>", "task": "math", "meta": {}}]
+    assert len(traces.from_solutions(rows[:1], SolutionTraces(), TAGS)) == 1
+    with pytest.raises(InputError, match=r"^sft.traces\[1\]: 1 of 2 solution targets .* format.style tags \(first: id b\)"):
+        traces.from_solutions(rows, SolutionTraces(), TAGS, "sft.traces[1]")
+    wrong_box = [{**rows[0], "solution": "So it is $\\boxed{3}$."}]  # the solution's box disagrees with the answer column
+    with pytest.raises(InputError, match="format.style boxed"):
+        traces.from_solutions(wrong_box, SolutionTraces(), BOXED)
+
+
+def test_a_sample_is_kept_as_a_trace_only_if_it_ends_in_the_format():
+    row = {"id": "a", "prompt": "1+1?", "answer": "2", "task": "math", "meta": {}}
+    assert traces.in_format("1+1 is 2", row, TAGS) == "<think>\n1+1 is 2\n</think>\n<answer>\n2\n</answer>"
+    assert traces.in_format("<think>1+1 is 2", row, TAGS) is None  # its own stray tag would be doubled
+    assert traces.in_format("1+1 is 3", row, BOXED) is None
+    assert traces.in_format("1+1 is 2", row, BOXED) == "1+1 is 2\nThe final answer is $\\boxed{2}$."
