@@ -28,7 +28,7 @@ def eval_checkpoint(checkpoint: str, params_file: str = str(layout.PARAMS)) -> N
         seed = derive(params.seed, "eval")
         gen = generation.load(model_dir, params.model.dtype, params.generation.backend)
         results = {name: evaluate_task.evaluate_set(gen, name, io.read_jsonl(path), params.format, params.eval, seed) for name, path in set_paths.items()}
-        finish(f"eval-{slug}", evaluate.run(checkpoint, results, set_paths, params.eval, seed))
+        finish(f"eval-{slug}", evaluate.run(checkpoint, results, set_paths, params.eval, params.format, seed))
         mlflow.log_artifacts(str(layout.EVAL / slug), artifact_path="samples")
 
 

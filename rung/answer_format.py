@@ -48,6 +48,8 @@ class Style(ABC):
     """One answer dialect. Subclasses define the instruction, the target and the strict extraction."""
 
     name: str
+    description: str
+    """How the answer is given, in a few words (for reports)."""
     instruction: str
 
     def __init__(self, fmt: FormatParams):
@@ -84,6 +86,7 @@ class AnswerLine(Style):
     (also in mid-line: "so the Answer: 12")."""
 
     name = "answer_line"
+    description = "a final 'Answer: x' line"
 
     @property
     def instruction(self) -> str:  # type: ignore[override]
@@ -107,6 +110,7 @@ class Boxed(Style):
     """The answer in the last `\\boxed{...}` (nested braces kept); MATH solutions already end in one."""
 
     name = "boxed"
+    description = "the answer in the last \\boxed{}"
     instruction = "Please reason step by step, and put your final answer within \\boxed{}."
 
     def target(self, answer: str, solution: str | None) -> str:
@@ -132,6 +136,7 @@ class Tags(Style):
     """
 
     name = "tags"
+    description = "<think> ... </think> <answer> ... </answer>"
     instruction = (
         "A conversation between User and Assistant. The user asks a question, and the Assistant solves it. "
         "The assistant first thinks about the reasoning process in the mind and then provides the user with the answer. "

@@ -95,10 +95,11 @@ def evaluate(
     return greedy, sampled, result
 
 
-def run(checkpoint: str, results: dict[str, tuple[list[Record], list[Record], dict[str, Any]]], set_paths: dict[str, Path], params: EvalParams, seed: int) -> dict[str, Any]:
+def run(checkpoint: str, results: dict[str, tuple[list[Record], list[Record], dict[str, Any]]], set_paths: dict[str, Path], params: EvalParams,
+        fmt: FormatParams, seed: int) -> dict[str, Any]:
     """The eval stage's outputs for one checkpoint: per-sample records of every set (one directory,
     written atomically), the DVC plots of the held-out split (accuracy by difficulty, pass@k and
-    maj@k), and the metrics, which record sampling, seed and the md5 of the model and of every set."""
+    maj@k), and the metrics, which record format, sampling, seed and the md5 of the model and of every set."""
     slug = layout.checkpoint_slug(checkpoint)
     with io.atomic_path(layout.EVAL / slug) as tmp:
         tmp.mkdir()
@@ -113,6 +114,7 @@ def run(checkpoint: str, results: dict[str, tuple[list[Record], list[Record], di
     return {
         "checkpoint": checkpoint, "seed": seed, "model_md5": io.md5(layout.checkpoint(checkpoint)),
         "data_md5": {n: io.md5(p) for n, p in set_paths.items()},
+        "format": {"style": fmt.style, "template": fmt.template},
         "sampling": params.sampling.model_dump(),
         "samples": params.samples.model_dump() if params.samples else None,
         "bootstrap": params.bootstrap.model_dump(),

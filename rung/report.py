@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rung import html_report, io, layout, paired
+from rung import answer_format, html_report, io, layout, paired
 
 # The paired comparisons: a DVC metrics file of the report stage (next to report.md, outside
 # data/metrics, which the stage depends on).
@@ -18,7 +18,6 @@ COLUMNS = [
     ("mean_tokens", "mean tokens"),
     ("truncation_rate", "truncated"),
 ]
-
 
 def headline(metrics: dict[str, Any]) -> dict[str, Any]:
     """The report's view of one eval metrics file: the held-out split's numbers, with the other
@@ -168,6 +167,9 @@ def markdown(evals: dict[str, dict[str, Any]], rl: dict[str, dict[str, str]] | N
     confidence = first.get("bootstrap", {}).get("confidence", 0.95)
     notes = [f"Held-out split: {n} prompts; headline decoding: {sampling}; accuracy with its {100 * confidence:.0f}% bootstrap interval "
              "(of that checkpoint alone: whether two checkpoints differ is read from the paired comparisons, not from overlapping intervals)."]
+    if "format" in first:  # metrics written before format.style existed have none
+        notes.append(f"Answer format: style {first['format']['style']} ({answer_format.STYLES[first['format']['style']].description}), {first['format']['template']} template; "
+                     "accuracy reads the answer only where the style puts it, 'any format' also the last number, format rate is the style's strict check.")
     if first.get("samples"):
         s = first["samples"]
         notes.append(f"avg@{s['n']}: {s['n']} samples per prompt at temperature {s['temperature']}, top_p {s['top_p']}.")
