@@ -74,6 +74,32 @@ def compare(
 
 
 @app.command()
+def run(
+    recipe: Annotated[Path, typer.Argument(help="params file of the experiment, e.g. recipes/r1_zero.yaml")],
+    sets: Annotated[list[str] | None, typer.Option("--set", "-S", help="override KEY=VALUE (YAML value), repeatable: --set rl.stages.main.max_steps=50")] = None,
+    workdir: Annotated[Path | None, typer.Option("--dir", help="the run's own workspace (default runs/<recipe name>)")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="validate and write the workspace; run nothing")] = False,
+) -> None:
+    """Run an experiment from a params file in a workspace of its own (flows/run.py), then print its
+    results table. The project's params.yaml and outputs are left as they are."""
+    from flows import run as flows_run
+
+    ws = workdir or flows_run.default_dir(recipe)
+    try:
+        code = flows_run.run(recipe, flows_run.overrides(sets or []), ws, dry_run)
+    except InputError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    if code:
+        typer.echo(f"error: dvc repro failed in {ws} (exit {code})", err=True)
+        raise typer.Exit(code)
+    if dry_run:
+        console.print(f"{ws}: ready (`cd {ws} && dvc repro`)")
+    else:
+        table(ws / layout.REPORT)
+
+
+@app.command()
 def sweep(
     grid: Annotated[str, typer.Argument(help='JSON/YAML mapping {params key: list of values} or a .yaml file, e.g. \'{"seed": [1, 2]}\'')],
     name: Annotated[str | None, typer.Option("--name", help="experiment name prefix (default sweep-<date>-<time>)")] = None,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from prefect.server.api.server import SubprocessASGIServer
 from prefect.settings import get_current_settings
@@ -18,16 +19,17 @@ from tasks.dvc import PRIVATE_ENV
 STARTUP_TIMEOUT_S = 600
 
 
-def run(cmd: list[str]) -> int:
-    """Run `cmd` against a Prefect API; returns its exit code."""
+def run(cmd: list[str], cwd: Path | None = None, env: dict[str, str] | None = None) -> int:
+    """Run `cmd` (in `cwd`, with environment `env`, default this one) against a Prefect API; returns its exit code."""
+    env = env or dict(os.environ)
     if get_current_settings().api.url:
-        return subprocess.run(cmd, check=False).returncode
+        return subprocess.run(cmd, cwd=cwd, env=env, check=False).returncode
     server = SubprocessASGIServer()
     print("prefect: starting a server for this run (the first start in a new PREFECT_HOME also creates its database)", file=sys.stderr, flush=True)
     server.start(timeout=STARTUP_TIMEOUT_S)
     try:
-        env = {**os.environ, "PREFECT_API_URL": server.api_url, PRIVATE_ENV: server.api_url}
-        return subprocess.run(cmd, env=env, check=False).returncode
+        private = {"PREFECT_API_URL": server.api_url, PRIVATE_ENV: server.api_url}
+        return subprocess.run(cmd, cwd=cwd, env={**env, **private}, check=False).returncode
     finally:
         server.stop()
 

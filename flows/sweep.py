@@ -13,7 +13,6 @@ Results: `dvc exp show`, `rung compare --dvc`, and the table this flow prints an
 from __future__ import annotations
 
 import argparse
-import copy
 import io
 import itertools
 from datetime import datetime
@@ -45,23 +44,12 @@ def points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
     return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
 
 
-def _with(data: dict[str, Any], point: dict[str, Any]) -> dict[str, Any]:
-    data = copy.deepcopy(data)
-    for key, value in point.items():
-        *parents, leaf = key.split(".")
-        node = data
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return data
-
-
 def experiments(grid: dict[str, list[Any]], prefix: str, params_file: str | Path = layout.PARAMS) -> dict[str, dict[str, Any]]:
     """Experiment name -> grid point, each point checked against the params schema (ConfigError naming it)."""
     base = yaml.safe_load(Path(params_file).read_text())
     todo = {f"{prefix}-{i}": point for i, point in enumerate(points(grid), start=1)}
     for exp, point in todo.items():
-        preflight.check(config.parse(_with(base, point), f"{params_file} with {exp} {point}"))
+        preflight.check(config.parse(config.with_overrides(base, point), f"{params_file} with {exp} {point}"))
     return todo
 
 

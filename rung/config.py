@@ -5,6 +5,8 @@ cross-cutting `seed`, `format` and `tracking`. Every field is documented once, h
 """
 from __future__ import annotations
 
+import copy
+
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -669,6 +671,31 @@ def parse(data: Any, source: str = PARAMS_FILE) -> Params:
         return Params.model_validate(data)
     except ValidationError as e:
         raise ConfigError(f"{source}: {_one_line(e)}") from None
+
+
+def with_overrides(data: dict[str, Any], sets: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a params mapping with each dotted key set to its value, as `dvc exp run -S
+    ++key=value` sets it: missing mappings are created, a number indexes a list
+    (`curate.sources.0.size`)."""
+    data = copy.deepcopy(data)
+    for key, value in sets.items():
+        *parents, leaf = key.split(".")
+        node: Any = data
+        for i, p in enumerate([*parents, leaf]):
+            last = i == len(parents)
+            if isinstance(node, list) and p.isdigit() and int(p) < len(node):
+                if last:
+                    node[int(p)] = value
+                else:
+                    node = node[int(p)]
+            elif isinstance(node, dict):
+                if last:
+                    node[p] = value
+                else:
+                    node = node.setdefault(p, {})
+            else:
+                raise ConfigError(f"{key}: no key {p!r} here ({'list index out of range' if isinstance(node, list) else 'not a mapping'})")
+    return data
 
 
 def load(path: Path | str = PARAMS_FILE) -> Params:
