@@ -388,3 +388,12 @@ def test_curate_writes_benchmark_eval_sets_and_counts_skipped_golds(offline, tmp
         "math500": sorted(["\\frac{14}{3}", "\\sqrt{2}", "6", "[-3,7]", "10"]), "gsm8k": sorted(["36", "1200", "8.5", "180", "8"])}
     train = io.read_jsonl(tmp_path / "data" / "curated" / "train.jsonl")
     assert not {r["prompt"] for r in train} & {r["prompt"] for r in written["math500"]}  # decontaminated against the eval sets
+    # The eval stage grades these rows as any other: the model's "1,200" is GSM8K's "1200".
+    from rung.config import FormatParams
+    from rung.evaluate import grade
+    from rung.generation import Completion
+
+    by_answer = {r["answer"]: r for rows in written.values() for r in rows}
+    rows = [by_answer["1200"], by_answer["\\frac{14}{3}"], by_answer["180"]]
+    said = [[Completion(f"Steps.\nAnswer: {a}", tokens=5, truncated=False)] for a in ("1,200", "14/3", "18")]
+    assert [r["samples"][0]["correct"] for r in grade(rows, said, FormatParams())] == [True, True, False]
