@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from rung import benchmarks
 from rung.errors import InputError
 
 PARAMS_FILE = "params.yaml"
@@ -122,6 +123,31 @@ class _TabularSource(Section):
     where: dict[str, list[Scalar]] = Field(default_factory=dict)
     """Keep only rows whose column value is one of the listed values, compared as text,
     e.g. {level: ["Level 1", "Level 2"]}."""
+    answer_from: Literal["column", "boxed", "gsm8k"] = "column"
+    """How the reference answer is read from the `columns.answer` cell. column: the cell itself;
+    boxed: the content of its last \\boxed{} (MATH-style solutions: map `columns.answer` to the
+    solution column); gsm8k: the text after its last '####' line, with commas and '$' removed (as
+    lm-eval does), and the worked part before that line, without GSM8K's <<48/2=24>> calculator
+    annotations, as the solution unless `columns.solution` names a column."""
+    answer_pattern: str | None = None
+    """A regular expression with one capturing group: the answer is that group of its last match
+    in the `columns.answer` cell, e.g. 'The answer is:? *([^\\n]+)'. Not with answer_from boxed/gsm8k.
+    Rows whose cell yields no answer (this pattern, or boxed / gsm8k) are dropped and counted
+    (dropped_no_answer); a source whose first 20 rows yield none is refused."""
+
+    @model_validator(mode="after")
+    def _answer_pattern(self) -> _TabularSource:
+        if self.answer_pattern is None:
+            return self
+        if self.answer_from != "column":
+            raise ValueError(f"answer_pattern: set answer_pattern or answer_from: {self.answer_from}, not both")
+        try:
+            groups = re.compile(self.answer_pattern).groups
+        except re.error as e:
+            raise ValueError(f"answer_pattern: does not compile: {e}") from None
+        if groups != 1:
+            raise ValueError(f"answer_pattern: needs exactly one capturing group (...), has {groups}")
+        return self
 
 
 class FileSource(_TabularSource):
@@ -148,13 +174,37 @@ class HFSource(_TabularSource):
     """Hub branch, tag or commit; pin it for reproducibility. Not allowed for local directories."""
 
 
+class BenchmarkSource(HFSource):
+    """A benchmark known by name (rung/benchmarks.py: math500, gsm8k, aime24, amc): its hub id,
+    config, split, columns and answer_from are filled in, and any of them set here wins; `dataset`
+    may be a local directory holding a copy in the hub's layout (offline nodes)."""
+
+    type: Literal["benchmark"] = "benchmark"
+    benchmark: str | None = None
+    """Which benchmark; None: the one called `name` (set it when `name` is a label of your own,
+    e.g. {type: benchmark, name: math500_l5, benchmark: math500, where: {level: [5]}})."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        name = data.get("benchmark") or data.get("name")
+        if name not in benchmarks.BENCHMARKS:
+            raise ValueError(f"benchmark: unknown benchmark {name!r}; known: {', '.join(benchmarks.BENCHMARKS)}")
+        if isinstance(data.get("columns"), ColumnMap):
+            data = {**data, "columns": data["columns"].model_dump(exclude_unset=True)}
+        return benchmarks.fields(name, {"name": name, **data, "benchmark": name})
+
+
 def _source_type(value: Any) -> str:
     # Sources written without `type` are reasoning-gym tasks.
     return value.get("type", "reasoning_gym") if isinstance(value, dict) else value.type
 
 
 Source = Annotated[
-    Annotated[ReasoningGymSource, Tag("reasoning_gym")] | Annotated[FileSource, Tag("file")] | Annotated[HFSource, Tag("hf")],
+    Annotated[ReasoningGymSource, Tag("reasoning_gym")] | Annotated[FileSource, Tag("file")] | Annotated[HFSource, Tag("hf")]
+    | Annotated[BenchmarkSource, Tag("benchmark")],
     Discriminator(_source_type),
 ]
 
@@ -645,13 +695,14 @@ class Params(Section):
         return ["base", "sft", *(f"rl/{name}" for name in self.rl.stages)]
 
 
-_SOURCE_TAGS = {"reasoning_gym", "file", "hf"}
+_SOURCE_TAGS = {"reasoning_gym", "file", "hf", "benchmark"}
 
 
 def _one_line(err: ValidationError) -> str:
     first = err.errors()[0]
     # Drop the tag pydantic inserts for tagged unions (curate.sources.0.file.path -> ...0.path).
-    key = ".".join(str(p) for p in first["loc"] if p not in _SOURCE_TAGS) or "<root>"
+    loc = first["loc"]
+    key = ".".join(str(p) for i, p in enumerate(loc) if not (p in _SOURCE_TAGS and i and isinstance(loc[i - 1], int))) or "<root>"
     msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         msg = "unknown key"

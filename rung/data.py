@@ -115,17 +115,20 @@ def load_eval_source(src: Source, seed: int) -> tuple[list[Row], dict[str, int]]
         raise InputError(str(e).replace(f"curate.sources.{src.name}", f"eval.sets.{src.name}", 1)) from None
 
 
-def eval_sets(params: EvalParams, seed: int) -> dict[str, list[Row]]:
-    """The extra eval sets of params.eval.sets, verified and deduplicated, by name."""
-    out = {}
+def eval_sets(params: EvalParams, seed: int) -> tuple[dict[str, list[Row]], dict[str, dict[str, int]]]:
+    """The extra eval sets of params.eval.sets, verified and deduplicated, by name; and per set the
+    loader's counts, dropped_unverifiable (golds the verifier cannot use: skipped and counted, as
+    open-r1 skips them, never scored as wrong), dropped_duplicate and the rows kept."""
+    out, counts = {}, {}
     for src in params.sets:
-        rows, _ = load_eval_source(src, seed)
-        rows, _ = filters.unverifiable(rows, verifiable)
-        rows, _ = filters.exact_duplicates(rows)
+        rows, loaded = load_eval_source(src, seed)
+        rows, unverifiable = filters.unverifiable(rows, verifiable)
+        rows, duplicates = filters.exact_duplicates(rows)
         if not rows:
             raise InputError(f"eval.sets.{src.name}: no verifiable rows left")
         out[src.name] = sorted(rows, key=lambda r: r["id"])
-    return out
+        counts[src.name] = {**{k: v for k, v in loaded.items() if k != "rows"}, "dropped_unverifiable": unverifiable.removed, "dropped_duplicate": duplicates.removed, "rows": len(rows)}
+    return out, counts
 
 
 def curate(params: CurateParams, evals: dict[str, list[Row]], seed: int) -> tuple[list[Row], list[Row], dict[str, Any]]:
@@ -155,6 +158,8 @@ def curate(params: CurateParams, evals: dict[str, list[Row]], seed: int) -> tupl
         reports.append(report)
         if not rows:
             raise InputError(f"curate.filters: the {report.filter} filter removed every row ({report.reason})")
+    for name, counts in per_source.items():  # golds the verifier cannot use, per source (also under filters)
+        counts["dropped_unverifiable"] = reports[0].by_source.get(name, 0)
     if params.mix is not None:
         groups: dict[str, list[Row]] = {}
         for r in rows:
@@ -172,7 +177,6 @@ def curate(params: CurateParams, evals: dict[str, list[Row]], seed: int) -> tupl
         "test_per_source": dict(sorted(Counter(r["source"] for r in test).items())),
         "train_per_difficulty": dict(sorted(Counter(difficulty_label(r) for r in train).items())),
         "with_solution": sum(r["solution"] is not None for r in train),
-        "eval_sets": {name: len(rs) for name, rs in evals.items()},
     }
     return train, test, stats
 
@@ -189,9 +193,10 @@ def histograms(rows: list[Row]) -> tuple[list[dict[str, Any]], list[dict[str, An
 
 def run(params: CurateParams, eval_params: EvalParams, seed: int) -> dict[str, Any]:
     """The curate stage: write train, test, the extra eval sets and the histogram plots at their
-    layout paths (each atomically); returns the stats."""
-    evals = eval_sets(eval_params, seed)
+    layout paths (each atomically); returns the stats, with the eval sets' counts under eval_sets."""
+    evals, eval_counts = eval_sets(eval_params, seed)
     train, test, stats = curate(params, evals, seed)
+    stats["eval_sets"] = eval_counts
     io.write_jsonl(layout.TRAIN, train)
     io.write_jsonl(layout.TEST, test)
     lengths, levels = histograms(train)

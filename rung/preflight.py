@@ -101,8 +101,9 @@ def _has_chat_template(source: str) -> bool | None:
 
 
 def _source(src: Source, key: str, seed: int, load: Callable[[Source, int], object]) -> None:
-    """A reasoning-gym task must exist and accept its config; a file source must exist, be non-empty,
-    parse and have the mapped columns (read whole: the loader's own checks, with the same messages)."""
+    """A reasoning-gym task must exist and accept its config; a file source or a local dataset
+    directory must exist, parse, have the mapped columns and, with answer_from / answer_pattern,
+    yield an answer in one of its first rows (read whole: the loader's own checks and messages)."""
     if isinstance(src, ReasoningGymSource):
         load(src.model_copy(update={"size": 1}), seed)
     elif isinstance(src, FileSource):
@@ -112,8 +113,8 @@ def _source(src: Source, key: str, seed: int, load: Callable[[Source, int], obje
         if path.stat().st_size == 0:
             raise InputError(f"{key}.path: {src.path} is empty")
         load(src, seed)
-    elif isinstance(src, HFSource) and Path(src.dataset).expanduser().exists():
-        load(src, seed)  # a local directory; hub datasets are checked when the stage loads them
+    elif isinstance(src, HFSource) and (src.dataset.startswith((".", "/", "~")) or Path(src.dataset).expanduser().exists()):
+        load(src, seed)  # a local directory (the loader's rule); hub datasets are checked when the stage loads them
 
 
 def _reward(path: str, factory: bool, key: str) -> None:

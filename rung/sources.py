@@ -2,6 +2,8 @@
 
 A source names the columns holding the prompt, the reference answer and optionally a worked
 solution (each stripped of surrounding whitespace); every other column goes into `meta` verbatim.
+The answer is the answer cell itself, or read out of it (`answer_from` boxed / gsm8k, or a regex
+`answer_pattern`) the way the field's benchmarks state it.
 Loading is deterministic: rows come in file (or dataset) order, and a size cap takes a seeded
 sample. Bad input raises InputError with one line naming `curate.sources.<name>.<field>`.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,18 +24,24 @@ from datasets.exceptions import DatasetNotFoundError, DatasetsError
 
 from rung.config import FileSource, HFSource, _TabularSource
 from rung.errors import InputError
+from rung.latex import last_boxed
 from rung.rows import Row, plain_json, row_id
 from rung.seeding import derive
 from rung.verify import is_known_task
 
 
 _SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
+# An answer extraction that yields nothing on this many leading rows is a misconfiguration, not data.
+_PROBE = 20
+_GSM8K_ANSWER = re.compile(r"^####(.*)$", re.MULTILINE)
+_GSM8K_CALCULATOR = re.compile(r"<<[^<>]*>>")  # GSM8K's calculator annotations: "$48/2 = <<48/2=24>>24"
 
 
 @dataclass(frozen=True)
 class Loaded:
     """Rows of one source and what happened to the rest: `stats` has read, dropped_empty
-    (null or blank prompt or answer), dropped_where, dropped_size and rows."""
+    (null or blank prompt or answer), dropped_where, dropped_no_answer (answer_from / answer_pattern
+    found no answer in the cell), dropped_size and rows."""
 
     rows: list[Row]
     stats: dict[str, int]
@@ -166,6 +175,32 @@ def _text(value: Any, src: _TabularSource, field: str, n: int) -> str | None:
     return str(value).strip() or None
 
 
+def _extract(src: _TabularSource, cell: str) -> tuple[str | None, str | None]:
+    """(answer, worked solution) read from an answer cell; (None, None) when it holds no answer."""
+    if src.answer_pattern is not None:
+        matches = list(re.finditer(src.answer_pattern, cell))  # `re` caches the compiled pattern
+        return ((matches[-1].group(1) or "").strip() or None) if matches else None, None
+    if src.answer_from == "boxed":
+        return last_boxed(cell) or None, None
+    if src.answer_from == "gsm8k":
+        lines = list(_GSM8K_ANSWER.finditer(cell))
+        if not lines:
+            return None, None
+        # lm-eval's gsm8k target: thousands separators, '$' and a final period are not the answer.
+        answer = lines[-1].group(1).replace(",", "").replace("$", "").strip().rstrip(".").strip()
+        worked = _GSM8K_CALCULATOR.sub("", cell[: lines[-1].start()]).strip()
+        return answer or None, worked or None
+    return cell, None
+
+
+def _no_answer(src: _TabularSource, probed: int, origin: str, example: str) -> InputError:
+    where = f"the first {probed} rows of {origin} (column {src.columns.answer!r}, e.g. {example[:80]!r})"
+    if src.answer_pattern is not None:
+        return InputError(f"{_key(src, 'answer_pattern')}: matches none of {where}")
+    mark = "a \\boxed{}" if src.answer_from == "boxed" else "a '#### <answer>' line"
+    return InputError(f"{_key(src, 'answer_from')}: {src.answer_from}, but none of {where} has {mark}")
+
+
 def _to_rows(src: FileSource | HFSource, records: list[dict[str, Any]], columns: list[str], origin: str, seed: int) -> Loaded:
     if not records:
         raise InputError(f"{_key(src, 'path' if isinstance(src, FileSource) else 'dataset')}: {origin} has no rows")
@@ -175,20 +210,28 @@ def _to_rows(src: FileSource | HFSource, records: list[dict[str, Any]], columns:
         if col not in columns:
             raise InputError(f"{_key(src, field)}: column {col!r} not in {origin} (has: {', '.join(columns)})")
     allowed = {c: {_text(v, src, f"where.{c}", 0) for v in vs} for c, vs in src.where.items()}
-    rows, empty, unmatched = [], 0, 0
+    rows, empty, unmatched, no_answer, probed = [], 0, 0, 0, []
     for n, rec in enumerate(records, 1):
         if any(_text(rec.get(c), src, f"where.{c}", n) not in vs for c, vs in allowed.items()):
             unmatched += 1
             continue
         prompt = _text(rec.get(mapped["prompt"]), src, "columns.prompt", n)
-        answer = _text(rec.get(mapped["answer"]), src, "columns.answer", n)
-        if prompt is None or answer is None:
+        cell = _text(rec.get(mapped["answer"]), src, "columns.answer", n)
+        if prompt is None or cell is None:
             empty += 1
             continue
-        solution = _text(rec.get(mapped["solution"]), src, "columns.solution", n) if mapped["solution"] else None
+        answer, worked = _extract(src, cell)
+        if len(probed) < _PROBE:
+            probed.append((answer is not None, cell))
+        if answer is None:
+            no_answer += 1
+            continue
+        solution = _text(rec.get(mapped["solution"]), src, "columns.solution", n) if mapped["solution"] else worked
         meta = {k: v for k, v in rec.items() if k not in mapped.values()}
         rows.append(dict(id=row_id(src.task, prompt, answer), source=src.name, task=src.task,
                          prompt=prompt, answer=answer, solution=solution, meta=plain_json(meta)))
+    if probed and not any(ok for ok, _ in probed):
+        raise _no_answer(src, len(probed), origin, probed[0][1])
     if not rows:
         why = f"{unmatched} not matching where, {empty} with an empty prompt or answer"
         raise InputError(f"{_key(src, 'where' if unmatched == len(records) else 'columns')}: no usable rows in {origin} ({len(records)} read: {why})")
@@ -196,7 +239,8 @@ def _to_rows(src: FileSource | HFSource, records: list[dict[str, Any]], columns:
     if src.size is not None and src.size < usable:
         rng = random.Random(derive(seed, "curate", src.name))
         rows = [rows[i] for i in sorted(rng.sample(range(usable), src.size))]
-    stats = dict(read=len(records), dropped_empty=empty, dropped_where=unmatched, dropped_size=usable - len(rows), rows=len(rows))
+    stats = dict(read=len(records), dropped_empty=empty, dropped_where=unmatched, dropped_no_answer=no_answer,
+                 dropped_size=usable - len(rows), rows=len(rows))
     return Loaded(rows, stats)
 
 

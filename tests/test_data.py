@@ -66,7 +66,7 @@ def test_decontamination_against_eval_sets_and_a_filter_that_empties_everything(
 
     bench = tmp_path / "bench.jsonl"
     bench.write_text("".join(io.dumps({"q": f"Calculate {a} + {b}.", "a": a + b}) + "\n" for a in range(3) for b in range(3)))
-    evals = eval_sets(EvalParams(sets=[dict(type="file", name="bench", path=str(bench), task="math", columns=dict(prompt="q", answer="a"))]), seed=0)
+    evals, _ = eval_sets(EvalParams(sets=[dict(type="file", name="bench", path=str(bench), task="math", columns=dict(prompt="q", answer="a"))]), seed=0)
     assert len(evals["bench"]) == 9 and evals["bench"][0]["answer"].isdigit()
     params = _params(filters=dict(decontamination_ngram=8))
     train, test, stats = curate(params, evals, seed=5)

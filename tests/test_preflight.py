@@ -50,6 +50,19 @@ CASES = {
                                  "error: rl.stages.main.rewards.mine.import: cannot load 'no_such_module:f'"),
     "reward without completions": ([("rl.stages.main.rewards", {"mine": {"import": "tests.test_preflight:_reward_not_taking_completions"}})],
                                    "error: rl.stages.main.rewards.mine.import: 'tests.test_preflight:_reward_not_taking_completions' must accept completions"),
+    "answer_pattern that does not compile": ([("eval.sets", [{"type": "file", "name": "bench", "path": "bench.jsonl", "answer_pattern": "(\\d+"}])],
+                                             "error: params.yaml: eval.sets.0.answer_pattern: does not compile"),
+    "answer_pattern matching none of the first rows": ([("eval.sets", [{"type": "file", "name": "bench", "path": "bench.jsonl",
+                                                                        "answer_pattern": "Answer: (\\d+)"}])],
+                                                       "error: eval.sets.bench.answer_pattern: matches none of the first 2 rows of bench.jsonl"),
+    "answer_pattern beside answer_from boxed": ([("curate.sources", [{"type": "file", "name": "mine", "path": "bench.jsonl", "answer_from": "boxed",
+                                                                         "answer_pattern": "(x)"}])],
+                                                "error: params.yaml: curate.sources.0.answer_pattern: set answer_pattern or answer_from: boxed, not both"),
+    "gsm8k answers without a '####' line": ([("curate.sources", [{"type": "file", "name": "mine", "path": "bench.jsonl", "answer_from": "gsm8k"}])],
+                                             "error: curate.sources.mine.answer_from: gsm8k, but none of the first 2 rows"),
+    "unknown benchmark": ([("eval.sets", [{"type": "benchmark", "name": "math5000"}])], "error: params.yaml: eval.sets.0.benchmark: unknown benchmark 'math5000'"),
+    "benchmark copy that does not exist": ([("eval.sets", [{"type": "benchmark", "name": "math500", "dataset": "./no/math500"}])],
+                                           "error: eval.sets.math500.dataset: directory not found: ./no/math500"),
     "FSDP without CUDA": ([("rl.stages.main.launch", {"num_processes": 2, "accelerate_config": "fsdp"})],
                           "error: rl.stages.main.launch.accelerate_config: fsdp.yaml (FSDP / DeepSpeed) needs CUDA GPUs"),
     "vllm without a GPU": ([("generation.backend", "vllm")], "error: generation.backend: vllm"),
@@ -61,6 +74,7 @@ def workdir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "empty.jsonl").write_text("")
     io.write_jsonl(tmp_path / "noanswer.jsonl", [{"prompt": "1 + 1?", "solution": "2"}])
+    io.write_jsonl(tmp_path / "bench.jsonl", [{"prompt": "1 + 1?", "answer": "The result is 2"}, {"prompt": "2 + 2?", "answer": "The result is 4"}])
     (tmp_path / "half_model").mkdir()
     (tmp_path / "half_model" / "config.json").write_text("{}")
     io.write_jsonl(tmp_path / "data" / "curated" / "train.jsonl", [{"id": "x"}])  # earlier outputs

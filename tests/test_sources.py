@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import datasets
+import huggingface_hub
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -13,6 +14,7 @@ from pydantic import ValidationError
 
 from rung.data import row_id
 from rung.errors import InputError
+from rung.config import BenchmarkSource
 from rung.sources import FileSource, HFSource, load, mix
 
 RECORDS = [
@@ -52,7 +54,7 @@ def test_each_format_gives_the_schema_rows(tmp_path, suffix):
         id=row_id("math", "What is 40 + 2?", "42"), source="ext", task="math", prompt="What is 40 + 2?",
         answer="42", solution="40 + 2 = 42", meta={"level": "1" if suffix == ".csv" else 1},  # CSV cells are text
     )
-    assert loaded.stats == dict(read=3, dropped_empty=0, dropped_where=0, dropped_size=0, rows=3)
+    assert loaded.stats == dict(read=3, dropped_empty=0, dropped_where=0, dropped_no_answer=0, dropped_size=0, rows=3)
 
 
 def test_explicit_format_overrides_the_suffix(tmp_path):
@@ -94,7 +96,7 @@ def test_size_takes_a_seeded_sample_in_source_order(tmp_path):
     assert [r["id"] for r in first.rows] != [r["id"] for r in other.rows]
     numbers = [int(r["answer"]) for r in first.rows]
     assert len(numbers) == 10 and numbers == sorted(numbers) and numbers != list(range(1, 11))  # not the first 10
-    assert first.stats == dict(read=50, dropped_empty=0, dropped_where=0, dropped_size=40, rows=10)
+    assert first.stats == dict(read=50, dropped_empty=0, dropped_where=0, dropped_no_answer=0, dropped_size=40, rows=10)
     assert len(load(src.model_copy(update={"size": 500}), seed=7).rows) == 50  # a cap, not a demand
 
 
@@ -252,3 +254,146 @@ def test_mix_rounds_shares_to_the_total():
 def test_mix_errors(weights, total, message):
     with pytest.raises(InputError, match=rf"^{message}$"):
         mix({"a": _rows("a", 3), "b": _rows("b", 3)}, weights, total, seed=0)
+
+
+# --- answers read out of a column: answer_from boxed / gsm8k, answer_pattern ----------------------
+
+FIXTURES = Path(__file__).parent / "fixtures" / "benchmarks"
+MATH500 = FIXTURES / "math500" / "test.jsonl"
+
+
+def test_boxed_reads_the_last_box_of_the_answer_column():
+    # MATH style: the answer is the last \boxed{} of the worked solution, nested braces kept.
+    src = FileSource(name="math", path=str(MATH500), answer_from="boxed",
+                     columns={"prompt": "problem", "answer": "solution", "solution": "solution"})
+    loaded = load(src, seed=0)
+    assert [r["answer"] for r in loaded.rows] == ["\\frac{14}{3}", "\\sqrt{2}", "6", "[-3, 7]", "10"]
+    assert loaded.rows[0]["solution"].endswith("$\\boxed{\\frac{14}{3}}$.")  # the column is also the solution
+    assert loaded.rows[0]["meta"]["answer"] == "\\frac{14}{3}"  # the unmapped answer column stays in meta
+    assert loaded.stats["dropped_no_answer"] == 1 and loaded.stats["rows"] == 5  # the proof has no box
+
+
+def test_gsm8k_answer_line_and_worked_solution(tmp_path):
+    cell = "He buys 3 * 400 = <<3*400=1200>>1,200 pencils.\nThen 1,200 + 34 = <<1200+34=1234>>1,234.\n#### $1,234."
+    path = write(tmp_path / "g.jsonl", [{"question": "How many?", "answer": cell}, {"question": "No line?", "answer": "42"}])
+    loaded = load(FileSource(name="g", path=str(path), answer_from="gsm8k", columns={"prompt": "question"}), seed=0)
+    [row] = loaded.rows
+    assert row["answer"] == "1234"  # commas, '$' and the final period removed, as lm-eval does
+    assert row["solution"] == "He buys 3 * 400 = 1,200 pencils.\nThen 1,200 + 34 = 1,234."  # no calculator annotations
+    assert loaded.stats["dropped_no_answer"] == 1
+    own = load(FileSource(name="g", path=str(path), answer_from="gsm8k", columns={"prompt": "question", "solution": "question"}), seed=0)
+    assert own.rows[0]["solution"] == "How many?"  # a mapped solution column wins over the worked part
+
+
+def test_answer_pattern_takes_the_group_of_the_last_match(tmp_path):
+    records = [{"q": "a?", "a": "Answer: 3. Check: fine. Answer: 4"}, {"q": "b?", "a": "answer: 7"}, {"q": "c?", "a": "no idea"}]
+    loaded = load(file_source(write(tmp_path / "d.jsonl", records), columns={"prompt": "q", "answer": "a"},
+                              answer_pattern=r"(?i)answer:\s*(\S+)"), seed=0)
+    assert [r["answer"] for r in loaded.rows] == ["4", "7"] and loaded.stats["dropped_no_answer"] == 1
+
+
+def test_an_extraction_that_finds_nothing_in_the_first_rows_is_refused(tmp_path):
+    columns = {"prompt": "problem", "answer": "answer"}
+    with pytest.raises(InputError, match=r"^curate.sources.m.answer_from: gsm8k, but none of the first 6 rows of .*test.jsonl "
+                                         r"\(column 'answer', e.g. '\\\\frac\{14\}\{3\}'\) has a '#### <answer>' line$"):
+        load(FileSource(name="m", path=str(MATH500), answer_from="gsm8k", columns=columns), seed=0)
+    with pytest.raises(InputError, match=r"^curate.sources.m.answer_from: boxed, but none of the first 6 rows .* has a \\boxed\{\}$"):
+        load(FileSource(name="m", path=str(MATH500), answer_from="boxed", columns=columns), seed=0)
+    many = write(tmp_path / "d.jsonl", [{"q": f"{i}?", "a": "none here"} for i in range(30)] + [{"q": "x?", "a": "#5"}])
+    with pytest.raises(InputError, match=r"^curate.sources.ext.answer_pattern: matches none of the first 20 rows of"):
+        load(file_source(many, columns={"prompt": "q", "answer": "a"}, answer_pattern=r"#(\d+)"), seed=0)
+
+
+@pytest.mark.parametrize(
+    "over, message",
+    [
+        ({"answer_pattern": r"(\d+"}, r"answer_pattern: does not compile: missing \), unterminated subpattern"),
+        ({"answer_pattern": r"\d+"}, r"answer_pattern: needs exactly one capturing group \(\.\.\.\), has 0"),
+        ({"answer_pattern": r"(\d+)", "answer_from": "boxed"}, r"answer_pattern: set answer_pattern or answer_from: boxed, not both"),
+        ({"answer_from": "last_line"}, r"answer_from"),
+    ],
+)
+def test_answer_settings_are_checked_with_the_params(over, message):
+    with pytest.raises(ValidationError, match=message):
+        FileSource(name="x", path="d.jsonl", **over)
+
+
+# --- benchmarks by name: the hub's id, split and columns; a local copy in the same layout -----------
+
+
+@pytest.fixture
+def offline(hf_cache, monkeypatch) -> None:
+    # Any hub access would fail instead of reaching the network.
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+
+def test_a_benchmark_name_fills_in_the_hub_dataset():
+    src = BenchmarkSource(name="gsm8k")
+    assert (src.dataset, src.config, src.split, src.answer_from, src.columns.prompt) == ("openai/gsm8k", "main", "test", "gsm8k", "question")
+    assert isinstance(src, HFSource) and src.task == "math"
+    mine = BenchmarkSource(name="math500_l5", benchmark="math500", revision="abc123", columns={"solution": None}, where={"level": [5]})
+    assert (mine.dataset, mine.split, mine.revision, mine.columns.prompt, mine.columns.solution) == ("HuggingFaceH4/MATH-500", "test", "abc123", "problem", None)
+    with pytest.raises(ValidationError, match=r"benchmark: unknown benchmark 'math5000'; known: math500, gsm8k, aime24, amc"):
+        BenchmarkSource(name="math5000")
+
+
+@pytest.mark.parametrize(
+    "name, answers, with_solution",
+    [
+        ("math500", ["\\frac{14}{3}", "\\sqrt{2}", "6", "[-3,7]", "Proof omitted.", "10"], True),  # the answer column as it is
+        ("gsm8k", ["36", "1200", "8.5", "180", "8"], True),  # '####' line, worked part as the solution
+        ("aime24", ["24", "9", "23"], True),
+        ("amc", ["55", "18", "10"], False),  # float column: 55.0 reads "55"
+    ],
+)
+def test_each_benchmark_loads_from_a_copy_in_its_hub_layout(offline, name, answers, with_solution):
+    # The fixtures have each benchmark's columns and folder layout (README configs, data/ or main/),
+    # read by the same load_dataset call as the hub.
+    loaded = load(BenchmarkSource(name=name, dataset=str(FIXTURES / name)), seed=0)
+    assert [r["answer"] for r in loaded.rows] == answers
+    assert all((r["solution"] is not None) == with_solution for r in loaded.rows)
+    assert all(r["source"] == name and r["task"] == "math" and r["prompt"] for r in loaded.rows)
+
+
+def test_benchmark_overrides_apply_to_the_local_copy(offline):
+    train = load(BenchmarkSource(name="gsm8k_train", benchmark="gsm8k", dataset=str(FIXTURES / "gsm8k"), split="train"), seed=0)
+    assert [r["answer"] for r in train.rows] == ["24", "800"]
+    level = load(BenchmarkSource(name="m", benchmark="math500", dataset=str(FIXTURES / "math500"), where={"level": [2]}), seed=0)
+    assert [r["meta"]["subject"] for r in level.rows] == ["Algebra", "Number Theory", "Counting & Probability"]
+    with pytest.raises(InputError, match=r"^curate.sources.g.config: BuilderConfig 'socratic' not found"):
+        load(BenchmarkSource(name="g", benchmark="gsm8k", dataset=str(FIXTURES / "gsm8k"), config="socratic"), seed=0)
+
+
+def test_curate_writes_benchmark_eval_sets_and_counts_skipped_golds(offline, tmp_path, monkeypatch):
+    # End to end through the curate stage's core: params -> data/curated/eval/<name>.jsonl and the
+    # counts of data/metrics/curate.json. A gold math-verify cannot parse is skipped and counted.
+    from rung import io
+    from rung.config import CurateParams, EvalParams
+    from rung.data import run
+
+    monkeypatch.chdir(tmp_path)
+    curate = CurateParams(sources=[
+        dict(name="arith", task="basic_arithmetic", size=60, config=dict(min_terms=2, max_terms=2, min_digits=2, max_digits=2)),
+        dict(type="file", name="math", path=str(MATH500), columns={"prompt": "problem", "answer": "answer"}),
+    ], test_fraction=0.25)
+    evals = EvalParams(sets=[dict(type="benchmark", name=n, dataset=str(FIXTURES / n)) for n in ("math500", "gsm8k")])
+    stats = run(curate, evals, seed=0)
+    assert stats["sources"]["math"]["dropped_unverifiable"] == 1 and stats["sources"]["arith"]["dropped_unverifiable"] == 0
+    assert stats["eval_sets"]["math500"] == dict(read=6, dropped_empty=0, dropped_where=0, dropped_no_answer=0, dropped_size=0,
+                                                 dropped_unverifiable=1, dropped_duplicate=0, rows=5)
+    assert stats["eval_sets"]["gsm8k"]["rows"] == 5 and stats["eval_sets"]["gsm8k"]["dropped_unverifiable"] == 0
+    written = {p.stem: io.read_jsonl(p) for p in (tmp_path / "data" / "curated" / "eval").glob("*.jsonl")}
+    assert {n: sorted(r["answer"] for r in rows) for n, rows in written.items()} == {
+        "math500": sorted(["\\frac{14}{3}", "\\sqrt{2}", "6", "[-3,7]", "10"]), "gsm8k": sorted(["36", "1200", "8.5", "180", "8"])}
+    train = io.read_jsonl(tmp_path / "data" / "curated" / "train.jsonl")
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in written["math500"]}  # decontaminated against the eval sets
+    # The eval stage grades these rows as any other: the model's "1,200" is GSM8K's "1200".
+    from rung.config import FormatParams
+    from rung.evaluate import grade
+    from rung.generation import Completion
+
+    by_answer = {r["answer"]: r for rows in written.values() for r in rows}
+    rows = [by_answer["1200"], by_answer["\\frac{14}{3}"], by_answer["180"]]
+    said = [[Completion(f"Steps.\nAnswer: {a}", tokens=5, truncated=False)] for a in ("1,200", "14/3", "18")]
+    assert [r["samples"][0]["correct"] for r in grade(rows, said, FormatParams())] == [True, True, False]
