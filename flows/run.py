@@ -11,6 +11,7 @@ workspace is a plain DVC project, so `cd runs/<recipe> && dvc exp run -S key=val
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -42,7 +43,7 @@ def overrides(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
-def resolve(recipe: Path, sets: dict[str, Any]) -> dict[str, Any]:
+def resolve(recipe: Path, sets: dict[str, Any]) -> Params:
     """The recipe with `sets` applied and local paths made absolute (the run happens elsewhere),
     validated against the schema and preflighted; InputError naming the key or file otherwise."""
     try:
@@ -53,11 +54,16 @@ def resolve(recipe: Path, sets: dict[str, Any]) -> dict[str, Any]:
         raise InputError(f"{recipe}: not valid YAML: {str(e).splitlines()[0]}") from None
     data = config.with_overrides(data, sets)
     where = f"{recipe}" + (f" with --set {', '.join(sets)}" if sets else "")
-    params = config.parse(data, where)
-    _absolute_paths(data, params)
+    _absolute_paths(data, config.parse(data, where))
     params = config.parse(data, where)
     preflight.check(params)
-    return data
+    return params
+
+
+def written(params: Params) -> str:
+    """The run's params.yaml: every setting spelled out, defaults included, so that DVC finds each
+    key its stages depend on and the run does not change when a default of rung does."""
+    return yaml.safe_dump(params.model_dump(mode="json", by_alias=True), sort_keys=False)
 
 
 def _absolute_paths(data: dict[str, Any], params: Params) -> None:
@@ -111,11 +117,11 @@ def commit(ws: Path, message: str, env: dict[str, str] | None = None) -> None:
 
 def prepare(recipe: Path, sets: dict[str, Any], ws: Path, root: Path = Path.cwd()) -> Path:
     """Validate the run, then write its workspace: the project's code and the merged params.yaml."""
-    data = resolve(recipe, sets)
+    params = resolve(recipe, sets)
     ws.mkdir(parents=True, exist_ok=True)
     copy_project(root.resolve(), ws)
-    (ws / layout.PARAMS).write_text(f"# {recipe}" + "".join(f" --set {k}={v}" for k, v in sets.items()) + "\n"
-                                    + yaml.safe_dump(data, sort_keys=False))
+    (ws / layout.PARAMS).write_text(f"# rung run {recipe}" + "".join(f" --set {k}={json.dumps(v)}" for k, v in sets.items()) + "\n"
+                                    + written(params))
     commit(ws, f"rung run {recipe}")
     return ws
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from flows.run import written
 from rung import config, preflight
 from tests.conftest import ROOT
 from tests.test_pipeline import prefect_server  # noqa: F401  # the module's Prefect server fixture
@@ -53,6 +54,7 @@ def small(recipe: Path, model: Path) -> list[str]:
 def test_recipe_validates_as_shipped(recipe):
     params = config.load(recipe)
     preflight.check(params)
+    assert config.parse(yaml.safe_load(written(params))) == params  # what `rung run` writes means the same
     assert recipe.read_text().startswith("# "), "a recipe starts with a comment giving its source"
 
 
