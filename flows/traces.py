@@ -2,7 +2,6 @@
 the base model (rejection sampling / STaR) or of a teacher (distillation)."""
 from __future__ import annotations
 
-
 from prefect import flow, get_run_logger
 
 from flows.stage import finish, main
@@ -27,8 +26,9 @@ def traces(params_file: str = str(layout.PARAMS)) -> None:
         return loaded[model]
 
     with tracking.stage_run("traces", params, logged, inputs={"train": layout.TRAIN}):
-        stats = trace_sources.run(io.read_jsonl(layout.TRAIN), sources, params.format, derive(params.seed, "traces"), load)
-        get_run_logger().info("%d SFT traces: %s", stats["total"], stats)
+        stats = trace_sources.run(io.read_jsonl(layout.TRAIN), sources, params.format, derive(params.seed, "traces"), load,
+                                   params.sft.enabled)
+        get_run_logger().info("SFT traces: %s", stats)
         tracking.log_dataset(layout.TRACES, "sft_traces", context="training")
         finish("traces", stats)
 

@@ -93,8 +93,17 @@ def build(rows: list[dict[str, Any]], sources: list[TraceSource], fmt: FormatPar
     return traces, stats
 
 
-def run(rows: list[dict[str, Any]], sources: list[TraceSource], fmt: FormatParams, seed: int, load: Callable[[str], Generator]) -> dict[str, Any]:
-    """The traces stage: write the SFT targets of every source at their layout path; returns the counts."""
+def run(rows: list[dict[str, Any]], sources: list[TraceSource], fmt: FormatParams, seed: int, load: Callable[[str], Generator],
+        enabled: bool = True) -> dict[str, Any]:
+    """The traces stage: write the SFT targets of every source at their layout path; returns the
+    counts. With SFT disabled (zero-RL) nothing is built or sampled and the file is empty; with SFT
+    enabled and no target at all, refused (one line) instead of failing inside the trainer."""
+    if not enabled:
+        io.write_jsonl(layout.TRACES, [])
+        return {"skipped": 1}
     traces, stats = build(rows, sources, fmt, seed, load)
+    if not traces:
+        raise InputError(f"sft.traces: no SFT target from any source ({stats}); add a `solutions` source, "
+                         "sample more, or set sft.enabled: false")
     io.write_jsonl(layout.TRACES, traces)
     return stats

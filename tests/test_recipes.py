@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from dvc.repo import Repo
+from prefect.logging.handlers import APILogWorker
+from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from flows.run import written
 from rung import config, preflight
+from tasks import dvc
 from tests.conftest import ROOT
 from tests.test_pipeline import prefect_server  # noqa: F401  # the module's Prefect server fixture
 
@@ -28,19 +34,20 @@ def small(recipe: Path, model: Path) -> list[str]:
         "model.source": str(model), "model.dtype": "float32", "generation.backend": "transformers",
         "curate.sources": [{"name": "arith", "task": "basic_arithmetic", "size": 30,
                             "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}}],
-        "curate.max_test": 4,
-        "difficulty.num_generations": 2, "difficulty.max_prompts": 4,
+        "curate.max_test": 4, "curate.test_fraction": 0.2,
+        "difficulty.num_generations": 2, "difficulty.max_prompts": 4, "difficulty.pass_rate_min": 0.0, "difficulty.pass_rate_max": 1.0,
         "difficulty.sampling": {"temperature": 1.0, "max_new_tokens": 8, "batch_size": 8},
         "eval.sampling": {"temperature": 0.0, "max_new_tokens": 8, "batch_size": 8},
         "eval.samples": None,
         "eval.sets": [{"name": "chain", "task": "chain_sum", "size": 3}],
     }
     if data["sft"].get("enabled", True):
-        sets |= {"sft.max_steps": 1, "sft.per_device_train_batch_size": 2}
-        for i, trace in enumerate(data["sft"].get("traces", [])):
-            if trace["type"] != "solutions":  # a teacher: the tiny model stands in for it
-                sets |= {f"sft.traces.{i}.model": str(model), f"sft.traces.{i}.num_samples": 2, f"sft.traces.{i}.max_prompts": 4,
-                         f"sft.traces.{i}.sampling": {"temperature": 1.0, "max_new_tokens": 8, "batch_size": 8}}
+        sets |= {"sft.max_steps": 1, "sft.epochs": None, "sft.per_device_train_batch_size": 2}
+        # A teacher is replaced by the tiny model, which samples no correct trace: the data's worked
+        # solutions are added, so that SFT has targets while the sampling path still runs.
+        traces = [{**t, "model": str(model), "num_samples": 2, "max_prompts": 4, "sampling": {"temperature": 1.0, "max_new_tokens": 8, "batch_size": 8}}
+                  if t["type"] != "solutions" else t for t in data["sft"].get("traces", [{"type": "solutions"}])]
+        sets["sft.traces"] = traces if any(t["type"] == "solutions" for t in traces) else [*traces, {"type": "solutions"}]
     for name, stage in data["rl"]["stages"].items():
         key = f"rl.stages.{name}"
         sets |= {f"{key}.max_steps": 2, f"{key}.save_steps": 2, f"{key}.num_generations": 2, f"{key}.prompts_per_step": 2,
@@ -58,25 +65,54 @@ def test_recipe_validates_as_shipped(recipe):
     assert recipe.read_text().startswith("# "), "a recipe starts with a comment giving its source"
 
 
-@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
-def test_recipe_runs_small_end_to_end(recipe, tiny_model, prefect_server, tmp_path):  # noqa: F811
-    ws = tmp_path / "run"
+def check_outputs(recipe: Path, ws: Path) -> None:
+    """The run kept the recipe's format and algorithm, trained every RL stage, and graded in its style."""
+    shipped, ran = config.load(recipe), config.load(ws / "params.yaml")
+    assert (ran.format, ran.rl.stages.keys()) == (shipped.format, shipped.rl.stages.keys())
+    for name, stage in shipped.rl.stages.items():
+        got = ran.rl.stages[name]
+        assert (got.loss_type, got.epsilon_high, got.beta, got.init, got.learning_rate, got.scale_rewards, set(got.rewards)) == (
+            stage.loss_type, stage.epsilon_high, stage.beta, stage.init, stage.learning_rate, stage.scale_rewards, set(stage.rewards))
+        assert json.loads((ws / f"data/metrics/rl-{name}.json").read_text())["steps"] == 2
+    evaluated = json.loads((ws / f"data/metrics/eval-rl-{next(iter(shipped.rl.stages))}.json").read_text())
+    assert evaluated["format"] == {"style": shipped.format.style, "template": shipped.format.template}
+    assert f"style {shipped.format.style}" in (ws / "data/reports/report.md").read_text()
+
+
+def test_rung_run_end_to_end(tiny_model, prefect_server, tmp_path):  # noqa: F811
+    """`rung run` itself: the workspace, `dvc repro` in it, MLflow into the given store, the table."""
+    recipe, ws = ROOT / "recipes/r1_zero.yaml", tmp_path / "run"
     env = {**os.environ, **prefect_server, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
     res = subprocess.run([*RUNG, "run", str(recipe), "--dir", str(ws), *small(recipe, tiny_model)],
                          cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    shipped = config.load(recipe)
-    ran = config.load(ws / "params.yaml")
-    assert (ran.format, ran.rl.stages.keys()) == (shipped.format, shipped.rl.stages.keys())
-    for name, stage in shipped.rl.stages.items():
-        got = ran.rl.stages[name]
-        assert (got.loss_type, got.epsilon_high, got.beta, got.init, got.learning_rate) == (
-            stage.loss_type, stage.epsilon_high, stage.beta, stage.init, stage.learning_rate)
-        assert json.loads((ws / f"data/metrics/rl-{name}.json").read_text())["steps"] == 2
-    evaluated = json.loads((ws / f"data/metrics/eval-rl-{next(iter(shipped.rl.stages))}.json").read_text())
-    assert evaluated["format"] == {"style": shipped.format.style, "template": shipped.format.template}
-    assert "| rl/" in res.stdout and f"style {shipped.format.style}" in (ws / "data/reports/report.md").read_text()
-    assert not (ROOT / "runs").exists() or ws.parent != ROOT / "runs"  # the project's workspace untouched
+    check_outputs(recipe, ws)
+    assert "| rl/main |" in res.stdout and (tmp_path / "mlflow.db").is_file()
+    assert subprocess.run([sys.executable, "-m", "dvc", "status", "-q"], cwd=ws, env=env, check=False).returncode == 0  # every stage up to date
+
+
+@pytest.mark.parametrize("recipe", [r for r in RECIPES if r.stem != "r1_zero"], ids=lambda p: p.stem)
+def test_recipe_runs_small_end_to_end(recipe, tiny_model, prefect_server, tmp_path, monkeypatch):  # noqa: F811
+    """Every stage's command of dvc.yaml, in DVC's order, in this process (the per-stage start-up of
+    `dvc repro` would cost minutes for all recipes), on the workspace `rung run --dry-run` wrote."""
+    ws = tmp_path / "run"
+    res = subprocess.run([*RUNG, "run", str(recipe), "--dir", str(ws), "--dry-run", *small(recipe, tiny_model)],
+                         cwd=ROOT, capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stderr[-3000:]
+    monkeypatch.chdir(ws)
+    monkeypatch.setenv("DVC_ROOT", str(ws))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    with Repo() as repo:
+        commands = {s.addressing: s.cmd for s in repo.index.stages}
+    with temporary_settings({PREFECT_API_URL: prefect_server["PREFECT_API_URL"]}):
+        try:
+            for stage in dvc.stages_in_order():
+                _, _, module, *args = shlex.split(commands[stage])  # python -m flows.<stage> [arg]
+                monkeypatch.setattr(sys, "argv", [module, *args])
+                runpy.run_module(module, run_name="__main__")
+        finally:  # send the flows' logs while the server is up, not at exit (a dead server costs minutes of retries)
+            APILogWorker.drain_all(timeout=30)
+    check_outputs(recipe, ws)
 
 
 def test_run_refuses_bad_overrides_before_writing_anything(tmp_path):

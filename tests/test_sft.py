@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rung import io, launch, models, traces
+from rung import io, launch, layout, models, traces
 from rung.config import (
     FormatParams,
     LaunchParams,
@@ -50,6 +50,17 @@ def test_rejection_sampling_keeps_verified_distinct_traces(tiny_model):
     assert stats == {"prompts": 1, "samples": 4, "correct_samples": 3, "kept": 2, "prompts_with_trace": 1}
     with pytest.raises(ValueError, match="teacher"):
         SampledTraces(type="distill")
+
+
+def test_traces_stage_skips_without_sft_and_refuses_to_leave_sft_nothing(tiny_model, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    wrong = Generator(models.load_tokenizer(tiny_model), lambda prompts, sampling, n, seed, desc: [[Completion("Answer: 0", 2, False)] * n for _ in prompts])
+    teacher = [SampledTraces(type="distill", model="teacher")]
+    assert traces.run(ROWS, teacher, FMT, 0, lambda m: wrong, enabled=False) == {"skipped": 1}  # zero-RL: nothing sampled
+    assert io.read_jsonl(layout.TRACES) == []
+    with pytest.raises(InputError, match=r"^sft.traces: no SFT target from any source .*'correct_samples': 0"):
+        traces.run(ROWS, teacher, FMT, 0, lambda m: wrong)
+    assert io.read_jsonl(layout.TRACES) == []  # the earlier output is left as it was
 
 
 def _job(tiny_model: Path, tmp_path: Path, params: SFTParams, **kw) -> SFTJob:
