@@ -22,10 +22,11 @@ from pathlib import Path
 import mlflow
 import pytest
 import torch
-import yaml
+import transformers.trainer
 
-from rung import io, layout, models, traces
-from rung.config import FormatParams, SolutionTraces
+from rung import io, layout, models, rl, traces
+from rung.config import DifficultyParams, FormatParams, RLStageParams, SolutionTraces
+from rung.jobs import RLJob
 from rung.trainer import CURRICULUM_STATE, FINAL, complete_checkpoints
 from tests.test_pipeline import prefect_server, tiny_params  # noqa: F401  (a module fixture)
 from tests.workspace import make_workspace
@@ -118,7 +119,7 @@ class Stage:
                 proc.kill()
                 attempt.killed_after_s = round(time.time() - started, 2)
                 break
-            time.sleep(0.005)
+            time.sleep(0.01)
         proc.join()
         attempt.exitcode = proc.exitcode
         text = log.read_text()
@@ -132,11 +133,16 @@ class Stage:
         return attempt
 
 
-def _workspace(tmp_path: Path, tiny_model: Path, stage_params) -> Path:
-    ws = tmp_path / "ws"
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory, tiny_model) -> Path:
+    """A workspace holding the inputs of the sft and rl@main stages (the tiny model, traces, scored
+    prompts), and one MLflow store for both tests."""
+    ws = tmp_path_factory.mktemp("kill") / "ws"
     ws.mkdir()
     params = tiny_params(tiny_model)
-    stage_params(params)
+    params["sft"].update(max_steps=SFT_STEPS, save_steps=2, per_device_train_batch_size=2)
+    params["rl"]["stages"]["main"].update(max_steps=RL_STEPS, save_steps=1, num_generations=4, beta=0.0, max_completion_length=6,
+                                          rewards={"accuracy": 1.0, "parity": {"import": "tests.test_kill:parity"}})
     make_workspace(ws, params, dict(os.environ), stages=["sft", "rl"])
     for name in ("base", "sft"):
         shutil.copytree(tiny_model, ws / layout.checkpoint(name))
@@ -269,11 +275,7 @@ def _keeper(ws: Path, model: str, plot: tuple[str, str] | None, metrics: str, re
     return keep
 
 
-def test_rl_stage_killed_ten_times_ends_as_if_never_killed(forked, tiny_model, tmp_path):
-    def rl(params):
-        params["rl"]["stages"]["main"].update(max_steps=RL_STEPS, save_steps=1, num_generations=4,
-                                              rewards={"accuracy": 1.0, "parity": {"import": "tests.test_kill:parity"}})
-    ws = _workspace(tmp_path, tiny_model, rl)
+def test_rl_stage_killed_ten_times_ends_as_if_never_killed(forked, ws, tmp_path):
     stage = Stage(forked, ws, "flows.rl", ("main",), "rl/main", RL_COMPLETE)
     args = (ws, "rl/main", ("rl", "main"), "rl-main", tmp_path / "reference")
     _kill_and_rerun(stage, random.Random(0), RL_STEPS, 1, RL_KILLS, _keeper(*args))
@@ -281,12 +283,48 @@ def test_rl_stage_killed_ten_times_ends_as_if_never_killed(forked, tiny_model, t
     _check_tracking(stage, "rl@main", RL_STEPS)
 
 
-def test_sft_stage_killed_three_times_ends_as_if_never_killed(forked, tiny_model, tmp_path):
-    def sft(params):
-        params["sft"].update(max_steps=SFT_STEPS, save_steps=2, per_device_train_batch_size=2)
-    ws = _workspace(tmp_path, tiny_model, sft)
+def test_sft_stage_killed_three_times_ends_as_if_never_killed(forked, ws, tmp_path):
     stage = Stage(forked, ws, "flows.sft", (), "sft", ("trainer_state.json",))
     args = (ws, "sft", None, "sft", tmp_path / "reference")
     _kill_and_rerun(stage, random.Random(1), SFT_STEPS, 2, SFT_KILLS, _keeper(*args))
     _check_outcome(*args, SFT_STEPS)
     _check_tracking(stage, "sft", SFT_STEPS)
+
+
+class _Killed(BaseException):
+    """Stands for SIGKILL inside the process: nothing after it runs (the in-process tests below)."""
+
+
+def test_a_kill_after_trl_rotated_its_checkpoints_leaves_a_complete_one(tiny_model, tmp_path, monkeypatch):
+    """Regression: TRL deletes the previous checkpoint at the end of its save, and rung wrote the
+    curriculum state after that, so a kill in between left no complete RL checkpoint (a rerun
+    started over). And a rerun from the checkpoint of the last step trained one step past max_steps."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    stage = RLStageParams.model_validate({"max_steps": 2, "num_generations": 2, "prompts_per_step": 2, "max_completion_length": 4,
+                                          "save_steps": 1, "curriculum": {"type": "pools"}, "rewards": {"parity": {"import": "tests.test_kill:parity"}}})
+    io.write_jsonl(tmp_path / "rows.jsonl", ROWS)
+    job = RLJob(key="rl.stages.main", params=stage, format=FormatParams(), seed=7, dtype="float32", init=tiny_model, data=tmp_path / "rows.jsonl",
+                work_dir=tmp_path / "work", buckets=DifficultyParams().buckets, curves=tmp_path / "curves.json")
+    rotate = transformers.trainer.rotate_checkpoints
+
+    def rotate_then_die(output_dir, **kw):
+        rotate(output_dir, **kw)
+        if (Path(output_dir) / "checkpoint-2").exists():
+            raise _Killed
+
+    monkeypatch.setattr(transformers.trainer, "rotate_checkpoints", rotate_then_die)
+    with pytest.raises(_Killed):
+        rl.train(job)
+    done = complete_checkpoints(job.work_dir, RL_COMPLETE)
+    assert [c.name for c in done] == ["checkpoint-2"]
+    monkeypatch.undo()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    summary = rl.train(job.model_copy(update={"resume": str(done[-1])})).metrics
+    assert summary["steps"] == 2 and [c["step"] for c in io.read_json(job.curves)] == [1, 2]
+
+
+def test_a_torn_trainer_state_is_not_a_complete_checkpoint(tmp_path):
+    for step, state in ((1, '{"global_step": 1}'), (2, '{"global_step": 2, "log_hi')):  # 2: killed while writing it
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text(state)
+    assert [c.name for c in complete_checkpoints(tmp_path)] == ["checkpoint-1"]
