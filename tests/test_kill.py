@@ -103,8 +103,8 @@ class Stage:
 
     def run(self, trigger: str, until, on_poll=None) -> Attempt:
         """Start the stage; SIGKILL it once `until(started_at)` is true (never, when None)."""
-        log = self.ws / "logs" / f"{len(self.attempts)}.log"
-        log.parent.mkdir(exist_ok=True)
+        log = self.ws / "logs" / self.flow_module / f"{len(self.attempts)}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
         log.touch()  # a kill may come before the stage opens it
         attempt = Attempt(trigger, complete_seen=max(self.steps(), default=0))
         started = time.time()
@@ -192,9 +192,11 @@ def _kill_and_rerun(stage: Stage, rng: random.Random, steps: int, save_steps: in
         if r and CURRICULUM_STATE in stage.complete:  # the state resumed from is the unkilled run's at that step
             assert io.read_json(stage.work / f"checkpoint-{r}" / CURRICULUM_STATE) == states[r], r
         target, delay = max(target, r + save_steps), 0.0
-        if kind == "startup":
+        # No trigger waits past the start of the next checkpoint, so each kill leaves the next
+        # target ahead: kills are spread over the steps, never bunched at the end.
+        if kind == "startup":  # a random moment of start-up (imports excepted) or of the first steps
             delay = rng.uniform(0, seen[first])
-            until = lambda t, d=delay: time.time() - t >= d  # noqa: E731
+            until = lambda t, d=delay, nxt=stage.work / f"checkpoint-{r + save_steps}": time.time() - t >= d or _new(nxt, t)  # noqa: E731
         elif kind == "final" or target >= steps:  # the final save, the publishing or the clean-up
             kind, target = "final", steps
             until = lambda t, r=r: _new(stage.work / FINAL, t) or (r < steps and steps in stage.steps())  # noqa: E731
@@ -205,10 +207,9 @@ def _kill_and_rerun(stage: Stage, rng: random.Random, steps: int, save_steps: in
             reached: list[float] = []
 
             def until(t, s=target, d=delay, reached=reached):
-                done = stage.steps()
-                if not reached and s in done:
+                if not reached and s in stage.steps():
                     reached.append(time.time())
-                return bool(reached) and (time.time() - reached[0] >= d or max(done, default=0) > s)
+                return bool(reached) and (time.time() - reached[0] >= d or _new(stage.work / f"checkpoint-{s + save_steps}", t))
         before = stage.attempts[-1]
         attempt = stage.run(f"{kind} {target}" + (f" +{delay:.2f}s" if delay else ""), until)
         assert attempt.killed_after_s is not None, f"the stage ended before the kill: {attempt}"
