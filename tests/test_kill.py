@@ -195,7 +195,8 @@ def _kill_and_rerun(stage: Stage, rng: random.Random, steps: int, save_steps: in
         # No trigger waits past the start of the next checkpoint, so each kill leaves the next
         # target ahead: kills are spread over the steps, never bunched at the end.
         if kind == "startup":  # a random moment of start-up (imports excepted) or of the first steps
-            delay = rng.uniform(0, seen[first])
+            # (the unkilled run's start-up also created the MLflow store: a rerun's took about a quarter)
+            delay = rng.uniform(0, seen[first] / 4)
             until = lambda t, d=delay, nxt=stage.work / f"checkpoint-{r + save_steps}": time.time() - t >= d or _new(nxt, t)  # noqa: E731
         elif kind == "final" or target >= steps:  # the final save, the publishing or the clean-up
             kind, target = "final", steps
@@ -221,7 +222,7 @@ def _kill_and_rerun(stage: Stage, rng: random.Random, steps: int, save_steps: in
             not stage.work.exists() and (stage.ws / stage.out / "rung.json").is_file()), attempt
     last = stage.run("none (last)", None)
     assert last.resumed_from == max(stage.attempts[-2].complete_after, default=None), last
-    print(f"\n{stage.flow_module}: one step {step_s:.2f}s; attempts:\n" + "\n".join(map(str, stage.attempts)))
+    print(f"{stage.flow_module}: {len(stage.attempts) - 2} kills; one step of the unkilled run {step_s:.2f}s")
 
 
 def _runs(ws: Path) -> list:
@@ -242,8 +243,8 @@ def _check_tracking(stage: Stage, run_name: str, steps: int) -> None:
     for a in stage.attempts:
         mine = by_pid.get(a.pid, [])
         assert len(mine) <= 2 and {r.info.status for r in mine} <= ({"KILLED"} if a.killed_after_s is not None else {"FINISHED"}), (a, mine)
-        if mine:  # a stage run under its parent (a stage run without DVC or the pipeline flow is its own parent's only child)
-            assert sorted(r.data.tags["rung.role"] for r in mine) == ["pipeline", "stage"], (a, mine)
+        # without DVC or the pipeline flow a stage opens its own parent run, then its stage run
+        assert sorted(r.data.tags["rung.role"] for r in mine) in ([], ["pipeline"], ["pipeline", "stage"]), (a, mine)
     client = mlflow.MlflowClient()
     last = [r for r in by_pid[stage.attempts[-1].pid] if r.info.run_name == run_name]
     resumed = stage.attempts[-1].resumed_from or 0
