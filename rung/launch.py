@@ -11,7 +11,6 @@ import importlib
 import importlib.util
 import logging
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from rung import io, models
 from rung.config import LaunchParams
 from rung.errors import InputError
 from rung.jobs import RESULT, JobResult, RLJob, TrainJob
-from rung.trainer import CURRICULUM_STATE, FINAL, resume_point
+from rung.trainer import CURRICULUM_STATE, FINAL, discard, resume_point
 
 log = logging.getLogger(__name__)
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "accelerate"
@@ -83,7 +82,7 @@ def train(job: TrainJob, launch: LaunchParams, out_dir: Path) -> dict[str, float
     job = job.model_copy(update={"resume": resume})
     result = run(job, launch)
     models.publish(job.work_dir / FINAL, out_dir, {"stage": job.kind, **job.fingerprint()})  # type: ignore[attr-defined]
-    shutil.rmtree(job.work_dir)  # checkpoints are for resuming an interrupted run only
+    discard(job.work_dir)  # checkpoints are for resuming an interrupted run only
     return result.metrics
 
 

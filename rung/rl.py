@@ -23,7 +23,7 @@ from rung import answer_format, compat, curriculum, io, rewards
 from rung.config import DynamicSamplingParams, FormatParams, RLStageParams
 from rung.errors import InputError
 from rung.jobs import JobResult, RLJob, main
-from rung.trainer import CURRICULUM_STATE, common_args, finalize
+from rung.trainer import CURRICULUM_STATE, common_args, finalize, fit, train_loss
 
 def prompts(rows: list[dict[str, Any]], fmt: FormatParams) -> Dataset:
     """Conversational prompts plus the columns the reward functions read."""
@@ -226,9 +226,11 @@ class CurriculumMixin:
             self._metrics["train"][f"accuracy_by_bucket/{name}"].append(mean(accs))
 
     def _save_checkpoint(self, model, trial):  # type: ignore[no-untyped-def]
-        super()._save_checkpoint(model, trial)
+        # The curriculum state first: TRL writes trainer_state.json last and then deletes the previous
+        # checkpoint, so wherever a kill lands a complete checkpoint (rung.trainer) is left.
         if self.args.should_save:
             io.write_json(Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}" / CURRICULUM_STATE, self.curriculum.state_dict())
+        super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):  # type: ignore[no-untyped-def]
         super()._load_optimizer_and_scheduler(checkpoint)
@@ -286,13 +288,13 @@ def train(job: RLJob, callbacks: list[Any] | None = None) -> JobResult:
     trainer = cls(model=model, reward_funcs=funcs, args=trl_config(stage, weights, job.seed, work_dir, job.dtype, job.key), train_dataset=prompts(rows, job.format),
                   processing_class=tok, callbacks=[*job.trainer_callbacks(), *(callbacks or [])])
     trainer.setup_curriculum(curriculum.build(rows, stage.curriculum, buckets=job.buckets, max_steps=stage.max_steps, seed=job.seed), rows, stage.dynamic_sampling)
-    result = trainer.train(resume_from_checkpoint=job.resume)
+    fit(trainer, job.resume)
     curves = [
         {"step": h["step"], **{name: float(h[key]) for name, key in CURVES.items() if key in h},
          **{key: float(v) for key, v in h.items() if key.startswith(TRACKED_PREFIXES)}}
         for h in trainer.state.log_history if "reward" in h
     ]
-    summary = {"train_loss": float(result.training_loss), "steps": float(result.global_step), "reward_errors": float(sum(f.errors for f in funcs))}
+    summary = {"train_loss": train_loss(trainer.state), "steps": float(trainer.state.global_step), "reward_errors": float(sum(f.errors for f in funcs))}
     if curves:
         summary["reward_last"] = curves[-1]["reward"]
         summary["reward_generated_last"] = curves[-1].get("reward_generated", curves[-1]["reward"])

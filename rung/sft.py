@@ -12,7 +12,7 @@ from trl import SFTConfig, SFTTrainer
 from rung import answer_format, io
 from rung.config import FormatParams
 from rung.jobs import JobResult, SFTJob, main
-from rung.trainer import common_args, finalize
+from rung.trainer import common_args, finalize, fit, train_loss
 
 
 def examples(traces: list[dict[str, Any]], fmt: FormatParams) -> Dataset:
@@ -48,9 +48,9 @@ def train(job: SFTJob) -> JobResult:
     peft_config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules, task_type="CAUSAL_LM") if lora else None
     trainer = SFTTrainer(model=model, args=config, train_dataset=examples(traces, job.format), processing_class=tok,
                          peft_config=peft_config, callbacks=job.trainer_callbacks())
-    result = trainer.train(resume_from_checkpoint=job.resume)
+    fit(trainer, job.resume)
     finalize(trainer, tok, job.work_dir)
-    return JobResult(metrics={"train_loss": float(result.training_loss), "steps": float(result.global_step), "examples": float(len(traces)),
+    return JobResult(metrics={"train_loss": train_loss(trainer.state), "steps": float(trainer.state.global_step), "examples": float(len(traces)),
                               "truncated_fraction": truncated_fraction(traces, job.format, tok, params.max_length)})
 
 

@@ -7,9 +7,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import TrainerState
+from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from rung import io
+
+FINGERPRINT = "fingerprint.json"  # the inputs the checkpoints were written for
+FINAL = "final"
+CURRICULUM_STATE = "curriculum.json"  # beside TRL's files in each RL checkpoint
 
 
 def common_args(seed: int, work_dir: Path, dtype: str, save_steps: int) -> dict[str, Any]:
@@ -32,27 +38,68 @@ def common_args(seed: int, work_dir: Path, dtype: str, save_steps: int) -> dict[
     )
 
 
+def complete_checkpoints(work_dir: Path, complete: tuple[str, ...] = ("trainer_state.json",)) -> list[Path]:
+    """The checkpoints in `work_dir` that hold every file of `complete`, oldest first.
+
+    transformers writes trainer_state.json last, so a checkpoint whose writer was killed is left
+    out; one killed while writing trainer_state.json itself leaves a file that does not parse.
+    """
+    def done(c: Path) -> bool:
+        if not all((c / f).is_file() for f in complete):
+            return False
+        try:
+            json.loads((c / "trainer_state.json").read_text())
+        except (OSError, ValueError):
+            return False
+        return True
+
+    found = [c for c in work_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*") if done(c)]
+    return sorted(found, key=lambda c: int(c.name.rsplit("-", 1)[1]))
+
+
 def resume_point(work_dir: Path, fingerprint: dict[str, Any], complete: tuple[str, ...] = ("trainer_state.json",)) -> str | None:
-    """The last complete checkpoint in `work_dir` if it was written for the same inputs, else None.
+    """The last complete checkpoint in `work_dir` (complete_checkpoints) if it was written for the
+    same inputs, else None.
 
     The fingerprint (params, input md5s) is kept beside the checkpoints; when it changed, the old
-    checkpoints belong to another experiment and are removed rather than resumed. A checkpoint is
-    complete when it holds every file of `complete` (transformers writes trainer_state.json last),
-    so a job killed while writing one resumes from the one before.
+    checkpoints belong to another experiment and are removed rather than resumed.
     """
-    stamp = work_dir / "fingerprint.json"
+    stamp = work_dir / FINGERPRINT
     # Compare through JSON so tuples, paths and key order do not count as changes.
     if stamp.exists() and io.read_json(stamp) == json.loads(io.dumps(fingerprint)):
-        done = [c for c in work_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*") if all((c / f).is_file() for f in complete)]
-        return str(max(done, key=lambda c: int(c.name.rsplit("-", 1)[1]))) if done else None
+        done = complete_checkpoints(work_dir, complete)
+        return str(done[-1]) if done else None
     shutil.rmtree(work_dir, ignore_errors=True)
     work_dir.mkdir(parents=True)
     io.write_json(stamp, fingerprint)
     return None
 
 
-FINAL = "final"
-CURRICULUM_STATE = "curriculum.json"  # beside TRL's files in each RL checkpoint
+def discard(work_dir: Path) -> None:
+    """Remove a finished job's work directory. The fingerprint goes first: a removal cut short by a
+    kill then leaves checkpoints that resume_point clears instead of resuming from half of one."""
+    (work_dir / FINGERPRINT).unlink(missing_ok=True)
+    shutil.rmtree(work_dir)
+
+
+def fit(trainer: Any, resume: str | None) -> None:
+    """trainer.train(), resumed from checkpoint `resume` if given. A checkpoint of the last step (a
+    job killed while saving or publishing its model) is loaded rather than trained from: transformers
+    would train one step past max_steps."""
+    if resume:
+        state = TrainerState.load_from_json(str(Path(resume) / TRAINER_STATE_NAME))
+        if state.global_step >= state.max_steps:
+            trainer._load_from_checkpoint(resume)
+            trainer.state = state
+            return
+    trainer.train(resume_from_checkpoint=resume)
+
+
+def train_loss(state: Any) -> float:
+    """Mean loss over every step of a run, the steps before a resume included (TRL's
+    TrainOutput.training_loss averages the steps of the last `train` call only)."""
+    losses = [h["loss"] for h in state.log_history if "loss" in h]
+    return sum(losses) / len(losses) if losses else 0.0
 
 
 def finalize(trainer: Any, tok: Any, work_dir: Path) -> Path:
