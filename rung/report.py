@@ -113,7 +113,7 @@ def comparison_rows(result: dict[str, Any]) -> tuple[list[list[str]], list[list[
         for name, g in c["sets"].items():
             greedy.append([label, name, str(g["n"]), f"{100 * g['accuracy_old']:.1f}% → {100 * g['accuracy_new']:.1f}%",
                            f"{_points(g['difference'])} [{_points(g['ci_low'])}, {_points(g['ci_high'])}]",
-                           str(g["right_to_wrong"]), str(g["wrong_to_right"]), _p(g["mcnemar_p"]), g["verdict"]])
+                           str(g["right_to_wrong"]), str(g["wrong_to_right"]), _p(g["mcnemar_p"]), g["verdict"] + paired.power_note(g)])
             s = g.get("sampled")
             if s:
                 for metric in (f"avg@{s['samples']}", f"pass@{s['samples']}"):
@@ -133,7 +133,9 @@ def explanation(result: dict[str, Any]) -> list[str]:
         "whether those flips lean one way more than chance would, and gives the verdict of the accuracy row. "
         f"For avg@n and pass@n the verdict is whether the {100 * conf:g}% paired interval excludes 0.",
         f"\"Not significant at {alpha:g}\" means these prompts do not establish a difference either way; "
-        "it does not mean the checkpoints are equal.",
+        "it does not mean the checkpoints are equal. \"Needs about N prompts\": the number of prompts at which the exact "
+        f"McNemar test would find the observed effect significant at {alpha:g} with 80% power, taking these flip rates as "
+        "the truth (Connor 1987; rung.paired.mcnemar_prompts_needed).",
     ]
 
 
