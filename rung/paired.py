@@ -114,13 +114,13 @@ def mcnemar_prompts_needed(right_to_wrong: int, wrong_to_right: int, n: int, alp
     return int(np.ceil(root**2 / delta**2))
 
 
-def power_note(result: dict[str, Any]) -> str:
+def power_note(result: dict[str, Any], unit: str = "prompts") -> str:
     """What a comparison that is not significant would need, for its verdict: ' (needs about N
     prompts at this effect)'; '' for a significant one."""
     if "prompts_needed" not in result:
         return ""
     n = result["prompts_needed"]
-    return f" (needs about {n} prompts at this effect)" if n else " (the flips balance: no effect to detect)"
+    return f" (needs about {n} {unit} at this effect)" if n else " (the flips balance: no effect to detect)"
 
 
 def compare_greedy(old: Sequence[Record], new: Sequence[Record], confidence: float, resamples: int, seed: int, what: str) -> dict[str, Any]:
