@@ -83,15 +83,21 @@ def _track(params: config.Params, result: dict[str, Any], paths: dict[str, Any],
         return run.info.run_id
 
 
+def plan(definition: str, params_file: str = str(layout.PARAMS)) -> tuple[core.Study, str, dict[str, dict[str, Any]], dict[str, config.Params]]:
+    """The study, its RL stage, its experiments (name -> arm, seed, point) and their params, every
+    point checked against the schema and preflighted: an InputError before anything is queued."""
+    spec = core.load(definition)
+    stage = core.stage_of(spec, config.load(params_file))
+    todo = core.points(spec)
+    return spec, stage, todo, sweep.check({exp: t["point"] for exp, t in todo.items()}, params_file)
+
+
 @flow(name="study")
 def study(definition: str, jobs: int = 1, params_file: str = str(layout.PARAMS)) -> dict[str, Any]:
     """Run a study definition (a YAML file) through DVC's experiment queue and write its page."""
     log = get_run_logger()
-    spec = core.load(definition)
+    spec, stage, todo, checked = plan(definition, params_file)
     params = config.load(params_file)
-    stage = core.stage_of(spec, params)
-    todo = core.points(spec)
-    checked = sweep.check({exp: t["point"] for exp, t in todo.items()}, params_file)  # all valid before anything is queued
     done = {exp for exp, r in dvc_tasks.experiments(list(todo)).items() if r.get("state") == "success"}
     if done:
         log.info("study %s: %d experiment(s) already done for this commit: %s", spec.name, len(done), ", ".join(sorted(done)))
@@ -121,7 +127,7 @@ def cli(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     def checked_then_run() -> None:
-        core.load(args.definition)  # a bad definition: one line and exit 2 before Prefect starts
+        plan(args.definition)  # a bad definition or point: one line and exit 2, before Prefect starts
         study(args.definition, args.jobs)
 
     main(checked_then_run)

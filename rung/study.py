@@ -33,7 +33,6 @@ differ on this population of prompts; the spread over seeds is reported next to 
 """
 from __future__ import annotations
 
-import math
 import re
 from collections import defaultdict
 from collections.abc import Sequence
@@ -99,8 +98,10 @@ def load(path: str | Path) -> Study:
 
 
 def points(study: Study) -> dict[str, dict[str, Any]]:
-    """Experiment name -> {arm, seed, point}: every arm for every seed, seeds varying slowest."""
-    return {f"{study.name}-{arm}-{seed}": {"arm": arm, "seed": seed, "point": {**study.params, **overrides, study.seed_key: seed}}
+    """Experiment name -> {arm, seed, point}: every arm for every seed, seeds varying slowest. A
+    nested mapping is set key by key (merged into params.yaml, as `dvc exp run -S` merges; DVC's
+    Hydra overrides cannot take a JSON mapping as one value)."""
+    return {f"{study.name}-{arm}-{seed}": {"arm": arm, "seed": seed, "point": {**io.flatten({**study.params, **overrides}), study.seed_key: seed}}
             for seed in study.seeds for arm, overrides in study.arms.items()}
 
 
@@ -159,14 +160,15 @@ def compare_arms(old: dict[int, list[dict[str, Any]]], new: dict[int, list[dict[
     p = float(binomtest(up, up + down, 0.5).pvalue) if up + down else 1.0
     acc_old = [mean(a[s].values()) for s in seeds]
     acc_new = [mean(b[s].values()) for s in seeds]
-    t_p = float(ttest_rel(acc_new, acc_old).pvalue) if len(seeds) > 1 else math.nan
+    diffs = [n - o for n, o in zip(acc_new, acc_old)]
+    # the t-test needs differences that vary (scipy gives nan, with a warning, for identical ones)
+    t_p = float(ttest_rel(acc_new, acc_old).pvalue) if len(set(diffs)) > 1 else None
     alpha = paired.level(confidence)
     significant = p < alpha
     out = {"seeds": seeds, "unit": "prompt" if shared else "seed, prompt", "units": len(x_old),
            "accuracy_old": float(np.mean(acc_old)), "accuracy_new": float(np.mean(acc_new)),
            "difference": diff, "ci_low": lo, "ci_high": hi, "units_better": up, "units_worse": down, "sign_test_p": p,
-           "per_seed_difference": {str(s): n - o for s, n, o in zip(seeds, acc_new, acc_old)},
-           "seed_t_test_p": None if math.isnan(t_p) else t_p,  # nan when the per-seed differences do not vary
+           "per_seed_difference": {str(s): d for s, d in zip(seeds, diffs)}, "seed_t_test_p": t_p,
            "significant": significant, "verdict": paired.verdict(significant, alpha)}
     if not significant:
         out["prompts_needed"] = paired.mcnemar_prompts_needed(down, up, len(x_old), alpha)
