@@ -9,7 +9,6 @@ import os
 import mlflow
 import numpy as np
 import pytest
-import yaml
 from scipy.stats import ttest_rel
 
 from rung import paired, study
