@@ -113,5 +113,17 @@ def sweep(
     flows_sweep.cli(["--grid", grid, "--jobs", str(jobs), "--keys", keys, *(["--name", name] if name else [])])
 
 
+@app.command()
+def study(
+    definition: Annotated[Path, typer.Argument(help="study definition (YAML): name, seeds, seed_key, params, arms; e.g. bench/curriculum.yaml")],
+    jobs: Annotated[int, typer.Option("--jobs", "-j", help="experiments at a time (DVC queue workers)")] = 1,
+) -> None:
+    """Run every arm for every seed as DVC experiments (flows/study.py), then write the study page
+    (mean ± sd over seeds, paired tests between arms, learning curves) to data/studies/<name>/."""
+    from flows import study as flows_study
+
+    flows_study.cli([str(definition), "--jobs", str(jobs)])
+
+
 if __name__ == "__main__":
     app()

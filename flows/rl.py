@@ -21,7 +21,7 @@ def rl(stage_name: str, params_file: str = str(layout.PARAMS)) -> None:
     stage = params.rl.stages[stage_name]
     if stage.use_vllm:
         require_vllm(f"rl.stages.{stage_name}.use_vllm")
-    seed = derive(params.seed, "rl", stage_name)
+    seed = derive(params.seed if stage.seed is None else stage.seed, "rl", stage_name)
     job = RLJob(key=f"rl.stages.{stage_name}", params=stage, init=layout.checkpoint(stage.init), data=layout.FILTERED,
                 work_dir=layout.WORK / "rl" / stage_name, curves=layout.plot("rl", stage_name), format=params.format,
                 seed=seed, dtype=params.model.dtype, buckets=params.difficulty.buckets)

@@ -44,13 +44,31 @@ def points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
     return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
 
 
+def check(todo: dict[str, dict[str, Any]], params_file: str | Path = layout.PARAMS) -> dict[str, config.Params]:
+    """The params of each experiment (name -> point), each checked against the schema and
+    preflighted (an InputError naming the experiment and key); nothing is queued."""
+    base = yaml.safe_load(Path(params_file).read_text())
+    checked = {}
+    for exp, point in todo.items():
+        checked[exp] = config.parse(config.with_overrides(base, point), f"{params_file} with {exp} {point}")
+        preflight.check(checked[exp])
+    return checked
+
+
 def experiments(grid: dict[str, list[Any]], prefix: str, params_file: str | Path = layout.PARAMS) -> dict[str, dict[str, Any]]:
     """Experiment name -> grid point, each point checked against the params schema (ConfigError naming it)."""
-    base = yaml.safe_load(Path(params_file).read_text())
     todo = {f"{prefix}-{i}": point for i, point in enumerate(points(grid), start=1)}
-    for exp, point in todo.items():
-        preflight.check(config.parse(config.with_overrides(base, point), f"{params_file} with {exp} {point}"))
+    check(todo, params_file)
     return todo
+
+
+def run(todo: dict[str, dict[str, Any]], jobs: int) -> dict[str, dict[str, Any]]:
+    """Queue one DVC experiment per (name, point), run the queue with `jobs` workers; their `dvc exp show` columns."""
+    with dvc.workspace_lock():  # queuing stashes the workspace's params and git state
+        for exp, point in todo.items():
+            dvc.queue_experiment(exp, point)
+    dvc.run_queue(jobs)
+    return dvc.experiments(list(todo))
 
 
 def comparison(results: dict[str, dict[str, Any]], keys: str = "*") -> str:
@@ -68,11 +86,7 @@ def sweep(grid: dict[str, list[Any]], name: str | None = None, jobs: int = 1, ke
     grid = {k: v if isinstance(v, list) else [v] for k, v in grid.items()}
     prefix = name or f"sweep-{datetime.now():%Y%m%d-%H%M%S}"
     todo = experiments(grid, prefix, params_file)  # every point is valid before anything is queued
-    with dvc.workspace_lock():  # queuing stashes the workspace's params and git state
-        for exp, point in todo.items():
-            dvc.queue_experiment(exp, point)
-    dvc.run_queue(jobs)
-    results = dvc.experiments(list(todo))
+    results = run(todo, jobs)
     table = comparison(results, keys)
     print(table)
     rows = "\n".join(f"| {exp} | {results.get(exp, {}).get('state', 'missing')} | {point} |" for exp, point in todo.items())

@@ -541,6 +541,9 @@ class RLStageParams(Section):
     """TRL trainer: GRPOTrainer, or RLOOTrainer (leave-one-out baseline; Ahmadian et al. 2024)."""
     init: str = "sft"
     """Checkpoint this stage starts from: 'sft', 'base' (zero-RL) or 'rl/<earlier stage>'."""
+    seed: int | None = Field(None, ge=0)
+    """This stage's own seed, for seed studies of RL alone (data, SFT and difficulty unchanged);
+    None derives one from the top-level `seed`."""
     buckets: list[str] | None = None
     """Train only on prompts of these difficulty buckets; None uses every filtered prompt."""
     max_steps: int = Field(20, gt=0)

@@ -82,7 +82,8 @@ class Extra(NamedTuple):
 _NUMERIC = re.compile(r"^([0-9+\-−]|< ?[0-9])")
 
 
-def _extra(t: Extra) -> str:
+def extra_table(t: Extra) -> str:
+    """An Extra table (and its notes) as HTML."""
     body = [[(_e(c), bool(_NUMERIC.match(c))) for c in row] for row in t.rows]
     return "\n".join([_table(t.table_id, t.caption, t.header, body), *(f'<p class="note">{_e(n)}</p>' for n in t.notes)])
 
@@ -146,7 +147,7 @@ def _by_source(evals: Mapping[str, Mapping[str, Any]]) -> str:
     return _table("by-source", "Held-out accuracy per task source", ["source", *evals], body)
 
 
-def _settings(settings: Mapping[str, Any]) -> str:
+def settings_table(settings: Mapping[str, Any]) -> str:
     body = [[(_e(k), False), (_e(v), False)] for k, v in settings.items()]
     return _table("settings", "Settings", ["setting", "value"], body)
 
@@ -222,35 +223,36 @@ def _figure(fig_id: str, svg: str, caption: str) -> str:
     return f'<figure id="{fig_id}" class="plot">\n{svg}<figcaption>{_e(caption)}</figcaption>\n</figure>'
 
 
-def render(evals: Mapping[str, Mapping[str, Any]], reward_curves: Mapping[str, Sequence[tuple[int, float]]] | None = None,
-           *, title: str = "rung results", settings: Mapping[str, Any] | None = None, extra: Sequence[Extra] = (),
-           warnings: Sequence[str] = ()) -> str:
-    """The whole HTML document.
+Plot = tuple[str, Callable[[], Figure | None], str]
+"""(figure id, a function drawing the figure or returning None when there is nothing to draw, caption)."""
 
-    evals maps checkpoint name to its metrics (keys accuracy, format_rate, mean_tokens,
-    truncation_rate, n; optionally accuracy_lenient, accuracy_ci [lo, hi], pass_at_k {"k": v},
-    accuracy_by_source {source: v}, sampling {name: value}), in the order the rows should have;
-    reward_curves maps RL stage name to (step, mean reward) points; settings is shown as a table;
-    extra tables (e.g. the paired comparisons) follow the headline table; warnings (rung.health)
-    are listed above everything else.
-    """
-    colors = {name: f"C{i % 10}" for i, name in enumerate(evals)}  # one colour per checkpoint in every plot
+
+def figures(plots: Sequence[Plot]) -> list[str]:
+    """The plots drawn and inlined as SVG figures, under the report's matplotlib settings."""
     with matplotlib.rc_context(_RC):
-        plots = [
-            ("plot-pass-at-k", _pass_at_k_plot(evals, colors),
-             "pass@k per checkpoint: the chance that at least one of k samples is correct "
-             "(unbiased estimator of Chen et al. 2021)."),
-            ("plot-by-source", _by_source_plot(evals, colors), "Held-out accuracy per task source and checkpoint."),
-            ("plot-reward", _reward_plot(reward_curves or {}),
-             "Mean reward per logged training step of each RL stage: of the groups trained on, and, with dynamic sampling, "
-             "of all generated groups (zero-variance groups included)."),
-        ]
-        figures = [_figure(fig_id, _svg(fig, fig_id), caption) for fig_id, fig, caption in plots if fig is not None]
-    tables = [_headline(evals), *(_extra(t) for t in extra)]
-    if _sources(evals):
-        tables.append(_by_source(evals))
-    if settings:
-        tables.append(_settings(settings))
+        drawn = [(fig_id, draw(), caption) for fig_id, draw, caption in plots]
+        return [_figure(fig_id, _svg(fig, fig_id), caption) for fig_id, fig, caption in drawn if fig is not None]
+
+
+def band_plot(curves: Mapping[str, Sequence[tuple[float, float, float, float]]], xlabel: str, ylabel: str) -> Figure | None:
+    """One line per name through (x, mean) with a shaded band from low to high (e.g. the range over
+    seeds); None when there are no points."""
+    curves = {name: sorted(points) for name, points in curves.items() if points}
+    if not curves:
+        return None
+    fig = Figure(figsize=_FIGSIZE, layout="constrained")
+    ax = fig.add_subplot()
+    for i, (name, points) in enumerate(curves.items()):
+        x, mid, lo, hi = zip(*points)
+        ax.plot(x, mid, marker="o" if len(points) <= 40 else None, markersize=4, color=f"C{i % 10}", label=_mpl_text(name))
+        ax.fill_between(x, lo, hi, color=f"C{i % 10}", alpha=0.2, linewidth=0)
+    ax.set(xlabel=xlabel, ylabel=ylabel)
+    ax.legend()
+    return fig
+
+
+def page(title: str, tables: Sequence[str], figures_html: Sequence[str] = (), warnings: Sequence[str] = ()) -> str:
+    """A self-contained HTML document: warnings, then tables (HTML, e.g. from `extra_table`), then figures."""
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en">',
@@ -268,10 +270,40 @@ def render(evals: Mapping[str, Mapping[str, Any]], reward_curves: Mapping[str, S
         *tables,
         "</section>",
     ]
-    if figures:
-        parts += ['<section id="plots">', "<h2>Plots</h2>", *figures, "</section>"]
+    if figures_html:
+        parts += ['<section id="plots">', "<h2>Plots</h2>", *figures_html, "</section>"]
     parts += ["</main>", "</body>", "</html>", ""]
     return "\n".join(parts)
+
+
+def render(evals: Mapping[str, Mapping[str, Any]], reward_curves: Mapping[str, Sequence[tuple[int, float]]] | None = None,
+           *, title: str = "rung results", settings: Mapping[str, Any] | None = None, extra: Sequence[Extra] = (),
+           warnings: Sequence[str] = ()) -> str:
+    """The whole HTML document.
+
+    evals maps checkpoint name to its metrics (keys accuracy, format_rate, mean_tokens,
+    truncation_rate, n; optionally accuracy_lenient, accuracy_ci [lo, hi], pass_at_k {"k": v},
+    accuracy_by_source {source: v}, sampling {name: value}), in the order the rows should have;
+    reward_curves maps RL stage name to (step, mean reward) points; settings is shown as a table;
+    extra tables (e.g. the paired comparisons) follow the headline table; warnings (rung.health)
+    are listed above everything else.
+    """
+    colors = {name: f"C{i % 10}" for i, name in enumerate(evals)}  # one colour per checkpoint in every plot
+    figures_html = figures([
+        ("plot-pass-at-k", lambda: _pass_at_k_plot(evals, colors),
+         "pass@k per checkpoint: the chance that at least one of k samples is correct "
+         "(unbiased estimator of Chen et al. 2021)."),
+        ("plot-by-source", lambda: _by_source_plot(evals, colors), "Held-out accuracy per task source and checkpoint."),
+        ("plot-reward", lambda: _reward_plot(reward_curves or {}),
+         "Mean reward per logged training step of each RL stage: of the groups trained on, and, with dynamic sampling, "
+         "of all generated groups (zero-variance groups included)."),
+    ])
+    tables = [_headline(evals), *(extra_table(t) for t in extra)]
+    if _sources(evals):
+        tables.append(_by_source(evals))
+    if settings:
+        tables.append(settings_table(settings))
+    return page(title, tables, figures_html, warnings)
 
 
 def write(path: str | Path, evals: Mapping[str, Mapping[str, Any]],

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from scipy.stats import binomtest
+from scipy.stats import binomtest, norm
 
 from rung import metrics
 from rung.errors import InputError
@@ -96,6 +96,33 @@ def mcnemar(old: Sequence[bool], new: Sequence[bool]) -> dict[str, Any]:
             "both_right": int((a & b).sum()), "both_wrong": int((~a & ~b).sum()), "mcnemar_p": float(p)}
 
 
+def mcnemar_prompts_needed(right_to_wrong: int, wrong_to_right: int, n: int, alpha: float = 0.05, power: float = 0.8) -> int | None:
+    """Prompts a paired comparison needs for a two-sided McNemar test at `alpha` to detect, with
+    probability `power`, the effect that these flips show (their rates on n prompts taken as the
+    truth): Connor's (1987) normal-approximation formula n = (z_{1-alpha/2} sqrt(psi) + z_power
+    sqrt(psi - delta^2))^2 / delta^2, with psi = (b + c) / n the discordance and delta = (c - b) / n
+    the effect. Written out because statsmodels has no McNemar power (its contingency_tables only
+    test). None when the flips balance: no number of prompts detects an effect of zero."""
+    if n <= 0 or min(right_to_wrong, wrong_to_right) < 0 or right_to_wrong + wrong_to_right > n:
+        raise ValueError(f"flips {right_to_wrong}, {wrong_to_right} do not fit {n} prompts")
+    if not (0 < alpha < 1 and 0 < power < 1):
+        raise ValueError(f"alpha and power must be in (0, 1), got {alpha}, {power}")
+    psi, delta = (right_to_wrong + wrong_to_right) / n, (wrong_to_right - right_to_wrong) / n
+    if delta == 0:
+        return None
+    root = norm.ppf(1 - alpha / 2) * np.sqrt(psi) + norm.ppf(power) * np.sqrt(psi - delta**2)
+    return int(np.ceil(root**2 / delta**2))
+
+
+def power_note(result: dict[str, Any], unit: str = "prompts") -> str:
+    """What a comparison that is not significant would need, for its verdict: ' (needs about N
+    prompts at this effect)'; '' for a significant one."""
+    if "prompts_needed" not in result:
+        return ""
+    n = result["prompts_needed"]
+    return f" (needs about {n} {unit} at this effect)" if n else " (the flips balance: no effect to detect)"
+
+
 def compare_greedy(old: Sequence[Record], new: Sequence[Record], confidence: float, resamples: int, seed: int, what: str) -> dict[str, Any]:
     """Greedy accuracy of `new` against `old` (records of one eval set, the first sample graded):
     difference with its paired bootstrap interval, flips each way, exact McNemar p and verdict."""
@@ -106,9 +133,11 @@ def compare_greedy(old: Sequence[Record], new: Sequence[Record], confidence: flo
     test = mcnemar(a, b)
     alpha = level(confidence)
     significant = test["mcnemar_p"] < alpha
+    # Not significant: how many prompts would make this effect significant (80% power)?
+    needed = {} if significant else {"prompts_needed": mcnemar_prompts_needed(test["right_to_wrong"], test["wrong_to_right"], len(pairs), alpha)}
     return {"n": len(pairs), "accuracy_old": float(np.mean(a)), "accuracy_new": float(np.mean(b)),
             "difference": diff, "ci_low": lo, "ci_high": hi, **test,
-            "significant": significant, "verdict": verdict(significant, alpha)}
+            "significant": significant, "verdict": verdict(significant, alpha), **needed}
 
 
 def compare_sampled(old: Sequence[Record], new: Sequence[Record], confidence: float, resamples: int, seed: int, what: str) -> dict[str, Any]:

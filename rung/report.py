@@ -88,12 +88,12 @@ def comparisons(pairs: list[tuple[str, str]], confidence: float, resamples: int,
     return {"level": paired.level(confidence), "confidence": confidence, "resamples": resamples, "seed": seed, "comparisons": out}
 
 
-def _points(v: float) -> str:
+def signed_points(v: float) -> str:
     """A difference of fractions in percentage points, signed, with a true minus sign."""
     return f"{100 * v:+.1f}".replace("-", "−")
 
 
-def _p(p: float) -> str:
+def p_text(p: float) -> str:
     return "< 0.001" if p < 0.001 else f"{p:.3f}" if p < 0.1 else f"{p:.2f}"
 
 
@@ -111,14 +111,14 @@ def comparison_rows(result: dict[str, Any]) -> tuple[list[list[str]], list[list[
         label = f"{c['new']} vs {c['old']}"
         for name, g in c["sets"].items():
             greedy.append([label, name, str(g["n"]), f"{100 * g['accuracy_old']:.1f}% → {100 * g['accuracy_new']:.1f}%",
-                           f"{_points(g['difference'])} [{_points(g['ci_low'])}, {_points(g['ci_high'])}]",
-                           str(g["right_to_wrong"]), str(g["wrong_to_right"]), _p(g["mcnemar_p"]), g["verdict"]])
+                           f"{signed_points(g['difference'])} [{signed_points(g['ci_low'])}, {signed_points(g['ci_high'])}]",
+                           str(g["right_to_wrong"]), str(g["wrong_to_right"]), p_text(g["mcnemar_p"]), g["verdict"] + paired.power_note(g)])
             s = g.get("sampled")
             if s:
                 for metric in (f"avg@{s['samples']}", f"pass@{s['samples']}"):
                     m = s[metric]
                     sampled.append([label, name, str(s["n"]), metric, f"{100 * m['old']:.1f}% → {100 * m['new']:.1f}%",
-                                    f"{_points(m['difference'])} [{_points(m['ci_low'])}, {_points(m['ci_high'])}]", m["verdict"]])
+                                    f"{signed_points(m['difference'])} [{signed_points(m['ci_low'])}, {signed_points(m['ci_high'])}]", m["verdict"]])
     return greedy, sampled
 
 
@@ -132,11 +132,13 @@ def explanation(result: dict[str, Any]) -> list[str]:
         "whether those flips lean one way more than chance would, and gives the verdict of the accuracy row. "
         f"For avg@n and pass@n the verdict is whether the {100 * conf:g}% paired interval excludes 0.",
         f"\"Not significant at {alpha:g}\" means these prompts do not establish a difference either way; "
-        "it does not mean the checkpoints are equal.",
+        "it does not mean the checkpoints are equal. \"Needs about N prompts\": the number of prompts at which the exact "
+        f"McNemar test would find the observed effect significant at {alpha:g} with 80% power, taking these flip rates as "
+        "the truth (Connor 1987; rung.paired.mcnemar_prompts_needed).",
     ]
 
 
-def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|", *("| " + " | ".join(r) + " |" for r in rows)]
 
 
@@ -145,9 +147,9 @@ def paired_markdown(result: dict[str, Any]) -> str:
     greedy, sampled = comparison_rows(result)
     greedy_header, sampled_header = headers(result)
     first, second = explanation(result)
-    lines = ["## Paired comparisons", "", first, "", second, "", "Greedy accuracy:", "", *_md_table(greedy_header, greedy)]
+    lines = ["## Paired comparisons", "", first, "", second, "", "Greedy accuracy:", "", *md_table(greedy_header, greedy)]
     if sampled:
-        lines += ["", "Sampled (avg@n, pass@n):", "", *_md_table(sampled_header, sampled)]
+        lines += ["", "Sampled (avg@n, pass@n):", "", *md_table(sampled_header, sampled)]
     return "\n".join(lines) + "\n"
 
 

@@ -49,6 +49,30 @@ def test_verdict_follows_mcnemar_at_the_level_of_the_confidence():
     assert paired.compare_greedy(_greedy([False] * 5 + [True] * 5), _greedy([True] * 10), 0.9, 500, 0, "x")["verdict"] == "significant at 0.1"
 
 
+def _exact_power(right_to_wrong: int, wrong_to_right: int, n_observed: int, n: int, alpha: float = 0.05) -> float:
+    """Power of the exact McNemar test on n prompts when the flip rates are the observed ones, by
+    enumerating the discordant count and the split of the discordant prompts."""
+    from scipy.stats import binom, binomtest
+
+    psi = (right_to_wrong + wrong_to_right) / n_observed
+    up = wrong_to_right / (right_to_wrong + wrong_to_right)
+    return sum(binom.pmf(d, n, psi) * sum(binom.pmf(x, d, up) for x in range(d + 1) if binomtest(x, d, 0.5).pvalue < alpha)
+               for d in range(1, n + 1))
+
+
+def test_prompts_needed_for_80_percent_power():
+    # The default run's flips (README): 12 wrong -> right, 5 right -> wrong on 95 prompts, p = 0.14.
+    n = paired.mcnemar_prompts_needed(5, 12, 95)
+    assert n == 257 == paired.mcnemar_prompts_needed(12, 5, 95)  # the direction does not matter
+    # Connor's formula is a normal approximation; the exact test's power there is close to 80%, and far below at half the size.
+    assert 0.75 < _exact_power(5, 12, 95, n) < 0.85 and _exact_power(5, 12, 95, n // 2) < 0.5
+    assert paired.mcnemar_prompts_needed(5, 12, 95, power=0.9) > n > paired.mcnemar_prompts_needed(5, 20, 95)
+    assert paired.mcnemar_prompts_needed(4, 4, 95) is None and paired.mcnemar_prompts_needed(0, 0, 95) is None
+    with pytest.raises(ValueError, match="do not fit"):
+        paired.mcnemar_prompts_needed(50, 50, 95)
+    assert paired.power_note({"prompts_needed": 257}) == " (needs about 257 prompts at this effect)" and paired.power_note({}) == ""
+
+
 def test_paired_bootstrap_is_seeded_and_covers_the_true_difference():
     rng = np.random.default_rng(1)
     old = rng.random(400) < 0.45
@@ -130,6 +154,7 @@ def test_report_writes_the_comparisons_in_words(evaluated):
     assert (c["new"], c["old"], list(c["sets"])) == ("rl/main", "sft", ["test", "ood"])
     test = c["sets"]["test"]
     assert (test["wrong_to_right"], test["right_to_wrong"]) == (12, 5) and test["verdict"] == "not significant at 0.05"
+    assert test["prompts_needed"] == 162  # not significant: the prompts it would need (mcnemar_prompts_needed)
     assert test["ci_low"] < test["difference"] < test["ci_high"] and set(test["sampled"]) >= {"avg@3", "pass@3"}
     assert "sampled" not in c["sets"]["ood"]
     assert report.comparisons(report.pairs({"main": "sft"}), 0.95, 1000, 42) == compared  # seeded
@@ -144,11 +169,11 @@ def test_report_writes_the_comparisons_in_words(evaluated):
     p = f"{test['mcnemar_p']:.2f}"
     signed = lambda v: f"{100 * v:+.1f}".replace("-", "−")  # noqa: E731
     assert f"| 60 | {100 * test['accuracy_old']:.1f}% → {100 * test['accuracy_new']:.1f}% | +11.7 [{signed(test['ci_low'])}, {signed(test['ci_high'])}] |" in row
-    assert row.endswith(f"| 5 | 12 | {p} | not significant at 0.05 |")
+    assert row.endswith(f"| 5 | 12 | {p} | not significant at 0.05 (needs about 162 prompts at this effect) |")
     assert "| rl/main vs sft | test | 10 | pass@3 |" in text
     page = (evaluated / "data/reports/report.html").read_text()
     assert '<table id="paired">' in page and '<table id="paired-sampled">' in page
-    assert "<td>not significant at 0.05</td>" in page and "<th>exact McNemar p</th>" in page
+    assert "<td>not significant at 0.05 (needs about 162 prompts at this effect)</td>" in page and "<th>exact McNemar p</th>" in page
 
 
 def test_report_refuses_checkpoints_evaluated_on_different_prompts(evaluated):

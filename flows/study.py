@@ -1,0 +1,137 @@
+"""A seed study: every arm of a study definition for every seed, as DVC experiments run by the
+sweep machinery (flows/sweep.py: checked and preflighted before anything is queued, then DVC's
+queue), aggregated over seeds and compared prompt by prompt (rung/study.py) into
+data/studies/<name>/study.{md,html,json}, one MLflow parent run for the study (the experiments'
+pipeline runs become its children) and the Prefect artifact `rung-study`.
+
+    python -m flows.study bench/curriculum.yaml --jobs 1
+    rung study bench/curriculum.yaml
+
+An experiment of the study that already succeeded for this commit (same name) is not run again,
+so an interrupted study continues where it stopped.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+import dvc.api
+import mlflow
+from dvc.exceptions import PathMissingError
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact
+
+from flows import sweep
+from flows.stage import main
+from rung import config, layout, study as core, tracking
+from tasks import dvc as dvc_tasks
+
+
+def _read(path: str, rev: str) -> str | None:
+    """A file (git- or DVC-tracked) as the experiment `rev` left it; None when it has none."""
+    try:
+        return dvc.api.read(path, repo=".", rev=rev)
+    except (FileNotFoundError, PathMissingError):
+        return None
+
+
+def _jsonl(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def collect(exp: str, arm: str, seed: int, stage: str, init: str) -> dict[str, Any]:
+    """What the aggregation needs from one experiment: the RL stage's metrics and curve, its
+    checkpoint's eval metrics and per-prompt greedy records of every eval set, and the eval of
+    the checkpoint it started from (if the DAG evaluates it)."""
+    slug = layout.checkpoint_slug(f"rl/{stage}")
+    metrics = _read(str(layout.metrics(f"eval-{slug}")), exp)
+    if metrics is None:
+        raise RuntimeError(f"experiment {exp}: no {layout.metrics(f'eval-{slug}')}; the study needs the eval_rl@{stage} stage")
+    evaluated = json.loads(metrics)
+    records = {}
+    for name in evaluated["sets"]:
+        text = _read(str(layout.EVAL / slug / f"{name}.jsonl"), exp)
+        if text is not None:
+            records[name] = _jsonl(text)
+    init_eval = _read(str(layout.metrics(f"eval-{layout.checkpoint_slug(init)}")), exp)
+    return {"exp": exp, "arm": arm, "seed": seed, "eval": evaluated, "rl": json.loads(_read(str(layout.metrics(f"rl-{stage}")), exp) or "{}"),
+            "init_eval": json.loads(init_eval) if init_eval else None, "records": records,
+            "curve": json.loads(_read(str(layout.plot("rl", stage)), exp) or "[]")}
+
+
+def _track(params: config.Params, result: dict[str, Any], paths: dict[str, Any], exps: dict[str, dict[str, Any]]) -> str:
+    """The study's MLflow parent run: per-arm means and sds, the comparisons, the three files; each
+    experiment's pipeline run is made its child. Returns the run id."""
+    tracking.setup(params)
+    tags = {"rung.role": "study", "rung.study": result["name"], "git.commit": tracking.git_commit(), **tracking.versions()}
+    with mlflow.start_run(run_name=f"study {result['name']}", tags=tags) as run:
+        mlflow.log_params({"seeds": result["seeds"], "seed_key": result["seed_key"], "arms": list(result["arms"])})
+        tracking.log_metrics({arm: {k: {"mean": v["mean"], **({"sd": v["sd"]} if v["sd"] is not None else {})} for k, v in a["metrics"].items()}
+                              for arm, a in result["arms"].items()}, prefix="study")
+        tracking.log_metrics({k: c["sets"] for k, c in result["comparisons"].items()}, prefix="paired")
+        for path in paths.values():
+            mlflow.log_artifact(str(path))
+        client = mlflow.MlflowClient()
+        for exp, point in exps.items():
+            found = mlflow.search_runs(experiment_names=[params.tracking.experiment], output_format="list",
+                                       filter_string=f"tags.`dvc.exp_name` = '{exp}' and tags.`rung.role` = 'pipeline'")
+            for r in found:
+                for key, value in {"mlflow.parentRunId": run.info.run_id, "rung.study": result["name"],
+                                   "rung.study.arm": point["arm"], "rung.study.seed": str(point["seed"])}.items():
+                    client.set_tag(r.info.run_id, key, value)
+        return run.info.run_id
+
+
+def plan(definition: str, params_file: str = str(layout.PARAMS)) -> tuple[core.Study, str, dict[str, dict[str, Any]], dict[str, config.Params]]:
+    """The study, its RL stage, its experiments (name -> arm, seed, point) and their params, every
+    point checked against the schema and preflighted: an InputError before anything is queued."""
+    spec = core.load(definition)
+    stage = core.stage_of(spec, config.load(params_file))
+    todo = core.points(spec)
+    return spec, stage, todo, sweep.check({exp: t["point"] for exp, t in todo.items()}, params_file)
+
+
+@flow(name="study")
+def study(definition: str, jobs: int = 1, params_file: str = str(layout.PARAMS)) -> dict[str, Any]:
+    """Run a study definition (a YAML file) through DVC's experiment queue and write its page."""
+    log = get_run_logger()
+    spec, stage, todo, checked = plan(definition, params_file)
+    params = config.load(params_file)
+    done = {exp for exp, r in dvc_tasks.experiments(list(todo)).items() if r.get("state") == "success"}
+    if done:
+        log.info("study %s: %d experiment(s) already done for this commit: %s", spec.name, len(done), ", ".join(sorted(done)))
+    pending = {exp: t["point"] for exp, t in todo.items() if exp not in done}
+    results = sweep.run(pending, jobs) if pending else {}
+    failed = [exp for exp in pending if results.get(exp, {}).get("state") != "success"]
+    if failed:
+        raise RuntimeError(f"experiment(s) failed: {', '.join(failed)} (see `dvc queue logs <name>`)")
+    runs = [collect(exp, t["arm"], t["seed"], stage, checked[exp].rl.stages[stage].init) for exp, t in todo.items()]
+    boot = params.eval.bootstrap
+    result = core.aggregate(spec, runs, boot.confidence, boot.resamples, params.seed)
+    settings = {"definition": definition, "RL stage": f"rl/{stage}", "seed key": spec.seed_key, "seeds": ", ".join(map(str, spec.seeds)),
+                "experiments": ", ".join(todo), "git commit": tracking.git_commit()[:12]}
+    paths = core.write(result, settings)
+    run_id = _track(params, result, paths, todo)
+    text = core.markdown(result, settings)
+    create_markdown_artifact(key="rung-study", description=f"study {spec.name}", markdown=text)
+    print(text)
+    log.info("study %s: %s (MLflow run %s)", spec.name, paths["html"], run_id)
+    return result
+
+
+def cli(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m flows.study", description=__doc__.splitlines()[0])
+    parser.add_argument("definition", help="study definition (YAML): name, seeds, seed_key, params, arms")
+    parser.add_argument("--jobs", "-j", type=int, default=1, help="experiments at a time (DVC queue workers)")
+    args = parser.parse_args(argv)
+
+    def checked_then_run() -> None:
+        plan(args.definition)  # a bad definition or point: one line and exit 2, before Prefect starts
+        study(args.definition, args.jobs)
+
+    main(checked_then_run)
+
+
+if __name__ == "__main__":
+    cli()
