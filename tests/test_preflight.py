@@ -2,7 +2,6 @@
 line naming the key (with the stage's real name) or the file, and data/ untouched."""
 from __future__ import annotations
 
-import copy
 import time
 
 import pytest
@@ -10,16 +9,7 @@ import yaml
 from typer.testing import CliRunner
 
 from flows.cli import app
-from rung import io
-
-
-def _set(params: dict, key: str, value) -> None:
-    """Set a dotted key; a numeric part is a list position."""
-    *parents, leaf = key.split(".")
-    node = params
-    for p in parents:
-        node = node[int(p)] if p.isdigit() else node[p]
-    node[leaf] = value
+from rung import config, io
 
 
 def _reward_not_taking_completions(answer):  # used by a case below through its import path
@@ -87,9 +77,7 @@ def test_each_bad_input_is_refused_in_one_line_before_any_compute(workdir, defau
     before = io.md5(workdir / "data")
     start = time.perf_counter()
     for name, (edits, expected) in CASES.items():
-        params = copy.deepcopy(default_params)
-        for key, value in edits:
-            _set(params, key, value)
+        params = config.with_overrides(default_params, dict(edits))
         (workdir / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
         res = runner.invoke(app, ["validate", "params.yaml"])
         lines = res.output.strip().splitlines()

@@ -15,7 +15,9 @@ import yaml
 from dvc.repo import Repo
 from prefect.logging.handlers import APILogWorker
 from prefect.settings import PREFECT_API_URL, temporary_settings
+from typer.testing import CliRunner
 
+from flows.cli import app
 from flows.run import written
 from rung import config, preflight
 from tasks import dvc
@@ -116,10 +118,11 @@ def test_recipe_runs_small_end_to_end(recipe, tiny_model, prefect_server, tmp_pa
 
 
 def test_run_refuses_bad_overrides_before_writing_anything(tmp_path):
-    recipe = RECIPES[0]
+    runner = CliRunner()
     for sets, message in ((["--set", "seed"], "--set 'seed': expected KEY=VALUE"),
                           (["--set", "rl.stages.main.learning_rate=-1"], "rl.stages.main.learning_rate: Input should be greater than 0"),
-                          (["--set", "format.style=latex"], "format.style: Input should be")):
-        res = subprocess.run([*RUNG, "run", str(recipe), "--dir", str(tmp_path / "ws"), *sets], cwd=ROOT, capture_output=True, text=True, check=False)
-        assert res.returncode == 2 and message in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+                          (["--set", "format.style=latex"], "format.style: Input should be"),
+                          (["--set", "curate.sources.7.size=1"], "curate.sources.7.size: no key '7' here")):
+        res = runner.invoke(app, ["run", str(RECIPES[0]), "--dir", str(tmp_path / "ws"), *sets])
+        assert res.exit_code == 2 and message in res.output and len(res.output.strip().splitlines()) == 1, res.output
         assert not (tmp_path / "ws").exists()
