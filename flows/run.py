@@ -46,13 +46,7 @@ def overrides(pairs: list[str]) -> dict[str, Any]:
 def resolve(recipe: Path, sets: dict[str, Any]) -> Params:
     """The recipe with `sets` applied and local paths made absolute (the run happens elsewhere),
     validated against the schema and preflighted; InputError naming the key or file otherwise."""
-    try:
-        data = yaml.safe_load(recipe.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{recipe}: file not found") from None
-    except yaml.YAMLError as e:
-        raise InputError(f"{recipe}: not valid YAML: {str(e).splitlines()[0]}") from None
-    data = config.with_overrides(data, sets)
+    data = config.with_overrides(config.read_yaml(recipe), sets)
     where = f"{recipe}" + (f" with --set {', '.join(sets)}" if sets else "")
     _absolute_paths(data, config.parse(data, where))
     params = config.parse(data, where)

@@ -752,14 +752,18 @@ def with_overrides(data: dict[str, Any], sets: dict[str, Any]) -> dict[str, Any]
     return data
 
 
-def load(path: Path | str = PARAMS_FILE) -> Params:
-    """Read and validate a params file."""
+def read_yaml(path: Path | str) -> Any:
+    """A YAML file's content; ConfigError with one line naming the file when it is missing or not YAML."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
-    return parse(data, str(path))
+
+
+def load(path: Path | str = PARAMS_FILE) -> Params:
+    """Read and validate a params file."""
+    return parse(read_yaml(path), str(path))
 

@@ -41,7 +41,6 @@ from statistics import mean, stdev
 from typing import Any
 
 import numpy as np
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from scipy.stats import binomtest, ttest_rel
 
@@ -84,13 +83,7 @@ class Study(BaseModel):
 
 def load(path: str | Path) -> Study:
     """Read and validate a study definition; InputError with one line naming the file and key."""
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{path}: file not found") from None
-    except yaml.YAMLError as e:
-        raise InputError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+    data = config.read_yaml(path)
     try:
         return Study.model_validate(data)
     except ValidationError as e:

@@ -1,6 +1,11 @@
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -24,3 +29,36 @@ def default_params() -> dict:
     import yaml
 
     return yaml.safe_load((ROOT / "params.yaml").read_text())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory):
+    """A Prefect server on loopback for the session: stages report to it instead of starting ephemeral servers."""
+    home = tmp_path_factory.mktemp("prefect")
+    port = free_port()
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}/api"
+    deadline = time.time() + 120
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/health", timeout=2)
+            break
+        except OSError:
+            if time.time() > deadline or proc.poll() is not None:
+                proc.kill()
+                pytest.fail("prefect server did not start")
+            time.sleep(1)
+    yield {"PREFECT_API_URL": url, "PREFECT_HOME": str(home)}
+    proc.terminate()
+    proc.wait(timeout=30)

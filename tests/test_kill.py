@@ -28,7 +28,7 @@ from rung import io, layout, models, rl, traces
 from rung.config import DifficultyParams, FormatParams, RLStageParams, SolutionTraces
 from rung.jobs import RLJob
 from rung.trainer import CURRICULUM_STATE, FINAL, complete_checkpoints
-from tests.test_pipeline import prefect_server, tiny_params  # noqa: F401  (a module fixture)
+from tests.test_pipeline import tiny_params
 from tests.workspace import make_workspace
 
 
@@ -63,7 +63,7 @@ def _run_stage(ws: str, flow_module: str, args: tuple[str, ...], log: str) -> No
 
 
 @pytest.fixture(scope="module")
-def forked(prefect_server):  # noqa: F811
+def forked(prefect_server):
     """A multiprocessing context whose processes fork from a server that preloaded the stages' imports,
     with the Prefect server's settings in its environment (Prefect reads them when imported)."""
     saved = dict(os.environ)

@@ -29,7 +29,8 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 from flows import sweep
 from rung.errors import InputError
 from tasks import dvc
-from tests.test_pipeline import _free_port, tiny_params
+from tests.conftest import free_port
+from tests.test_pipeline import tiny_params
 from tests.workspace import make_workspace
 
 STAGES = ["model", "curate"]
@@ -68,7 +69,7 @@ def _wait_healthy(proc: subprocess.Popen, url: str, log: Path, timeout: float = 
 def servers(tmp_path_factory):
     """A Prefect server and an MLflow tracking server (sqlite + proxied artifacts), started together."""
     tmp = tmp_path_factory.mktemp("servers")
-    prefect_port, mlflow_port = _free_port(), _free_port()
+    prefect_port, mlflow_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "MLFLOW_"))}
     env.update(PREFECT_HOME=str(tmp / "prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
                # A waiting holder of a concurrency slot retries after at most this many seconds (default 30).

@@ -22,7 +22,6 @@ from flows.run import written
 from rung import config, preflight
 from tasks import dvc
 from tests.conftest import ROOT
-from tests.test_pipeline import prefect_server  # noqa: F401  # the module's Prefect server fixture
 
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
 RUNG = [sys.executable, "-m", "flows.cli"]
@@ -81,7 +80,7 @@ def check_outputs(recipe: Path, ws: Path) -> None:
     assert f"style {shipped.format.style}" in (ws / "data/reports/report.md").read_text()
 
 
-def test_rung_run_end_to_end(tiny_model, prefect_server, tmp_path):  # noqa: F811
+def test_rung_run_end_to_end(tiny_model, prefect_server, tmp_path):
     """`rung run` itself: the workspace, `dvc repro` in it, MLflow into the given store, the table."""
     recipe, ws = ROOT / "recipes/r1_zero.yaml", tmp_path / "run"
     env = {**os.environ, **prefect_server, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
@@ -94,7 +93,7 @@ def test_rung_run_end_to_end(tiny_model, prefect_server, tmp_path):  # noqa: F81
 
 
 @pytest.mark.parametrize("recipe", [r for r in RECIPES if r.stem != "r1_zero"], ids=lambda p: p.stem)
-def test_recipe_runs_small_end_to_end(recipe, tiny_model, prefect_server, tmp_path, monkeypatch):  # noqa: F811
+def test_recipe_runs_small_end_to_end(recipe, tiny_model, prefect_server, tmp_path, monkeypatch):
     """Every stage's command of dvc.yaml, in DVC's order, in this process (the per-stage start-up of
     `dvc repro` would cost minutes for all recipes), on the workspace `rung run --dry-run` wrote."""
     ws = tmp_path / "run"

@@ -13,7 +13,7 @@ from scipy.stats import ttest_rel
 
 from rung import paired, study
 from rung.errors import InputError
-from tests.test_pipeline import prefect_server, tiny_params  # noqa: F401  (prefect_server is a fixture)
+from tests.test_pipeline import tiny_params
 from tests.workspace import make_workspace
 
 
@@ -133,7 +133,7 @@ arms:
 """
 
 
-def test_rung_study_runs_two_arms_by_two_seeds(tiny_model, prefect_server, tmp_path_factory):  # noqa: F811
+def test_rung_study_runs_two_arms_by_two_seeds(tiny_model, prefect_server, tmp_path_factory):
     ws = tmp_path_factory.mktemp("ws")
     params = tiny_params(tiny_model)
     # RL from the base model (no SFT stages), greedy evaluation only: the smallest DAG with an RL stage.
