@@ -56,6 +56,12 @@ CASES = {
     "FSDP without CUDA": ([("rl.stages.main.launch", {"num_processes": 2, "accelerate_config": "fsdp"})],
                           "error: rl.stages.main.launch.accelerate_config: fsdp.yaml (FSDP / DeepSpeed) needs CUDA GPUs"),
     "vllm without a GPU": ([("generation.backend", "vllm")], "error: generation.backend: vllm"),
+    "unknown answer style": ([("format.style", "latex")], "error: params.yaml: format.style: Input should be 'answer_line', 'boxed' or 'tags'"),
+    "plain template without {prompt}": ([("format.template", "plain"), ("format.plain_template", "Question? Answer:")],
+                                        "error: params.yaml: format.plain_template: must contain {prompt}"),
+    "chat template on a base model": ([("model.source", "./base_model")], "error: format.template: chat, but model.source './base_model' has no chat template"),
+    "chat template on a base teacher": ([("sft.traces", [{"type": "distill", "model": "./base_model"}])],
+                                        "error: format.template: chat, but sft.traces.model './base_model' has no chat template"),
 }
 
 
@@ -67,6 +73,9 @@ def workdir(tmp_path, monkeypatch):
     io.write_jsonl(tmp_path / "bench.jsonl", [{"prompt": "1 + 1?", "answer": "The result is 2"}, {"prompt": "2 + 2?", "answer": "The result is 4"}])
     (tmp_path / "half_model").mkdir()
     (tmp_path / "half_model" / "config.json").write_text("{}")
+    (tmp_path / "base_model").mkdir()  # a base model: config and tokenizer, no chat template
+    (tmp_path / "base_model" / "config.json").write_text("{}")
+    (tmp_path / "base_model" / "tokenizer_config.json").write_text('{"model_max_length": 4096}')
     io.write_jsonl(tmp_path / "data" / "curated" / "train.jsonl", [{"id": "x"}])  # earlier outputs
     return tmp_path
 

@@ -151,3 +151,15 @@ def test_a_sample_is_kept_as_a_trace_only_if_it_ends_in_the_format():
     assert traces.in_format("<think>1+1 is 2", row, TAGS) is None  # its own stray tag would be doubled
     assert traces.in_format("1+1 is 3", row, BOXED) is None
     assert traces.in_format("1+1 is 2", row, BOXED) == "1+1 is 2\nThe final answer is $\\boxed{2}$."
+
+
+def test_chat_prompts_need_a_chat_template_plain_ones_do_not(tiny_model):
+    from rung import models
+    from rung.generation import render
+
+    tok = models.load_tokenizer(tiny_model)
+    tok.chat_template = None  # a base model's tokenizer
+    plain = answer_format.prompt("1+1?", FormatParams(style="tags", template="plain"))
+    assert render(tok, [plain]) == [plain]
+    with pytest.raises(InputError, match="^format.template: chat, but the model's tokenizer has no chat template"):
+        render(tok, [answer_format.prompt("1+1?", TAGS)])
