@@ -97,9 +97,9 @@ def test_recipe_runs_small_end_to_end(recipe, tiny_model, prefect_server, tmp_pa
     """Every stage's command of dvc.yaml, in DVC's order, in this process (the per-stage start-up of
     `dvc repro` would cost minutes for all recipes), on the workspace `rung run --dry-run` wrote."""
     ws = tmp_path / "run"
-    res = subprocess.run([*RUNG, "run", str(recipe), "--dir", str(ws), "--dry-run", *small(recipe, tiny_model)],
-                         cwd=ROOT, capture_output=True, text=True, check=False)
-    assert res.returncode == 0, res.stderr[-3000:]
+    monkeypatch.chdir(ROOT)
+    res = CliRunner().invoke(app, ["run", str(recipe), "--dir", str(ws), "--dry-run", *small(recipe, tiny_model)])
+    assert res.exit_code == 0, res.output[-3000:]
     monkeypatch.chdir(ws)
     monkeypatch.setenv("DVC_ROOT", str(ws))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
