@@ -14,6 +14,7 @@ import mlflow
 import pytest
 import yaml
 
+from rung.trainer import CURRICULUM_STATE, complete_checkpoints
 from tests.conftest import ROOT
 from tests.workspace import make_workspace
 
@@ -133,7 +134,8 @@ def test_dvc_repro_runs_every_stage(workspace, tmp_path):
     assert {a.path for a in client.list_artifacts(parents[0].info.run_id)} >= {"paired_greedy.json", "paired_sampled.json", "paired_comparisons.md"}
     table = json.loads(Path(client.download_artifacts(parents[0].info.run_id, "paired_greedy.json", str(tmp_path))).read_text())
     rows = [dict(zip(table["columns"], r, strict=True)) for r in table["data"]]
-    assert [r["verdict"] for r in rows if r["comparison (new vs old)"] == "rl/main vs sft" and r["eval set"] == "test"] == [rl_vs_sft["verdict"]]
+    [verdict] = [r["verdict"] for r in rows if r["comparison (new vs old)"] == "rl/main vs sft" and r["eval set"] == "test"]
+    assert verdict.startswith(rl_vs_sft["verdict"])  # a non-significant one adds what a significant result would need
     assert "eval-sft/sets/test/pass_at_k/3" in by_name["eval@sft"].data.metrics
     assert {a.path for a in client.list_artifacts(by_name["eval@sft"].info.run_id, "samples")} >= {"samples/test.jsonl", "samples/ood_chain.jsonl"}
     assert by_name["curate"].inputs.dataset_inputs[0].dataset.digest == run("md5sum", "data/curated/train.jsonl").stdout.split()[0]
@@ -223,8 +225,8 @@ def test_killed_stage_resumes_from_its_last_checkpoint(workspace, prefect_server
     env.pop("MLFLOW_TRACKING_URI", None)
     job = subprocess.Popen(["dvc", "repro", stage], cwd=ws, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 300
-    last_file = "curriculum.json" if section == "rl" else "trainer_state.json"  # what completes a checkpoint (rung.trainer.resume_point)
-    while not (ws / "data/work" / work / "checkpoint-2" / last_file).exists():
+    complete = (CURRICULUM_STATE, "trainer_state.json") if section == "rl" else ("trainer_state.json",)  # as rung.trainer.resume_point reads them
+    while not complete_checkpoints(ws / "data/work" / work, complete):
         assert job.poll() is None and time.time() < deadline, "the stage ended before its first checkpoint"
         time.sleep(0.05)
     os.killpg(job.pid, 9)  # the whole job at once, like a lost node (maybe mid-way through a checkpoint)
