@@ -367,6 +367,10 @@ class SFTParams(Section):
     lora: LoraParams | None = None
     save_steps: int = Field(10, gt=0)
     """Checkpoint interval; rerunning an interrupted stage resumes from the last checkpoint."""
+    eval_every: int | None = Field(None, gt=0)
+    """Greedy accuracy on the held-out split (decoded as eval.sampling) every N steps and at the last
+    step, logged as `heldout/accuracy` and kept in the stage's curves: a learning curve (seed studies
+    plot it). None: off. Each costs one greedy pass over the held-out split."""
     launch: LaunchParams = LaunchParams()
 
     @model_validator(mode="after")
@@ -584,6 +588,10 @@ class RLStageParams(Section):
     """null: off; a mapping turns DAPO dynamic sampling on."""
     save_steps: int = Field(10, gt=0)
     """Checkpoint interval; rerunning an interrupted stage resumes from the last checkpoint."""
+    eval_every: int | None = Field(None, gt=0)
+    """Greedy accuracy on the held-out split (decoded as eval.sampling) every N steps and at the last
+    step, logged as `heldout/accuracy` and kept in the stage's curves: a learning curve (seed studies
+    plot it). None: off. Each costs one greedy pass over the held-out split."""
     trl: dict[str, Any] = Field(default_factory=dict)
     """Any other GRPOConfig/RLOOConfig argument under TRL's own name, passed through unchecked by
     rung (TRL checks it when the stage starts)."""

@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict
 
-from rung.config import FormatParams, RLStageParams, SFTParams
+from rung.config import FormatParams, RLStageParams, SamplingParams, SFTParams
 
 RESULT = "result.json"  # written by the main process into the work directory
 
@@ -63,6 +63,9 @@ class RLJob(TrainJob):
     """Difficulty bucket bounds (params difficulty.buckets), for curricula and per-bucket metrics."""
     curves: Path
     """Where the per-step curves (a DVC plot) are written."""
+    heldout: Path | None = None
+    """The held-out split, graded every `params.eval_every` steps with `heldout_sampling`."""
+    heldout_sampling: SamplingParams | None = None
 
 
 class JobResult(BaseModel):

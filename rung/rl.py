@@ -15,13 +15,15 @@ from typing import Any
 
 import torch
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
 from trl.trainer.utils import nanstd, pad
 
-from rung import answer_format, compat, curriculum, io, rewards
-from rung.config import DynamicSamplingParams, FormatParams, RLStageParams
+from rung import answer_format, compat, curriculum, io, models, rewards
+from rung.config import DynamicSamplingParams, FormatParams, RLStageParams, SamplingParams
 from rung.errors import InputError
+from rung.evaluate import grade
+from rung.generation import generate, render
 from rung.jobs import JobResult, RLJob, main
 from rung.trainer import CURRICULUM_STATE, common_args, finalize, fit, train_loss
 
@@ -246,6 +248,27 @@ class RLOO(CurriculumMixin, RLOOTrainer):
     pass
 
 
+class HeldOut(TrainerCallback):
+    """Greedy accuracy of the policy on the held-out split every `every` steps and at the last one,
+    logged with that step's metrics as `heldout/accuracy`: a learning curve on data the stage never
+    trains on, graded as the eval stage grades (rung.evaluate). Every process generates the same
+    greedy completions (so sharded models work); the main process logs them."""
+
+    def __init__(self, trainer: Any, rows: list[dict[str, Any]], fmt: FormatParams, sampling: SamplingParams, every: int, tok: Any):
+        self.trainer, self.rows, self.fmt, self.sampling, self.every, self.tok = trainer, rows, fmt, sampling, every, tok
+        self.prompts = render(tok, [answer_format.prompt(r["prompt"], fmt) for r in rows])
+
+    def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **_: Any) -> None:
+        if state.global_step % self.every and state.global_step != state.max_steps:
+            return
+        was_training = model.training
+        model.eval()
+        with torch.no_grad():
+            records = grade(self.rows, generate(model, self.tok, self.prompts, self.sampling, desc=f"held-out @{state.global_step}"), self.fmt)
+        model.train(was_training)
+        self.trainer._metrics["train"]["heldout/accuracy"].append(mean(float(r["samples"][0]["correct"]) for r in records))
+
+
 # Per-step curves kept for plots and the report: our name -> TRL's (or rung's) log key.
 CURVES = {
     "reward": "reward",  # of the groups trained on
@@ -261,6 +284,7 @@ CURVES = {
     "entropy": "entropy",
     "completion_length": "completions/mean_length",
     "clipped_ratio": "completions/clipped_ratio",
+    "heldout_accuracy": "heldout/accuracy",  # only at the steps of eval_every
 }
 
 # rung's own per-step state, kept under its log keys.
@@ -288,6 +312,9 @@ def train(job: RLJob, callbacks: list[Any] | None = None) -> JobResult:
     trainer = cls(model=model, reward_funcs=funcs, args=trl_config(stage, weights, job.seed, work_dir, job.dtype, job.key), train_dataset=prompts(rows, job.format),
                   processing_class=tok, callbacks=[*job.trainer_callbacks(), *(callbacks or [])])
     trainer.setup_curriculum(curriculum.build(rows, stage.curriculum, buckets=job.buckets, max_steps=stage.max_steps, seed=job.seed), rows, stage.dynamic_sampling)
+    if stage.eval_every is not None and job.heldout is not None:
+        trainer.add_callback(HeldOut(trainer, io.read_jsonl(job.heldout), job.format, job.heldout_sampling, stage.eval_every,
+                                     models.load_tokenizer(model_dir)))
     fit(trainer, job.resume)
     curves = [
         {"step": h["step"], **{name: float(h[key]) for name, key in CURVES.items() if key in h},

@@ -176,7 +176,8 @@ def _band(per_seed: list[dict[int, float]]) -> list[tuple[float, float, float, f
 
 def curves(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, list[tuple[float, float, float, float]]]]:
     """Per arm: training reward and training-batch accuracy against step, and held-out accuracy at
-    step 0 (the init checkpoint, when its eval is there) and at the last step, as (step, mean, min, max) over seeds."""
+    step 0 (the init checkpoint, when its eval is there), at every step the stage graded it
+    (`eval_every`) and at the last step (the eval stage), as (step, mean, min, max) over seeds."""
     by_arm: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in runs:
         by_arm[r["arm"]].append(r)
@@ -186,7 +187,8 @@ def curves(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, list[tuple[flo
         for r in rs:
             points = {0: r["init_eval"]["sets"]["test"]["accuracy"]} if r.get("init_eval") else {}
             last = int(r["rl"].get("steps") or max((c["step"] for c in r["curve"]), default=0))
-            held.append({**points, last: r["eval"]["sets"]["test"]["accuracy"]})
+            during = {int(c["step"]): c["heldout_accuracy"] for c in r["curve"] if "heldout_accuracy" in c}
+            held.append({**points, **during, last: r["eval"]["sets"]["test"]["accuracy"]})
         out[arm] = {"reward": _band([{int(c["step"]): c["reward"] for c in r["curve"] if "reward" in c} for r in rs]),
                     "train_accuracy": _band([{int(c["step"]): c["accuracy"] for c in r["curve"] if "accuracy" in c} for r in rs]),
                     "held_out_accuracy": _band(held)}

@@ -6,11 +6,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import TrainerCallback
+from transformers import AutoModelForCausalLM, TrainerCallback
 
-from rung import io, launch, models, rl
-from rung.config import DifficultyParams, FormatParams, LaunchParams, RLStageParams
+from rung import answer_format, io, launch, models, rl
+from rung.config import DifficultyParams, FormatParams, LaunchParams, RLStageParams, SamplingParams
+from rung.evaluate import grade
+from rung.generation import generate, render
 from rung.jobs import RLJob
+from rung.trainer import FINAL
 
 FMT = FormatParams()
 BUCKETS = DifficultyParams().buckets
@@ -83,6 +86,21 @@ def test_rl_curves_separate_dropped_groups_from_the_trained_ones(tiny_model, tmp
             assert c["reward"] == pytest.approx(c["reward_generated"]) and c["dropped_share"] == 0
     assert summary["extra_generations"] == sum(c["extra_generations"] for c in curves)
     assert any(c["dynamic_sampling_rounds"] > 0 for c in curves)  # the seeded run refills at least once
+
+
+def test_held_out_curve_every_n_steps_matches_an_evaluation_of_the_model(tiny_model, tmp_path):
+    heldout = tmp_path / "test.jsonl"
+    io.write_jsonl(heldout, ROWS[:6])
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=8, batch_size=4)
+    job = _job(tiny_model, tmp_path / "w", _stage(eval_every=2)).model_copy(update={"heldout": heldout, "heldout_sampling": greedy})
+    rl.train(job)
+    curves = io.read_json(job.curves)
+    assert [c["step"] for c in curves if "heldout_accuracy" in c] == [2, 3]  # every 2 steps and the last
+    final = tmp_path / "w" / FINAL
+    model, tok = AutoModelForCausalLM.from_pretrained(final), models.load_tokenizer(final)
+    prompts = render(tok, [answer_format.prompt(r["prompt"], FMT) for r in ROWS[:6]])
+    records = grade(ROWS[:6], generate(model, tok, prompts, greedy), FMT)
+    assert curves[-1]["heldout_accuracy"] == pytest.approx(sum(r["samples"][0]["correct"] for r in records) / 6)
 
 
 def test_all_equal_rewards_use_every_round_then_fill(tiny_model, tmp_path):

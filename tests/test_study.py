@@ -94,7 +94,8 @@ def _run(arm: str, seed: int, acc: float, correct: list[bool]) -> dict:
                      "avg@2": acc / 2, "pass_at_k": {"1": acc / 2, "2": acc}, "accuracy_ci": [0, 1], "accuracy_by_source": {"a": acc}}}
     return {"arm": arm, "seed": seed, "eval": {"sets": sets}, "rl": {"steps": 2.0, "reward_last": acc, "frac_reward_zero_std": 0.5},
             "init_eval": {"sets": {"test": {"accuracy": 0.25}}}, "records": {"test": _records(correct)},
-            "curve": [{"step": 1, "reward": 0.1 * seed, "accuracy": 0.2}, {"step": 2, "reward": 0.2 * seed, "accuracy": 0.3}]}
+            "curve": [{"step": 1, "reward": 0.1 * seed, "accuracy": 0.2, "heldout_accuracy": 0.25 + 0.25 * seed},  # eval_every 1
+                      {"step": 2, "reward": 0.2 * seed, "accuracy": 0.3}]}
 
 
 def test_aggregate_writes_the_study_page(tmp_path):
@@ -110,7 +111,7 @@ def test_aggregate_writes_the_study_page(tmp_path):
     assert (c["units_better"], c["units_worse"], c["difference"]) == (2, 0, pytest.approx(0.25)) and c["prompts_needed"] > 4
     curves = result["curves"]["a"]
     assert curves["reward"] == [(1.0, pytest.approx(0.15), 0.1, 0.2), (2.0, pytest.approx(0.3), 0.2, 0.4)]
-    assert curves["held_out_accuracy"] == [(0.0, 0.25, 0.25, 0.25), (2.0, 0.375, 0.25, 0.5)]
+    assert curves["held_out_accuracy"] == [(0.0, 0.25, 0.25, 0.25), (1.0, 0.625, 0.5, 0.75), (2.0, 0.375, 0.25, 0.5)]
 
     paths = study.write(result, {"seeds": "1, 2"}, tmp_path)
     md = paths["md"].read_text()
