@@ -193,21 +193,6 @@ def _by_source_plot(evals: Mapping[str, Mapping[str, Any]], colors: Mapping[str,
     return fig
 
 
-def _reward_plot(reward_curves: Mapping[str, Sequence[tuple[int, float]]]) -> Figure | None:
-    curves = {stage: sorted(points) for stage, points in reward_curves.items() if points}
-    if not curves:
-        return None
-    fig = Figure(figsize=_FIGSIZE, layout="constrained")
-    ax = fig.add_subplot()
-    for i, (stage, points) in enumerate(curves.items()):
-        steps, rewards = zip(*points)
-        ax.plot(steps, rewards, marker="o" if len(points) <= 40 else None, markersize=4, color=f"C{i % 10}",
-                label=_mpl_text(stage))
-    ax.set(xlabel="training step", ylabel="mean reward")
-    ax.legend()
-    return fig
-
-
 def _svg(fig: Figure, prefix: str) -> str:
     """The figure as an SVG element to inline in HTML (call inside the rc context)."""
     buf = io.StringIO()
@@ -234,18 +219,19 @@ def figures(plots: Sequence[Plot]) -> list[str]:
         return [_figure(fig_id, _svg(fig, fig_id), caption) for fig_id, fig, caption in drawn if fig is not None]
 
 
-def band_plot(curves: Mapping[str, Sequence[tuple[float, float, float, float]]], xlabel: str, ylabel: str) -> Figure | None:
-    """One line per name through (x, mean) with a shaded band from low to high (e.g. the range over
-    seeds); None when there are no points."""
+def band_plot(curves: Mapping[str, Sequence[tuple[float, ...]]], xlabel: str, ylabel: str) -> Figure | None:
+    """One line per name through (x, y) points, or (x, mean, low, high) points with a shaded band from
+    low to high (e.g. the range over seeds); None when there are no points."""
     curves = {name: sorted(points) for name, points in curves.items() if points}
     if not curves:
         return None
     fig = Figure(figsize=_FIGSIZE, layout="constrained")
     ax = fig.add_subplot()
     for i, (name, points) in enumerate(curves.items()):
-        x, mid, lo, hi = zip(*points)
+        x, mid, *band = zip(*points)
         ax.plot(x, mid, marker="o" if len(points) <= 40 else None, markersize=4, color=f"C{i % 10}", label=_mpl_text(name))
-        ax.fill_between(x, lo, hi, color=f"C{i % 10}", alpha=0.2, linewidth=0)
+        if band:
+            ax.fill_between(x, *band, color=f"C{i % 10}", alpha=0.2, linewidth=0)
     ax.set(xlabel=xlabel, ylabel=ylabel)
     ax.legend()
     return fig
@@ -294,7 +280,7 @@ def render(evals: Mapping[str, Mapping[str, Any]], reward_curves: Mapping[str, S
          "pass@k per checkpoint: the chance that at least one of k samples is correct "
          "(unbiased estimator of Chen et al. 2021)."),
         ("plot-by-source", lambda: _by_source_plot(evals, colors), "Held-out accuracy per task source and checkpoint."),
-        ("plot-reward", lambda: _reward_plot(reward_curves or {}),
+        ("plot-reward", lambda: band_plot(reward_curves or {}, "training step", "mean reward"),
          "Mean reward per logged training step of each RL stage: of the groups trained on, and, with dynamic sampling, "
          "of all generated groups (zero-variance groups included)."),
     ])
