@@ -370,7 +370,9 @@ class SFTParams(Section):
     eval_every: int | None = Field(None, gt=0)
     """Greedy accuracy on the held-out split (decoded as eval.sampling) every N steps and at the last
     step, logged as `heldout/accuracy` and kept in the stage's curves: a learning curve (seed studies
-    plot it). None: off. Each costs one greedy pass over the held-out split."""
+    plot it). None: off. Each costs one greedy pass over the held-out split. A diagnostic: the
+    held-out split and eval.sampling are not deps of the RL stage in dvc.yaml, so changing them
+    reruns the evaluations, not RL (whose curve keeps the values it was graded with)."""
     launch: LaunchParams = LaunchParams()
 
     @model_validator(mode="after")
@@ -591,7 +593,9 @@ class RLStageParams(Section):
     eval_every: int | None = Field(None, gt=0)
     """Greedy accuracy on the held-out split (decoded as eval.sampling) every N steps and at the last
     step, logged as `heldout/accuracy` and kept in the stage's curves: a learning curve (seed studies
-    plot it). None: off. Each costs one greedy pass over the held-out split."""
+    plot it). None: off. Each costs one greedy pass over the held-out split. A diagnostic: the
+    held-out split and eval.sampling are not deps of the RL stage in dvc.yaml, so changing them
+    reruns the evaluations, not RL (whose curve keeps the values it was graded with)."""
     trl: dict[str, Any] = Field(default_factory=dict)
     """Any other GRPOConfig/RLOOConfig argument under TRL's own name, passed through unchecked by
     rung (TRL checks it when the stage starts)."""
