@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from flows import server
-from rung import config, layout, preflight
+from rung import config, io, layout, preflight
 from rung.config import FileSource, HFSource, Params
 from rung.errors import InputError
 
@@ -62,8 +62,8 @@ def written(params: Params) -> str:
 
 def _absolute_paths(data: dict[str, Any], params: Params) -> None:
     """Rewrite, in place, every local path of `data` (files, dataset and model directories) as absolute."""
-    def local(path: str) -> bool:
-        return path.startswith((".", "~")) or (not Path(path).is_absolute() and Path(path).expanduser().exists())
+    def local(path: str) -> bool:  # relative to where `rung run` was started
+        return io.is_local_path(path) and not Path(path).is_absolute()
 
     for section, sources in (("curate", params.curate.sources), ("eval", params.eval.sets)):
         raw = data[section]["sources" if section == "curate" else "sets"]
@@ -109,24 +109,26 @@ def commit(ws: Path, message: str, env: dict[str, str] | None = None) -> None:
         subprocess.run([*git, "commit", "-q", "-m", message], cwd=ws, env=env, check=True, capture_output=True)
 
 
-def prepare(recipe: Path, sets: dict[str, Any], ws: Path, root: Path = Path.cwd()) -> Path:
-    """Validate the run, then write its workspace: the project's code and the merged params.yaml."""
+def prepare(recipe: Path, sets: dict[str, Any], ws: Path, root: Path | None = None) -> Path:
+    """Validate the run, then write its workspace (default root: the current directory): the
+    project's code and the merged params.yaml."""
     params = resolve(recipe, sets)
     ws.mkdir(parents=True, exist_ok=True)
-    copy_project(root.resolve(), ws)
+    copy_project((root or Path.cwd()).resolve(), ws)
     (ws / layout.PARAMS).write_text(f"# rung run {recipe}" + "".join(f" --set {k}={json.dumps(v)}" for k, v in sets.items()) + "\n"
                                     + written(params))
     commit(ws, f"rung run {recipe}")
     return ws
 
 
-def run(recipe: Path, sets: dict[str, Any], ws: Path, dry_run: bool = False, root: Path = Path.cwd()) -> int:
+def run(recipe: Path, sets: dict[str, Any], ws: Path, dry_run: bool = False, root: Path | None = None) -> int:
     """Prepare the workspace, then (unless `dry_run`) `dvc repro` there under one Prefect server with
     MLflow recording into the project's store; returns the exit code."""
+    root = (root or Path.cwd()).resolve()
     prepare(recipe, sets, ws, root)
     if dry_run:
         return 0
-    uri = os.environ.get("MLFLOW_TRACKING_URI") or config.load(ws / layout.PARAMS).tracking.uri or f"sqlite:///{root.resolve() / 'mlflow.db'}"
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or config.load(ws / layout.PARAMS).tracking.uri or f"sqlite:///{root / 'mlflow.db'}"
     return server.run(["dvc", "repro"], cwd=ws, env=venv_env({"MLFLOW_TRACKING_URI": uri}))
 
 

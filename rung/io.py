@@ -83,3 +83,9 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[key] = v
     return out
+
+
+def is_local_path(text: str) -> bool:
+    """Whether a model or dataset reference names a local path rather than a hub id: it starts with
+    '.', '/' or '~', or exists."""
+    return text.startswith((".", "/", "~")) or Path(text).expanduser().exists()

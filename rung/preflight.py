@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from rung import compat, data, launch, rewards
+from rung import compat, data, io, launch, rewards
 from rung.config import FileSource, HFSource, Params, ReasoningGymSource, Source
 from rung.errors import InputError
 from rung.generation import require_vllm
@@ -52,7 +52,7 @@ def _model(source: str, key: str) -> None:
     if source == EMBEDDED:
         return
     path = Path(source).expanduser()
-    if path.suffix == ".gguf" or source.startswith((".", "/", "~")) or path.exists():
+    if path.suffix == ".gguf" or io.is_local_path(source):
         if path.suffix == ".gguf":
             if not path.is_file():
                 raise InputError(f"{key}: GGUF file not found: {source}")
@@ -113,7 +113,7 @@ def _source(src: Source, key: str, seed: int, load: Callable[[Source, int], obje
         if path.stat().st_size == 0:
             raise InputError(f"{key}.path: {src.path} is empty")
         load(src, seed)
-    elif isinstance(src, HFSource) and (src.dataset.startswith((".", "/", "~")) or Path(src.dataset).expanduser().exists()):
+    elif isinstance(src, HFSource) and io.is_local_path(src.dataset):
         load(src, seed)  # a local directory (the loader's rule); hub datasets are checked when the stage loads them
 
 

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from datasets.exceptions import DatasetNotFoundError, DatasetsError
 
+from rung import io
 from rung.config import FileSource, HFSource, _TabularSource
 from rung.errors import InputError
 from rung.latex import last_boxed
@@ -119,7 +120,7 @@ def _csv_records(lines: Any, src: FileSource, path: Path) -> list[dict[str, Any]
 
 def _read_hf(src: HFSource) -> tuple[list[dict[str, Any]], list[str], str]:
     local = Path(src.dataset).expanduser()
-    is_local = src.dataset.startswith((".", "/", "~")) or local.exists()
+    is_local = io.is_local_path(src.dataset)
     if is_local and not local.is_dir():
         raise InputError(f"{_key(src, 'dataset')}: directory not found: {src.dataset}")
     if is_local and src.revision is not None:

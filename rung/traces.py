@@ -32,8 +32,7 @@ def from_solutions(rows: list[dict[str, Any]], src: SolutionTraces, fmt: FormatP
     if bad:
         raise InputError(f"{key}: {len(bad)} of {len(used)} solution targets do not state the row's answer in format.style "
                          f"{fmt.style} (first: id {bad[0]}); fix the solutions or use another style")
-    traces = [{"id": r["id"], "prompt": r["prompt"], "target": t, "origin": "solutions"} for r, t in zip(used, targets, strict=True)]
-    return traces
+    return [{"id": r["id"], "prompt": r["prompt"], "target": t, "origin": "solutions"} for r, t in zip(used, targets, strict=True)]
 
 
 def in_format(text: str, row: dict[str, Any], fmt: FormatParams) -> str | None:
