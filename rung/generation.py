@@ -25,6 +25,7 @@ from rung import models
 from rung.answer_format import Prompt
 from rung.config import SamplingParams
 from rung.errors import InputError
+from rung.prepacked import prepacked
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,6 @@ def _load_vllm(model_dir: Path, dtype: str) -> Generator:
     return Generator(tok, sample)
 
 
-@torch.inference_mode()
 def generate(
     model: PreTrainedModel,
     tok: PreTrainedTokenizerBase,
@@ -102,18 +102,32 @@ def generate(
     floating-point summation order). Each sample draws from its own seeded stream, so a prompt's
     samples do not depend on which other prompts share its batch.
     """
-    greedy = sampling.temperature == 0
-    if greedy and n > 1:
-        raise ValueError("sampling.temperature: 0 (greedy) gives identical samples; use n=1 or temperature > 0")
     if not prompts:
         return []
     ids = tok(prompts, add_special_tokens=False)["input_ids"]
     eos_ids = sorted(set(_as_list(model.generation_config.eos_token_id) or [tok.eos_token_id]))
-    out: list[list[Completion | None]] = [[None] * n for _ in prompts]
-    with tqdm(total=len(prompts) * n, desc=desc, unit="seq") as bar:
+    out = generate_ids(model, ids, sampling, eos_ids, n, seed, desc)
+    return [[Completion(tok.decode(t[: len(t) - (not cut)], skip_special_tokens=True), len(t) - (not cut), cut) for t, cut in row] for row in out]
+
+
+@torch.inference_mode()
+def generate_ids(
+    model: PreTrainedModel,
+    ids: list[list[int]],
+    sampling: SamplingParams,
+    eos_ids: list[int],
+    n: int = 1,
+    seed: int = 0,
+    desc: str | None = "generate",
+) -> list[list[tuple[list[int], bool]]]:
+    """`n` completions for each tokenized prompt, in input order: (token ids with the EOS that ended
+    it, if one did; truncated at max_new_tokens). `desc` None: no progress bar."""
+    if sampling.temperature == 0 and n > 1:
+        raise ValueError("sampling.temperature: 0 (greedy) gives identical samples; use n=1 or temperature > 0")
+    out: list[list[tuple[list[int], bool] | None]] = [[None] * n for _ in ids]
+    with tqdm(total=len(ids) * n, desc=desc, unit="seq", disable=desc is None) as bar, prepacked(model, max(sampling.batch_size, n)):
         for done in _decode(model, ids, sampling, n, seed, eos_ids):
-            kept = done.tokens[: len(done.tokens) - (not done.truncated)]
-            out[done.prompt][done.sample] = Completion(tok.decode(kept, skip_special_tokens=True), len(kept), done.truncated)
+            out[done.prompt][done.sample] = (done.tokens, done.truncated)
             bar.update(1)
     return out  # type: ignore[return-value]  # every slot is filled
 

@@ -6,12 +6,14 @@ from collections import Counter
 import pytest
 import torch
 
-from rung import generation, models
+from rung import answer_format, config, generation, models, prepacked
 from rung.config import DifficultyParams, EvalParams, FormatParams, SamplingParams
 from rung.difficulty import bucket, histogram, keep, pass_rates, summarize
 from rung.errors import InputError
 from rung.evaluate import evaluate
+from rung.data import curate
 from rung.generation import generate, render
+from tests.conftest import ROOT
 
 FMT = FormatParams()
 ROWS = [
@@ -153,3 +155,32 @@ def test_vllm_backend_fails_with_a_clear_error_where_unavailable(tiny_model):
         pytest.skip("vLLM and a GPU are present: the backend would really run")
     with pytest.raises(InputError, match=r"^generation.backend: vllm"):
         generation.load(tiny_model, "float32", backend="vllm")
+
+
+def test_prepacked_linears_match_and_are_restored(loaded):
+    """Inside the block every Linear runs oneDNN's prepacked matmul (equal up to summation order);
+    after it, and whenever gradients are on, the class's own forward."""
+    model, _ = loaded
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
+    x = torch.randn(3, 5, linears[0].in_features)
+    want = linears[0](x)
+    assert prepacked.available()
+    with torch.no_grad(), prepacked.prepacked(model, 4):
+        assert all("forward" in vars(m) for m in linears)
+        got = linears[0](x)
+    assert all("forward" not in vars(m) for m in linears)
+    torch.testing.assert_close(got, want.detach())
+    with prepacked.prepacked(model, 4):  # gradients on: TRL's training forward must not see it
+        assert all("forward" not in vars(m) for m in linears)
+
+
+def test_greedy_on_the_default_heldout_is_model_generate(tmp_path):
+    """The embedded model in fp32 on the default experiment's held-out prompts: rung's generation
+    (continuous batching, prepacked weights) gives batched model.generate's greedy completions."""
+    models.materialize(models.EMBEDDED, tmp_path / "base")
+    model, tok = models.load(tmp_path / "base")
+    params = config.load(ROOT / "params.yaml")
+    _, test, _ = curate(params.curate, {}, params.seed)
+    prompts = render(tok, [answer_format.prompt(r["prompt"], params.format) for r in test[:48]])
+    sampling = params.eval.sampling.model_copy(update={"batch_size": 16})
+    assert generate(model, tok, prompts, sampling) == _reference(model, tok, prompts, sampling.max_new_tokens)
