@@ -1,8 +1,9 @@
 """How fast a stage starts (issue #17): per stage flow module, the import time in a fresh interpreter
 (best of --repeat) and the heavy packages the import loads; then stages that have nothing to do, run
 as DVC starts them (`python -m flows.<stage>` in a temp workspace, against one Prefect server as
-under `make demo`), split into interpreter start + imports / preflight / Prefect flow-run start /
-MLflow run start / the stage's work and finish / exit.
+under `make demo`), split into interpreter start / imports / preflight / Prefect flow run start /
+MLflow run start (then the stage's first real work) / its work and finish / exit handlers / interpreter
+shutdown, and the same stage's wall time as DVC's command line (`python -m`).
 
     python bench/startup.py [--repeat 3] [--skip-stages]
 
@@ -37,18 +38,22 @@ import flows.{stage}
 print(json.dumps({{"s": time.perf_counter() - t, "heavy": [m for m in {heavy!r} if m in sys.modules]}}))
 """
 
-# What flows.stage.main does (preflight, then the flow), with a timestamp after each phase; rung.tracking.stage_run
-# is wrapped to stamp when the Prefect flow's body starts and when its MLflow run is open (the stage's first real work).
+# The stage's entry (flows.stage.main) with a timestamp after each phase: the preflight and rung.tracking.stage_run
+# are wrapped to stamp when the preflight is done, when the Prefect flow's body starts and when its MLflow run is
+# open (the stage's first real work); the marks are written when the process has run its exit handlers.
 STAGE = """
 import time
 marks = {{"start": time.time()}}
-import contextlib, json, sys
+import atexit, contextlib, json
 import flows.{stage} as module
-from rung import config, layout, preflight, tracking
+from flows import stage
+from rung import preflight, tracking
 marks["imports"] = time.time()
-preflight.check(config.load(layout.PARAMS))
-marks["preflight"] = time.time()
-opened = tracking.stage_run
+checked, opened = preflight.check, tracking.stage_run
+
+def check(params):
+    checked(params)
+    marks["preflight"] = time.time()
 
 @contextlib.contextmanager
 def stamped(*args, **kwargs):
@@ -57,11 +62,15 @@ def stamped(*args, **kwargs):
         marks["mlflow run"] = time.time()
         yield run
 
-tracking.stage_run = stamped
-getattr(module, "{stage}")()
+def done():
+    marks["exit handlers"] = time.time()
+    with open("{marks}", "w") as f:
+        json.dump(marks, f)
+
+preflight.check, tracking.stage_run = check, stamped
+atexit.register(done)  # registered first, so run last
+stage.main(getattr(module, "{stage}"))
 marks["work"] = time.time()
-with open("{marks}", "w") as f:
-    json.dump(marks, f)
 """
 
 
@@ -103,10 +112,10 @@ def stage_times(ws: Path, stage: str, stage_env: dict[str, str]) -> dict[str, fl
                    check=True, capture_output=True)
     ended = time.time()
     marks = json.loads(marks_file.read_text())
-    order = ["start", "imports", "preflight", "flow run", "mlflow run", "work"]
+    order = ["start", "imports", "preflight", "flow run", "mlflow run", "work", "exit handlers"]
     phases = {"interpreter": marks["start"] - started}
     phases.update({b: marks[b] - marks[a] for a, b in zip(order, order[1:])})
-    phases["exit"] = ended - marks["work"]
+    phases["shutdown"] = ended - marks["exit handlers"]
     phases["to first work"] = marks["mlflow run"] - started
     phases["total"] = ended - started
     plain = time.time()  # the same stage as DVC's command line, for the end-to-end wall time
