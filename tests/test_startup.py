@@ -41,7 +41,9 @@ def test_a_stage_module_imports_only_what_the_stage_uses(stage):
 
 
 def test_the_preflight_of_the_default_params_loads_no_model_library():
-    """The full preflight runs at every stage start: it reads the reasoning-gym sources, but no model library."""
+    """The full preflight runs at every stage start: it generates from the reasoning-gym sources, but loads no
+    model library, nor what file and dataset sources (datasets) or deduplication (datasketch) need."""
     loaded = _loaded("from rung import config, layout, preflight\npreflight.check(config.load(layout.PARAMS))")
     assert "reasoning_gym" in loaded  # the sources were checked
-    assert not loaded & MODEL, f"the preflight imports {sorted(loaded & MODEL)}"
+    unused = loaded & (MODEL | {"datasets", "datasketch"})
+    assert not unused, f"the preflight imports {sorted(unused)}"
