@@ -8,7 +8,6 @@ from prefect import flow
 from flows.stage import finish, main
 from rung import config, launch, layout, tracking
 from rung.errors import InputError
-from rung.generation import require_vllm
 from rung.jobs import RLJob
 from rung.seeding import derive
 
@@ -20,6 +19,8 @@ def rl(stage_name: str, params_file: str = str(layout.PARAMS)) -> None:
         raise InputError(f"rl.stages: no stage named {stage_name!r} (have {list(params.rl.stages)})")
     stage = params.rl.stages[stage_name]
     if stage.use_vllm:
+        from rung.generation import require_vllm  # here: rung.generation imports torch before the preflight could run
+
         require_vllm(f"rl.stages.{stage_name}.use_vllm")
     seed = derive(params.seed if stage.seed is None else stage.seed, "rl", stage_name)
     job = RLJob(key=f"rl.stages.{stage_name}", params=stage, init=layout.checkpoint(stage.init), data=layout.FILTERED,

@@ -1,6 +1,7 @@
 """What every stage flow shares: the entry point and how a stage finishes."""
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +22,9 @@ def main(flow: Callable[..., Any], *args: str) -> None:
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    # The process ends next: its objects go with it, not through a last full garbage collection
+    # of every loaded library's objects at interpreter shutdown (~1 s on 2 cores). Exit handlers still run.
+    gc.freeze()
 
 
 def finish(stage: str, metrics: dict[str, Any]) -> None:

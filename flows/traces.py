@@ -2,14 +2,18 @@
 the base model (rejection sampling / STaR) or of a teacher (distillation)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prefect import flow, get_run_logger
 
 from flows.stage import finish, main
 from rung import config, io, layout, traces as trace_sources, tracking
 from rung.config import Params
-from rung.generation import Generator
 from rung.seeding import derive
 from tasks import generation
+
+if TYPE_CHECKING:  # solution traces load no model, so this stage imports torch only when it samples
+    from rung.generation import Generator
 
 
 @flow(name="traces")

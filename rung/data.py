@@ -19,7 +19,7 @@ import reasoning_gym
 import reasoning_gym.factory
 from reasoning_gym.composite import DatasetSpec
 
-from rung import filters, io, layout, sources, verify
+from rung import filters, io, layout, verify
 from rung.config import CurateParams, EvalParams, ReasoningGymSource, Source
 from rung.errors import InputError
 from rung.rows import Row, plain_json, row_id
@@ -83,6 +83,8 @@ def load_source(src: Source, seed: int) -> tuple[list[Row], dict[str, int]]:
     if isinstance(src, ReasoningGymSource):
         rows = from_reasoning_gym(src, seed)
         return rows, {"read": len(rows), "rows": len(rows)}
+    from rung import sources  # here: datasets and pyarrow, which a reasoning-gym source (and each stage's preflight of one) needs not
+
     loaded = sources.load(src, seed)
     if not loaded.rows:
         raise InputError(f"curate.sources.{src.name}: no usable rows (read {loaded.stats['read']})")
@@ -164,6 +166,8 @@ def curate(params: CurateParams, evals: dict[str, list[Row]], seed: int) -> tupl
         groups: dict[str, list[Row]] = {}
         for r in rows:
             groups.setdefault(r["source"], []).append(r)
+        from rung import sources
+
         rows = sources.mix(groups, params.mix.weights, params.mix.total, derive(seed, "curate", "mix"))
     train, test = split(rows, params.test_fraction, params.max_test)
     if not train or not test:

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 from collections import Counter
 from statistics import mean
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rung import answer_format, io, layout
 from rung.config import DifficultyParams, FormatParams
 from rung.errors import InputError
-from rung.generation import Generator
 from rung.verify import is_correct
+
+if TYPE_CHECKING:  # a type only: torch is imported by whoever loads the model (tasks.generation), after the preflight
+    from rung.generation import Generator
 
 
 def pass_rates(gen: Generator, rows: list[dict[str, Any]], fmt: FormatParams, params: DifficultyParams, seed: int) -> list[dict[str, Any]]:

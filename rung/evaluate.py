@@ -7,13 +7,15 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from statistics import mean, median
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rung import answer_format, io, layout, metrics
 from rung.config import EvalParams, FormatParams
 from rung.data import difficulty_label
-from rung.generation import Completion, Generator
 from rung.verify import is_correct
+
+if TYPE_CHECKING:  # a type only: torch is imported by whoever loads the model (tasks.generation), after the preflight
+    from rung.generation import Completion, Generator
 
 Record = dict[str, Any]
 

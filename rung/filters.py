@@ -13,8 +13,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from datasketch import MinHash, MinHashLSH
-
 from rung.verify import parse_math
 
 Row = dict[str, Any]
@@ -168,6 +166,8 @@ def near_duplicates(
     """
     if not 0 < threshold <= 1:
         raise ValueError(f"near_duplicates: threshold must be in (0, 1], got {threshold}")
+    from datasketch import MinHash, MinHashLSH  # here: only curate deduplicates, every stage's preflight imports rung.data
+
     groups: dict[tuple[str, ...], list[int]] = defaultdict(list)
     for i, r in enumerate(rows):
         groups[tuple(_MATH_TOKEN.findall(normalise(r["prompt"]))) if same_math else ()].append(i)

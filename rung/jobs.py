@@ -9,7 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
 
-import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict
 
 from rung.config import FormatParams, RLStageParams, SamplingParams, SFTParams
@@ -79,5 +78,7 @@ def main(job_type: type[J], train: Callable[[J], JobResult]) -> None:
     """Entry point of a kind's module: read the job, train, and (main process) write the result."""
     job = job_type.model_validate_json(Path(sys.argv[1]).read_text())
     result = train(job)
+    import torch.distributed as dist  # here, not at the top: the flows build jobs without torch
+
     if not dist.is_initialized() or dist.get_rank() == 0:
         (job.work_dir / RESULT).write_text(result.model_dump_json())

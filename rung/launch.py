@@ -16,9 +16,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import mlflow
-import torch
-
 from rung import io, models
 from rung.config import LaunchParams
 from rung.errors import InputError
@@ -41,6 +38,8 @@ def check(launch: LaunchParams, key: str) -> None:
     """Reject what cannot run on this machine before anything starts."""
     if launch.accelerate_config is None:
         return
+    import torch  # here, not at the top: preflight checks every launch, most stages train none
+
     path = accelerate_config(launch.accelerate_config, key)
     text = path.read_text()
     if not torch.cuda.is_available() and ("FSDP" in text or "DEEPSPEED" in text):
@@ -96,6 +95,9 @@ def run(job: TrainJob, launch: LaunchParams) -> JobResult:
     cmd = command(launch, job_path, job.entry, key)
     if cmd is None:  # the entry module's train(), in this process
         return importlib.import_module(job.entry).train(job)
+    import mlflow
+    import torch
+
     # The ranks log into the stage's MLflow run: TRL's callback resumes MLFLOW_RUN_ID.
     active = mlflow.active_run()
     env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow.get_tracking_uri(), **({"MLFLOW_RUN_ID": active.info.run_id} if active else {})}

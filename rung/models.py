@@ -5,13 +5,14 @@ import importlib.util
 import json
 import shutil
 from pathlib import Path
-from typing import Any
-
-import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any
 
 from rung.errors import InputError
 from rung.io import atomic_path
+
+if TYPE_CHECKING:  # torch and transformers are imported where a model is built: preflight needs neither
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 EMBEDDED = "embedded"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -30,6 +31,9 @@ def embedded_gguf_path() -> Path:
 def _from_gguf(gguf: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     # transformers dequantizes GGUF weights but refuses to save such a model: rebuild a plain model
     # from the config (without quantization_config) and move the weights over.
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
     kw = dict(gguf_file=gguf.name)
     tok = AutoTokenizer.from_pretrained(gguf.parent, **kw)
     quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kw)
@@ -47,6 +51,9 @@ def materialize(source: str, out_dir: Path, dtype: str = "float32", revision: st
 
     `source` is "embedded", a local directory, a local .gguf file, or an HF hub id.
     """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     torch_dtype = getattr(torch, dtype)
     path = Path(source)
     if source == EMBEDDED or path.suffix == ".gguf":
@@ -94,6 +101,8 @@ def passthrough(init: Path, out_dir: Path, stage: str) -> None:
 
 def load_tokenizer(model_dir: Path | str) -> PreTrainedTokenizerBase:
     """The tokenizer of a model directory, set up for batched generation."""
+    from transformers import AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(model_dir)
     tok.padding_side = "left"  # decoder-only batched generation
     if tok.pad_token is None:
@@ -103,6 +112,9 @@ def load_tokenizer(model_dir: Path | str) -> PreTrainedTokenizerBase:
 
 def load(model_dir: Path | str, dtype: str = "float32") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a model directory written by `materialize` or a training stage, ready for generation."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
     tok = load_tokenizer(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
     model.eval()

@@ -6,13 +6,11 @@ from __future__ import annotations
 import inspect
 import json
 import os
-from collections.abc import Callable
 from pathlib import Path
 
-from rung import compat, data, io, launch, rewards
+from rung import compat, io, launch
 from rung.config import FileSource, HFSource, Params, ReasoningGymSource, Source
 from rung.errors import InputError
-from rung.generation import require_vllm
 from rung.models import EMBEDDED
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
@@ -20,14 +18,16 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 
 def check(params: Params) -> None:
     """Raise InputError at the first thing that would make a stage fail on its input."""
+    # rung.data, rung.rewards and rung.generation are imported only when a check needs them: every
+    # stage starts with this check, and they pull reasoning-gym, datasets and torch.
     compat.check()
     _model(params.model.source, "model.source")
     if params.format.template == "chat":
         _chat_template(params.model.source, "model.source")
     for src in params.curate.sources:
-        _source(src, f"curate.sources.{src.name}", params.seed, data.load_source)
+        _source(src, f"curate.sources.{src.name}", params.seed, eval_set=False)
     for src in params.eval.sets:
-        _source(src, f"eval.sets.{src.name}", params.seed, data.load_eval_source)
+        _source(src, f"eval.sets.{src.name}", params.seed, eval_set=True)
     for trace in params.sft.traces:
         model = getattr(trace, "model", "base")
         if model != "base":
@@ -35,13 +35,13 @@ def check(params: Params) -> None:
             if params.format.template == "chat":
                 _chat_template(model, "sft.traces.model")
     if params.generation.backend == "vllm":
-        require_vllm("generation.backend")
+        _require_vllm("generation.backend")
     launch.check(params.sft.launch, "sft.launch")
     for name, stage in params.rl.stages.items():
         key = f"rl.stages.{name}"
         launch.check(stage.launch, f"{key}.launch")
         if stage.use_vllm:
-            require_vllm(f"{key}.use_vllm")
+            _require_vllm(f"{key}.use_vllm")
         for reward, spec in stage.rewards.items():
             if spec.import_path is not None:
                 _reward(spec.import_path, bool(spec.args), f"{key}.rewards.{reward}")
@@ -100,25 +100,41 @@ def _has_chat_template(source: str) -> bool | None:
     return isinstance(jinja, str) or bool(json.loads(Path(cached).read_text()).get("chat_template"))
 
 
-def _source(src: Source, key: str, seed: int, load: Callable[[Source, int], object]) -> None:
+def _require_vllm(key: str) -> None:
+    """rung.generation.require_vllm, imported only when a vLLM setting asks for it (rung.generation imports torch)."""
+    from rung.generation import require_vllm
+
+    require_vllm(key)
+
+
+def _load(src: Source, seed: int, eval_set: bool) -> None:
+    """Load a source as its stage would: an eval set's errors name eval.sets, not curate.sources."""
+    from rung import data
+
+    (data.load_eval_source if eval_set else data.load_source)(src, seed)
+
+
+def _source(src: Source, key: str, seed: int, eval_set: bool) -> None:
     """A reasoning-gym task must exist and accept its config; a file source or a local dataset
     directory must exist, parse, have the mapped columns and, with answer_from / answer_pattern,
     yield an answer in one of its first rows (read whole: the loader's own checks and messages)."""
     if isinstance(src, ReasoningGymSource):
-        load(src.model_copy(update={"size": 1}), seed)
+        _load(src.model_copy(update={"size": 1}), seed, eval_set)
     elif isinstance(src, FileSource):
         path = Path(src.path)
         if not path.is_file():
             raise InputError(f"{key}.path: {src.path} not found")
         if path.stat().st_size == 0:
             raise InputError(f"{key}.path: {src.path} is empty")
-        load(src, seed)
+        _load(src, seed, eval_set)
     elif isinstance(src, HFSource) and io.is_local_path(src.dataset):
-        load(src, seed)  # a local directory (the loader's rule); hub datasets are checked when the stage loads them
+        _load(src, seed, eval_set)  # a local directory (the loader's rule); hub datasets are checked when the stage loads them
 
 
 def _reward(path: str, factory: bool, key: str) -> None:
     """A custom reward resolves to a callable that takes the completions (or, with args, a factory)."""
+    from rung import rewards
+
     func = rewards.load_custom(path, key)
     if factory:
         return

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rung import answer_format, io, layout
 from rung.config import FormatParams, SampledTraces, SolutionTraces, TraceSource
 from rung.errors import InputError
-from rung.generation import Generator
 from rung.verify import is_correct
+
+if TYPE_CHECKING:  # solution traces need no model: torch is imported by whoever loads one
+    from rung.generation import Generator
 
 Trace = dict[str, Any]  # id, prompt, target, origin
 

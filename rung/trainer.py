@@ -6,11 +6,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import torch
-from transformers import TrainerState
-from transformers.trainer import TRAINER_STATE_NAME
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-
 from rung import io
 
 FINGERPRINT = "fingerprint.json"  # the inputs the checkpoints were written for
@@ -20,6 +15,8 @@ CURRICULUM_STATE = "curriculum.json"  # beside TRL's files in each RL checkpoint
 
 def common_args(seed: int, work_dir: Path, dtype: str, save_steps: int) -> dict[str, Any]:
     """Seeding, logging, checkpointing and device settings for SFTConfig / GRPOConfig / RLOOConfig."""
+    import torch  # here and below, not at the top: rung.launch (and so preflight) uses the scratch-directory helpers only
+
     return dict(
         output_dir=str(work_dir),
         seed=seed,
@@ -44,6 +41,8 @@ def complete_checkpoints(work_dir: Path, complete: tuple[str, ...] = ("trainer_s
     transformers writes trainer_state.json last, so a checkpoint whose writer was killed is left
     out; one killed while writing trainer_state.json itself leaves a file that does not parse.
     """
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
     def done(c: Path) -> bool:
         if not all((c / f).is_file() for f in complete):
             return False
@@ -86,6 +85,9 @@ def fit(trainer: Any, resume: str | None) -> None:
     """trainer.train(), resumed from checkpoint `resume` if given. A checkpoint of the last step (a
     job killed while saving or publishing its model) is loaded rather than trained from: transformers
     would train one step past max_steps."""
+    from transformers import TrainerState
+    from transformers.trainer import TRAINER_STATE_NAME
+
     if resume:
         state = TrainerState.load_from_json(str(Path(resume) / TRAINER_STATE_NAME))
         if state.global_step >= state.max_steps:

@@ -1,14 +1,16 @@
 """Evaluating one eval set as a Prefect task: a task run per set, named for it, its progress in the run's log."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from rung import evaluate
 from rung.config import EvalParams, FormatParams
-from rung.generation import Generator
+
+if TYPE_CHECKING:  # a type only: torch is imported by whoever loads the model (tasks.generation), after the preflight
+    from rung.generation import Generator
 
 
 @task(cache_policy=NO_CACHE, task_run_name="eval {name}")

@@ -2,15 +2,20 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from rung import generation
 from tasks.retry import unless_input_error
+
+if TYPE_CHECKING:
+    from rung.generation import Generator
 
 
 @task(cache_policy=NO_CACHE, task_run_name="load {model_dir}", retries=2, retry_delay_seconds=20, retry_condition_fn=unless_input_error)
-def load(model_dir: Path | str, dtype: str, backend: str) -> generation.Generator:
+def load(model_dir: Path | str, dtype: str, backend: str) -> Generator:
     """A generator for a checkpoint directory or a hub id."""
+    from rung import generation  # torch and transformers: only for a stage that loads a model (traces may not)
+
     return generation.load(model_dir, dtype, backend)
