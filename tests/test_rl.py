@@ -159,3 +159,19 @@ def test_two_process_rl_with_dynamic_sampling(tiny_model, tmp_path):
     _, alone = _train(tiny_model, tmp_path / "one", stage.model_copy(update={"launch": LaunchParams()}))
     assert [c["curriculum/prompts"] for c in alone] == [2.0, 2.0]
     models.load(tmp_path / "w" / "final")
+
+
+
+def test_rollouts_take_rungs_generation_seeded_by_step(tiny_model, tmp_path):
+    """Default sampling goes through rung.generation, reproducibly; a setting rung's sampler lacks
+    (top_k) goes to TRL's own model.generate."""
+    runs = []
+    for name, trl in (("a", {}), ("b", {}), ("top_k", {"top_k": 5})):
+        trainer = rl.trainer_for(_job(tiny_model, tmp_path / name, _stage(max_steps=2, trl=trl)))
+        decided, inner = [], trainer._rung_generates
+        trainer._rung_generates = lambda *a, inner=inner, decided=decided: decided.append(inner(*a)) or decided[-1]
+        trainer.train()
+        runs.append((decided, [p.detach().clone() for p in trainer.model.parameters()]))
+    (rung_a, weights_a), (rung_b, weights_b), (rung_k, _) = runs
+    assert rung_a == rung_b == [True, True] and rung_k == [False, False]
+    assert all(torch.equal(x, y) for x, y in zip(weights_a, weights_b))
