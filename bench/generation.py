@@ -13,6 +13,7 @@ cores): compare the ratios of one run, not seconds across runs.
     python bench/generation.py                        # base model at data/models/base
     python bench/generation.py --model embedded --prompts 96
     python bench/generation.py --model data/models/rl --shapes eval   # a trained policy: short answers
+    python bench/generation.py --model data/models/sft --rows data/curated/test.jsonl --shapes eval   # the held-out split
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from rung import answer_format, models
+from rung import answer_format, io, models
 from rung.config import CurateParams, FormatParams, SamplingParams
 from rung.data import curate
 from rung.generation import Completion, generate, render
@@ -100,6 +101,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="data/models/base", help="HF model directory; 'embedded' converts the default model")
     ap.add_argument("--prompts", type=int, default=96)
+    ap.add_argument("--rows", default=None, help="prompts from this jsonl of rows (e.g. data/curated/test.jsonl, the held-out split), all of them")
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--threads", type=int, default=None, help="torch threads for both contenders (default: torch's)")
     args = ap.parse_args()
@@ -111,8 +113,11 @@ def main() -> None:
         model_dir = Path(tempfile.mkdtemp()) / "base"
         models.materialize("embedded", model_dir)
     model, tok = models.load(model_dir)
-    rows, _, _ = curate(CurateParams(sources=[dict(name="a", task="basic_arithmetic", size=4 * args.prompts)]), {}, seed=0)
-    prompts = render(tok, [answer_format.prompt(r["prompt"], FormatParams()) for r in rows[: args.prompts]])
+    if args.rows:
+        rows = io.read_jsonl(args.rows)
+    else:
+        rows = curate(CurateParams(sources=[dict(name="a", task="basic_arithmetic", size=4 * args.prompts)]), {}, seed=0)[0][: args.prompts]
+    prompts = render(tok, [answer_format.prompt(r["prompt"], FormatParams()) for r in rows])
     prompt_tokens = sum(len(x) for x in tok(prompts, add_special_tokens=False)["input_ids"]) / len(prompts)
 
     peak = matmul_peak()
