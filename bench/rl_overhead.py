@@ -1,0 +1,124 @@
+"""rung's RL stage against a plain TRL GRPOTrainer script: wall time per generated token.
+
+Both contenders train the same model (default: the pipeline's SFT checkpoint) on the same prompts
+(the difficulty-filtered train set), chat template and system prompt, reward functions and weights,
+group size, prompts per step, steps and TRL config: the one rung builds from params.yaml's RL stage
+(rung.rl.trl_config), with uniform prompt sampling and no dynamic sampling so that both do the same
+work. The plain script is what a TRL user writes, `GRPOTrainer(model, reward_funcs, args,
+train_dataset, processing_class).train()`; rung is the stage's trainer (rung.rl.trainer_for): its
+curriculum hooks and its rollouts through rung.generation. bf16 is off in both (fp32 on CPU).
+
+Timers around the trainers' own methods split each one's training time into generation, reward
+scoring, the rest of the rollout phase (reference/old log-probs, advantages, rung's curriculum and
+dynamic-sampling bookkeeping), the loss forward, backward, and optimizer + logging (the remainder).
+The ratio is of milliseconds per generated completion token, plain / rung: above 1, rung is faster.
+Contenders run one after the other in this process (plain first); this machine is noisy, so
+compare the ratio of one run, not seconds across runs.
+
+    python bench/rl_overhead.py                     # after `make demo`: data/models/sft, params.yaml
+    python bench/rl_overhead.py --steps 10 --out bench/results/rl_overhead.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from trl import GRPOTrainer
+
+from rung import config, io, layout, rewards, rl
+from rung.jobs import RLJob
+
+PHASES = ("generation", "rewards", "rollout rest", "loss forward", "backward", "optimizer + rest")
+
+
+def instrument(trainer: Any) -> dict[str, float]:
+    """Wrap the trainer's phase methods (instance attributes shadow the class's, so calls through
+    `self.` are timed once, at the outermost level) and count generated completion tokens."""
+    spent: dict[str, float] = defaultdict(float)
+
+    def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            spent[name] += time.perf_counter() - t0
+            if name == "generation":
+                spent["tokens"] += sum(len(ids) for ids in out[0])
+            return out
+        return wrapper
+
+    for name, method in (("generation", "_generate_single_turn"), ("rewards", "_calculate_rewards"),
+                         ("rollout", "_generate_and_score_completions"), ("loss forward", "compute_loss"), ("step", "training_step")):
+        setattr(trainer, method, timed(name, getattr(trainer, method)))
+    return spent
+
+
+def run(name: str, trainer: Any) -> dict[str, Any]:
+    spent = instrument(trainer)
+    torch.manual_seed(trainer.args.seed)
+    t0 = time.perf_counter()
+    trainer.train()
+    total = time.perf_counter() - t0
+    phases = {
+        "generation": spent["generation"],
+        "rewards": spent["rewards"],
+        "rollout rest": spent["rollout"] - spent["generation"] - spent["rewards"],
+        "loss forward": spent["loss forward"],
+        "backward": spent["step"] - spent["rollout"] - spent["loss forward"],
+        "optimizer + rest": total - spent["step"],
+    }
+    reward = [h["reward"] for h in trainer.state.log_history if "reward" in h]
+    return {"contender": name, "seconds": total, "tokens": int(spent["tokens"]), "ms_per_token": 1000 * total / spent["tokens"],
+            "phases": phases, "steps": trainer.state.global_step, "mean_reward": sum(reward) / len(reward)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--params", default=str(layout.PARAMS))
+    ap.add_argument("--stage", default="main")
+    ap.add_argument("--model", default=str(layout.checkpoint("sft")), help="HF model directory the stage starts from")
+    ap.add_argument("--data", default=str(layout.FILTERED), help="the train prompts (jsonl rows)")
+    ap.add_argument("--steps", type=int, default=None, help="default: the stage's max_steps")
+    ap.add_argument("--out", default=None, help="also write the results here (JSON)")
+    args = ap.parse_args()
+
+    params = config.load(args.params)
+    stage = params.rl.stages[args.stage].model_copy(update={
+        "curriculum": config.UniformCurriculum(), "dynamic_sampling": None, "eval_every": None,
+        **({"max_steps": args.steps} if args.steps else {})})
+    key = f"rl.stages.{args.stage}"
+    work = Path(tempfile.mkdtemp(prefix="rl-overhead-"))
+    job = RLJob(key=key, params=stage, init=Path(args.model), data=Path(args.data), work_dir=work / "rung", curves=work / "curves.json",
+                format=params.format, seed=params.seed, dtype="float32", buckets=params.difficulty.buckets)
+
+    # The plain script: TRL's trainer on the same rows, prompts, rewards and config.
+    rows = rl.select(io.read_jsonl(job.data), stage, key)
+    funcs, weights = rewards.build(stage, params.format, f"{key}.rewards")
+    plain = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32), reward_funcs=funcs,
+                        args=rl.trl_config(stage, weights, params.seed, work / "plain", "float32", key),
+                        train_dataset=rl.prompts(rows, params.format), processing_class=AutoTokenizer.from_pretrained(args.model))
+    results = [run("plain TRL script", plain), run("rung", rl.trainer_for(job))]
+
+    print(f"{len(rows)} prompts, {stage.max_steps} steps x {stage.prompts_per_step} prompts x {stage.num_generations} samples, "
+          f"{stage.max_completion_length} new tokens at most, {torch.get_num_threads()} threads, fp32")
+    print(f"{'contender':18}{'seconds':>9}{'tokens':>8}{'ms/token':>10}{'reward':>8}  " + "  ".join(f"{p:>16}" for p in PHASES))
+    for r in results:
+        shares = "  ".join(f"{r['phases'][p]:>8.1f}s {r['phases'][p] / r['seconds']:>5.0%}" for p in PHASES)
+        print(f"{r['contender']:18}{r['seconds']:>9.1f}{r['tokens']:>8}{r['ms_per_token']:>10.1f}{r['mean_reward']:>8.3f}  {shares}")
+    ratio = results[0]["ms_per_token"] / results[1]["ms_per_token"]
+    print(f"rung is {ratio:.2f}x the plain script's speed per generated token "
+          f"(generation alone: {results[0]['phases']['generation'] / results[0]['tokens'] * 1000:.1f} vs "
+          f"{results[1]['phases']['generation'] / results[1]['tokens'] * 1000:.1f} ms per token)")
+    if args.out:
+        io.write_json(Path(args.out), {"ratio": ratio, "results": results})
+
+
+if __name__ == "__main__":
+    main()
