@@ -21,7 +21,6 @@ compare the ratio of one run, not seconds across runs.
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 from collections import defaultdict
