@@ -8,12 +8,16 @@ import importlib.metadata
 from rung.errors import InputError
 
 TESTED = {"trl": "1.16", "transformers": "5.23"}  # minor versions; pyproject.toml pins the same
-# Private methods rung/rl.py overrides, with the parameters it relies on (tests/test_compat.py checks them).
+# Private methods rung/rl.py and rung/rollouts.py override, with the leading parameters they rely on (the
+# rest pass through; tests/test_compat.py checks them on both trainers).
 OVERRIDDEN = {
     "_calculate_rewards": ["self", "inputs", "prompts", "completions", "completion_ids_list"],
     "_generate_and_score_completions": ["self", "inputs"],
     "_save_checkpoint": ["self", "model", "trial"],
     "_load_optimizer_and_scheduler": ["self", "checkpoint"],
+    "_generate_single_turn": ["self", "prompt_ids", "images", "multimodal_fields"],
+    "_get_per_token_logps_and_entropies": ["self", "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size",
+                                           "compute_entropy", "compute_aux_loss"],
 }
 
 

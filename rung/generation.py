@@ -167,7 +167,7 @@ def _decode(model: PreTrainedModel, ids: list[list[int]], sampling: SamplingPara
     """Yield each finished `_Row` (tokens include the EOS if one ended it)."""
     capacity = max(sampling.batch_size, n)
     queue = deque(sorted(range(len(ids)), key=lambda i: (len(ids[i]), i)))
-    prefix = _shared_prefix(ids) if len(ids) > 1 else []
+    prefix = shared_prefix(ids) if len(ids) > 1 else []
     prefix_kv = _prefill_prefix(model, prefix) if prefix else None
     eos = set(eos_ids)
     batch: _Batch | None = None
@@ -187,7 +187,7 @@ def _decode(model: PreTrainedModel, ids: list[list[int]], sampling: SamplingPara
 
 
 
-def _shared_prefix(ids: list[list[int]]) -> list[int]:
+def shared_prefix(ids: list[list[int]]) -> list[int]:
     """The token prefix common to all prompts, leaving each at least one token of its own."""
     first, shortest = ids[0], min(len(x) for x in ids)
     p = 0

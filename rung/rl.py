@@ -17,16 +17,15 @@ import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
-from trl.models import unwrap_model_for_generation
 from trl.trainer.utils import nanstd, pad
 
 from rung import answer_format, compat, curriculum, io, models, rewards
 from rung.config import DynamicSamplingParams, FormatParams, RLStageParams, SamplingParams
 from rung.errors import InputError
 from rung.evaluate import grade
-from rung.generation import generate, generate_ids, render
+from rung.generation import generate, render
 from rung.jobs import JobResult, RLJob, main
-from rung.seeding import derive
+from rung.rollouts import Rollouts
 from rung.trainer import CURRICULUM_STATE, common_args, finalize, fit, train_loss
 
 def prompts(rows: list[dict[str, Any]], fmt: FormatParams) -> Dataset:
@@ -93,7 +92,6 @@ class CurriculumMixin:
 
     def setup_curriculum(self, scheduler: curriculum.Scheduler, rows: list[dict[str, Any]], dynamic: DynamicSamplingParams | None) -> None:
         self.curriculum, self.rows, self.dynamic = scheduler, rows, dynamic
-        self._rollout_calls = (-1, 0)  # (step, generation calls in it): the rollouts' seed
         self._last_rewards: torch.Tensor | None = None
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):  # type: ignore[no-untyped-def]
@@ -150,34 +148,6 @@ class CurriculumMixin:
             for i, a, s, v in zip(global_idx, acc.nanmean(dim=1).tolist(), std.tolist(), adv.abs().mean(dim=1).tolist(), strict=True)
         ]
         return results, zero
-
-    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, *args, **kwargs):  # type: ignore[no-untyped-def]
-        """Rollouts through rung's decode loop (rung.generation: finished rows leave the batch, the
-        group's prompt is encoded once for its samples, oneDNN-prepacked weights) where TRL would call
-        batched `model.generate`: text prompts, no tools, sampling rung implements (temperature, top_p).
-        Each completion draws from its own stream seeded by (seed, step, call of the step, process,
-        prompt, sample), so a resumed run generates what an unkilled one would. vLLM, TRL's
-        continuous batching and every other setting go to TRL's own path."""
-        if not self._rung_generates(images, multimodal_fields):
-            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, *args, **kwargs)
-        step, calls = self._rollout_calls if self._rollout_calls[0] == self.state.global_step else (self.state.global_step, 0)
-        self._rollout_calls = (step, calls + 1)
-        seed = derive(self.args.seed, "rollouts", str(step), str(calls), str(self.accelerator.process_index))
-        # TRL repeats each prompt for its group: generate the group's samples from one prompt encoding
-        n = self.num_generations if len(prompt_ids) % self.num_generations == 0 and all(
-            prompt_ids[i] == prompt_ids[i - i % self.num_generations] for i in range(len(prompt_ids))) else 1
-        sampling = SamplingParams(temperature=self.temperature, top_p=self.top_p, max_new_tokens=self.max_completion_length, batch_size=len(prompt_ids))
-        with unwrap_model_for_generation(self.model_wrapped, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation,
-                                         gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs) as unwrapped:
-            out = generate_ids(unwrapped, prompt_ids[::n], sampling, self.eos_token_ids, n=n, seed=seed, desc=None)
-        ids = [tokens for samples in out for tokens, _ in samples]
-        return ids if isinstance(self, RLOOTrainer) else (ids, None)  # RLOO's returns no log-probs
-
-    def _rung_generates(self, images: Any, multimodal_fields: Any) -> bool:
-        args = self.args
-        return not (self.use_vllm or getattr(self, "use_transformers_continuous_batching", False) or images or multimodal_fields
-                    or getattr(self, "tools", None) or args.generation_kwargs or self.top_k or self.min_p is not None
-                    or self.repetition_penalty != 1.0 or self.temperature == 0)
 
     def _generate_and_score_completions(self, inputs):  # type: ignore[no-untyped-def]
         if not self.model.training:
@@ -271,11 +241,11 @@ class CurriculumMixin:
             self.curriculum.load_state_dict(io.read_json(Path(checkpoint) / CURRICULUM_STATE))
 
 
-class GRPO(CurriculumMixin, GRPOTrainer):
+class GRPO(CurriculumMixin, Rollouts, GRPOTrainer):
     pass
 
 
-class RLOO(CurriculumMixin, RLOOTrainer):
+class RLOO(CurriculumMixin, Rollouts, RLOOTrainer):
     pass
 
 

@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, TrainerCallback
+from trl import GRPOTrainer
 
 from rung import answer_format, io, launch, models, rl
 from rung.config import DifficultyParams, FormatParams, LaunchParams, RLStageParams, SamplingParams
 from rung.evaluate import grade
-from rung.generation import generate, render
+from rung.generation import generate, render, shared_prefix
 from rung.jobs import RLJob
 from rung.trainer import FINAL
 
@@ -175,3 +176,47 @@ def test_rollouts_take_rungs_generation_seeded_by_step(tiny_model, tmp_path):
     (rung_a, weights_a), (rung_b, weights_b), (rung_k, _) = runs
     assert rung_a == rung_b == [True, True] and rung_k == [False, False]
     assert all(torch.equal(x, y) for x, y in zip(weights_a, weights_b))
+
+
+def _rollout_batch(tok, prompts: list[str], lengths: list[int]):
+    """TRL's loss inputs: left-padded prompts + right-padded completions (random tokens)."""
+    ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    width = max(map(len, ids))
+    torch.manual_seed(0)
+    completions = [torch.randint(0, tok.vocab_size, (n,)).tolist() for n in lengths]
+    rows, masks = [], []
+    for p, c in zip(ids, completions):
+        pad_l, pad_r = width - len(p), max(lengths) - len(c)
+        rows.append([0] * pad_l + p + c + [0] * pad_r)
+        masks.append([0] * pad_l + [1] * (len(p) + len(c)) + [0] * pad_r)
+    return torch.tensor(rows), torch.tensor(masks), max(lengths)
+
+
+def test_shared_prefix_log_probs_equal_each_row_alone_with_their_gradients(tiny_model, tmp_path):
+    """rung's log-probs run the prompts' shared prefix once; each row's log-probs, entropies and
+    the gradient of their sum equal TRL's on that row alone (no padding, so no position question)."""
+    trainer = rl.trainer_for(_job(tiny_model, tmp_path / "w", _stage()))
+    tok, model = trainer.processing_class, trainer.model
+    prompts = render(tok, [answer_format.prompt(r["prompt"] + " Explain." * (i % 3), FMT) for i, r in enumerate(ROWS[:4])])
+    input_ids, mask, keep = _rollout_batch(tok, prompts, [5, 3, 5, 2])
+    assert len(shared_prefix([r[m.bool()].tolist() for r, m in zip(input_ids, mask)])) >= 8
+
+    def grads(loss):
+        model.zero_grad()
+        loss.backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+    logps, entropies, _ = trainer._get_per_token_logps_and_entropies(model, input_ids, mask, keep, batch_size=3, compute_entropy=True)
+    comp = mask[:, -keep:].bool()
+    ours = grads(logps[comp].sum())
+    alone, theirs = [], 0
+    for i in range(len(prompts)):
+        real = mask[i].bool()
+        lp, ent, _ = GRPOTrainer._get_per_token_logps_and_entropies(trainer, model, input_ids[i][real][None], mask[i][real][None],
+                                                                   int(comp[i].sum()), compute_entropy=True)
+        alone.append((lp[0], ent[0]))
+        theirs = theirs + lp.sum()
+    for i, (lp, ent) in enumerate(alone):
+        torch.testing.assert_close(logps[i][comp[i]], lp, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(entropies[i][comp[i]], ent, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(ours, grads(theirs), atol=1e-5, rtol=1e-4)
