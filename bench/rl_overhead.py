@@ -17,6 +17,7 @@ compare the ratio of one run, not seconds across runs.
 
     python bench/rl_overhead.py                     # after `make demo`: data/models/sft, params.yaml
     python bench/rl_overhead.py --steps 10 --out bench/results/rl_overhead.json
+    python bench/rl_overhead.py --as-configured       # rung alone, the stage as params.yaml has it (curriculum, dynamic sampling)
 """
 from __future__ import annotations
 
@@ -86,12 +87,12 @@ def main() -> None:
     ap.add_argument("--data", default=str(layout.FILTERED), help="the train prompts (jsonl rows)")
     ap.add_argument("--steps", type=int, default=None, help="default: the stage's max_steps")
     ap.add_argument("--out", default=None, help="also write the results here (JSON)")
+    ap.add_argument("--as-configured", action="store_true", help="profile rung alone on the stage as configured (no plain script)")
     args = ap.parse_args()
 
     params = config.load(args.params)
-    stage = params.rl.stages[args.stage].model_copy(update={
-        "curriculum": config.UniformCurriculum(), "dynamic_sampling": None, "eval_every": None,
-        **({"max_steps": args.steps} if args.steps else {})})
+    same_work = {} if args.as_configured else {"curriculum": config.UniformCurriculum(), "dynamic_sampling": None}
+    stage = params.rl.stages[args.stage].model_copy(update={**same_work, "eval_every": None, **({"max_steps": args.steps} if args.steps else {})})
     key = f"rl.stages.{args.stage}"
     work = Path(tempfile.mkdtemp(prefix="rl-overhead-"))
     job = RLJob(key=key, params=stage, init=Path(args.model), data=Path(args.data), work_dir=work / "rung", curves=work / "curves.json",
@@ -100,10 +101,10 @@ def main() -> None:
     # The plain script: TRL's trainer on the same rows, prompts, rewards and config.
     rows = rl.select(io.read_jsonl(job.data), stage, key)
     funcs, weights = rewards.build(stage, params.format, f"{key}.rewards")
-    plain = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32), reward_funcs=funcs,
+    plain = None if args.as_configured else GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32), reward_funcs=funcs,
                         args=rl.trl_config(stage, weights, params.seed, work / "plain", "float32", key),
                         train_dataset=rl.prompts(rows, params.format), processing_class=AutoTokenizer.from_pretrained(args.model))
-    results = [run("plain TRL script", plain), run("rung", rl.trainer_for(job))]
+    results = ([] if args.as_configured else [run("plain TRL script", plain)]) + [run("rung", rl.trainer_for(job))]
 
     print(f"{len(rows)} prompts, {stage.max_steps} steps x {stage.prompts_per_step} prompts x {stage.num_generations} samples, "
           f"{stage.max_completion_length} new tokens at most, {torch.get_num_threads()} threads, fp32")
@@ -111,6 +112,11 @@ def main() -> None:
     for r in results:
         shares = "  ".join(f"{r['phases'][p]:>8.1f}s {r['phases'][p] / r['seconds']:>5.0%}" for p in PHASES)
         print(f"{r['contender']:18}{r['seconds']:>9.1f}{r['tokens']:>8}{r['ms_per_token']:>10.1f}{r['mean_reward']:>8.3f}  {shares}")
+    if args.as_configured:
+        print(f"(the stage as configured: {stage.curriculum.type} curriculum, dynamic sampling {stage.dynamic_sampling})")
+        if args.out:
+            io.write_json(Path(args.out), {"results": results})
+        return
     ratio = results[0]["ms_per_token"] / results[1]["ms_per_token"]
     print(f"rung is {ratio:.2f}x the plain script's speed per generated token "
           f"(generation alone: {results[0]['phases']['generation'] / results[0]['tokens'] * 1000:.1f} vs "
