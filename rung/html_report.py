@@ -18,6 +18,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator
 
+from rung.io import atomic_path
+
 # Applied while plots are built and saved. A fixed hash salt makes matplotlib's SVG ids the same
 # on every render (they are random otherwise); fonttype "none" writes text as <text>, not paths.
 _RC = {
@@ -217,6 +219,19 @@ def figures(plots: Sequence[Plot]) -> list[str]:
     with matplotlib.rc_context(_RC):
         drawn = [(fig_id, draw(), caption) for fig_id, draw, caption in plots]
         return [_figure(fig_id, _svg(fig, fig_id), caption) for fig_id, fig, caption in drawn if fig is not None]
+
+
+def save_figures(plots: Sequence[Plot], folder: Path) -> list[Path]:
+    """The plots drawn as standalone SVG files `folder/<id>.svg` (for a README or a paper)."""
+    saved = []
+    with matplotlib.rc_context(_RC):
+        for fig_id, draw, _ in plots:
+            fig = draw()
+            if fig is not None:
+                with atomic_path(folder / f"{fig_id}.svg") as tmp:
+                    fig.savefig(tmp, format="svg", metadata={"Date": None})
+                saved.append(folder / f"{fig_id}.svg")
+    return saved
 
 
 def band_plot(curves: Mapping[str, Sequence[tuple[float, ...]]], xlabel: str, ylabel: str) -> Figure | None:

@@ -295,21 +295,26 @@ def markdown(result: dict[str, Any], settings: dict[str, Any]) -> str:
     return "\n".join([*lines, ""])
 
 
-def html(result: dict[str, Any], settings: dict[str, Any]) -> str:
-    arms_header, arms = arm_rows(result)
-    cmp_header, cmps = comparison_rows(result)
-    first, second = explanation(result)
+def plots(result: dict[str, Any]) -> list[html_report.Plot]:
+    """The study's learning curves per arm (mean over seeds, band from min to max)."""
     c = result["curves"]
     pick = lambda key: {arm: v[key] for arm, v in c.items()}  # noqa: E731
     pct = lambda key: {arm: [(x, 100 * m, 100 * lo, 100 * hi) for x, m, lo, hi in pts] for arm, pts in pick(key).items()}  # noqa: E731
-    figures = html_report.figures([
+    return [
         ("plot-held-out", lambda: html_report.band_plot(pct("held_out_accuracy"), "training step", "held-out accuracy (%)"),
          "Held-out greedy accuracy per arm at step 0 (the init checkpoint) and after the last step: mean over seeds, band from min to max."),
         ("plot-reward", lambda: html_report.band_plot(pick("reward"), "training step", "mean reward"),
          "Training reward per step (of the groups trained on): mean over seeds, band from min to max."),
         ("plot-train-accuracy", lambda: html_report.band_plot(pct("train_accuracy"), "training step", "training-batch accuracy (%)"),
          "Accuracy of the training batch per step: mean over seeds, band from min to max."),
-    ])
+    ]
+
+
+def html(result: dict[str, Any], settings: dict[str, Any]) -> str:
+    arms_header, arms = arm_rows(result)
+    cmp_header, cmps = comparison_rows(result)
+    first, second = explanation(result)
+    figures = html_report.figures(plots(result))
     tables = [html_report.extra_table(html_report.Extra("arms", "Per arm: mean ± sd over seeds", arms_header, arms, [first]))]
     if cmps:
         tables.append(html_report.extra_table(html_report.Extra("paired", "Paired comparisons between arms: greedy accuracy", cmp_header, cmps, [second])))
@@ -318,11 +323,13 @@ def html(result: dict[str, Any], settings: dict[str, Any]) -> str:
 
 
 def write(result: dict[str, Any], settings: dict[str, Any], root: Path = STUDIES) -> dict[str, Path]:
-    """data/studies/<name>/study.{json,md,html}, each replaced atomically; returns the paths."""
+    """data/studies/<name>/study.{json,md,html} and the curves as <plot id>.svg, each replaced
+    atomically; returns the paths of the three study files."""
     folder = root / result["name"]
     paths = {"json": folder / "study.json", "md": folder / "study.md", "html": folder / "study.html"}
     io.write_json(paths["json"], {**result, "settings": settings})
     for kind, text in (("md", markdown(result, settings)), ("html", html(result, settings))):
         with io.atomic_path(paths[kind]) as tmp:
             tmp.write_text(text, encoding="utf-8")
+    html_report.save_figures(plots(result), folder)
     return paths

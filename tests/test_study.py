@@ -120,6 +120,7 @@ def test_aggregate_writes_the_study_page(tmp_path):
     page = paths["html"].read_text()
     for fig in ("plot-held-out", "plot-reward", "plot-train-accuracy"):
         assert f'<figure id="{fig}"' in page
+        assert "<svg" in (tmp_path / "t" / f"{fig}.svg").read_text()  # the curves as files too, for a README
     assert not any(tag in page for tag in ("<script", "<link", "src=", "<img"))  # self-contained
     assert json.loads(paths["json"].read_text())["arms"]["b"]["seeds"] == [1, 2]
 
