@@ -271,8 +271,8 @@ def explanation(result: dict[str, Any]) -> list[str]:
     conf, alpha = result["confidence"], result["level"]
     return [
         f"Mean ± sd over seeds (seeds at params key {result['seed_key']}). The curves show training reward and training-batch "
-        "accuracy per step, and held-out accuracy at step 0 (the checkpoint RL starts from) and at the last step: RL stages "
-        "do not evaluate the held-out set during training.",
+        "accuracy per step, and held-out greedy accuracy at step 0 (the checkpoint RL starts from), every "
+        "rl.stages.<name>.eval_every steps when the stage sets it, and at the last step.",
         "Paired comparisons: each later arm against each earlier one, on the same prompts in each seed. A unit is a prompt with "
         "its outcomes in every seed when all seeds answered the same prompts, else a (seed, prompt) pair. Difference: new minus "
         f"old accuracy in points, with its {100 * conf:g}% paired bootstrap interval ({result['resamples']} resamples of the units, "
@@ -302,7 +302,7 @@ def plots(result: dict[str, Any]) -> list[html_report.Plot]:
     pct = lambda key: {arm: [(x, 100 * m, 100 * lo, 100 * hi) for x, m, lo, hi in pts] for arm, pts in pick(key).items()}  # noqa: E731
     return [
         ("plot-held-out", lambda: html_report.band_plot(pct("held_out_accuracy"), "training step", "held-out accuracy (%)"),
-         "Held-out greedy accuracy per arm at step 0 (the init checkpoint) and after the last step: mean over seeds, band from min to max."),
+         "Held-out greedy accuracy per arm at step 0 (the init checkpoint), every eval_every steps and after the last step: mean over seeds, band from min to max."),
         ("plot-reward", lambda: html_report.band_plot(pick("reward"), "training step", "mean reward"),
          "Training reward per step (of the groups trained on): mean over seeds, band from min to max."),
         ("plot-train-accuracy", lambda: html_report.band_plot(pct("train_accuracy"), "training step", "training-batch accuracy (%)"),
