@@ -16,7 +16,8 @@ def difficulty(params_file: str = str(layout.PARAMS)) -> None:
     reference = layout.checkpoint(p.reference)
     logged = {"seed": params.seed, "difficulty": p.model_dump(), "format": params.format.model_dump(), "generation": params.generation.model_dump()}
     with tracking.stage_run("difficulty", params, logged, inputs={"model": reference, "train": layout.TRAIN}):
-        gen = generation.load(reference, params.model.dtype, params.generation.backend)
+        gen = generation.load(reference, params.model, params.generation.backend)
+        tracking.tag_placement(gen.device, gen.dtype)
         rows = io.read_jsonl(layout.TRAIN)[: p.max_prompts]
         finish("difficulty", diff.run(gen, rows, params.format, p, derive(params.seed, "difficulty")))
 

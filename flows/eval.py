@@ -26,7 +26,8 @@ def eval_checkpoint(checkpoint: str, params_file: str = str(layout.PARAMS)) -> N
     logged = {"seed": params.seed, "eval": params.eval.model_dump(exclude={"sets"}), "format": params.format.model_dump(), "checkpoint": checkpoint}
     with tracking.stage_run(f"eval@{slug}", params, logged, inputs={"model": model_dir, **set_paths}):
         seed = derive(params.seed, "eval")
-        gen = generation.load(model_dir, params.model.dtype, params.generation.backend)
+        gen = generation.load(model_dir, params.model, params.generation.backend)
+        tracking.tag_placement(gen.device, gen.dtype)
         results = {name: evaluate_task.evaluate_set(gen, name, io.read_jsonl(path), params.format, params.eval, seed) for name, path in set_paths.items()}
         finish(f"eval-{slug}", evaluate.run(checkpoint, results, set_paths, params.eval, params.format, seed))
         mlflow.log_artifacts(str(layout.EVAL / slug), artifact_path="samples")

@@ -25,7 +25,7 @@ def rl(stage_name: str, params_file: str = str(layout.PARAMS)) -> None:
     seed = derive(params.seed if stage.seed is None else stage.seed, "rl", stage_name)
     job = RLJob(key=f"rl.stages.{stage_name}", params=stage, init=layout.checkpoint(stage.init), data=layout.FILTERED,
                 work_dir=layout.WORK / "rl" / stage_name, curves=layout.plot("rl", stage_name), format=params.format,
-                seed=seed, dtype=params.model.dtype, buckets=params.difficulty.buckets,
+                seed=seed, dtype=params.model.dtype, device=params.model.device, buckets=params.difficulty.buckets,
                 heldout=layout.TEST if stage.eval_every else None, heldout_sampling=params.eval.sampling)
     # "seed" is the trainer's own (TRL logs it too; MLflow refuses a second value for a param).
     logged = {"global_seed": params.seed, "seed": seed, "rl": {stage_name: stage.model_dump()}, "format": params.format.model_dump()}

@@ -22,7 +22,7 @@ def sft(params_file: str = str(layout.PARAMS)) -> None:
             finish("sft", {"skipped": 1})
             return
         job = SFTJob(key="sft", params=params.sft, init=layout.BASE, data=layout.TRACES, work_dir=layout.WORK / "sft",
-                     format=params.format, seed=seed, dtype=params.model.dtype)
+                     format=params.format, seed=seed, dtype=params.model.dtype, device=params.model.device)
         finish("sft", launch.train(job, params.sft.launch, layout.SFT))
 
 

@@ -26,7 +26,8 @@ def traces(params_file: str = str(layout.PARAMS)) -> None:
     def load(model: str) -> Generator:
         """'base' is the pipeline's base checkpoint; anything else a teacher path or hub id (loaded once)."""
         if model not in loaded:
-            loaded[model] = generation.load(layout.BASE if model == "base" else model, params.model.dtype, params.generation.backend)
+            loaded[model] = generation.load(layout.BASE if model == "base" else model, params.model, params.generation.backend)
+            tracking.tag_placement(loaded[model].device, loaded[model].dtype)
         return loaded[model]
 
     with tracking.stage_run("traces", params, logged, inputs={"train": layout.TRAIN}):

@@ -44,8 +44,13 @@ class ModelParams(Section):
     directory or .gguf file, or an HF hub id (needs network)."""
     revision: str | None = None
     """Hub revision (branch, tag or commit) when `source` is a hub id; pin it for reproducibility."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Weights dtype for every stage. float32 on CPU (bf16 matmuls are slow there)."""
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+    """Where every stage that loads a model runs it: auto (the CUDA GPU when one is visible, else
+    the CPU), cpu, cuda or cuda:N. Training under a multi-process launcher places each rank itself."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights and compute dtype of every stage. auto: bfloat16 on a CUDA GPU that supports it,
+    float32 on the CPU (bf16 matmuls are slow on most CPUs). The model stage stores `auto` as the
+    source's own dtype (float32 for the embedded GGUF). Stages record the resolved device and dtype."""
 
 
 class FormatParams(Section):
@@ -256,8 +261,9 @@ class SamplingParams(Section):
     """0 means greedy decoding."""
     top_p: float = Field(1.0, gt=0, le=1)
     max_new_tokens: int = Field(64, gt=0)
-    batch_size: int = Field(32, gt=0)
-    """Sequences generated per forward batch."""
+    batch_size: int | None = Field(None, gt=0)
+    """Sequences generated per forward batch, at most. None: 32 on the CPU; on CUDA the largest
+    power of two whose KV cache fits in half the free memory. A CUDA out-of-memory error halves it."""
 
 
 class GenerationParams(Section):

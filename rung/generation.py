@@ -1,32 +1,38 @@
-"""Batched rollouts, shared by difficulty scoring, rejection sampling and evaluation.
+"""Batched rollouts, shared by difficulty scoring, rejection sampling, evaluation and RL.
 
-Two backends behind one `Generator`: transformers (CPU or GPU; a continuous-batching decode loop
-over the model's forward and KV cache, see `_decode`) and vLLM (GPU; optional, selected by params
-`generation.backend`).
+Two backends behind one `Generator`: transformers and vLLM (optional, selected by params
+`generation.backend`). The transformers backend runs rung's decode loop (rung.decode) on the CPU
+and a compiled static-cache `generate` (rung.compiled) on CUDA, with the batch sized for the device.
 """
 from __future__ import annotations
 
 import importlib.util
-
+import logging
 from collections.abc import Callable
-from collections import deque
-from dataclasses import dataclass, field
+from contextlib import nullcontext
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Literal
+from weakref import WeakKeyDictionary
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
-from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
-from transformers.cache_utils import DynamicLayer
-from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+from transformers import CompileConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from rung import models
+from rung import compiled, decode, models, placement
 from rung.answer_format import Prompt
 from rung.config import SamplingParams
 from rung.errors import InputError
 from rung.prepacked import prepacked
 
+log = logging.getLogger(__name__)
+
+CPU_ROWS = 32
+"""Rows decoded at once on the CPU when params set no batch_size (rung's CPU figures were measured at it)."""
+KV_SHARE = 0.5
+"""Share of the GPU's free memory the KV cache and logits of one batch may take (the rest: activations)."""
+Engine = Literal["auto", "loop", "compiled"]
 
 @dataclass(frozen=True)
 class Completion:
@@ -47,21 +53,25 @@ def render(tok: PreTrainedTokenizerBase, prompts: list[Prompt]) -> list[str]:
 @dataclass(frozen=True)
 class Generator:
     """A loaded model that samples: `generate(prompts, sampling, n, seed, desc)` -> n completions
-    per rendered prompt, in input order."""
+    per rendered prompt, in input order; `device` and `dtype` say where it runs."""
 
     tok: PreTrainedTokenizerBase
     generate: Callable[..., list[list[Completion]]]
+    device: str = "cpu"
+    dtype: str = "float32"
 
     def render(self, prompts: list[Prompt]) -> list[str]:
         return render(self.tok, prompts)
 
 
-def load(model_dir: Path, dtype: str, backend: str = "transformers") -> Generator:
-    """A Generator for the model directory on the given backend ('transformers' or 'vllm')."""
+def load(model_dir: Path | str, dtype: str = "auto", backend: str = "transformers", device: str = "auto") -> Generator:
+    """A Generator for the model directory on the given backend ('transformers' or 'vllm'), placed
+    by params `model.device` / `model.dtype` (rung.placement)."""
+    where, dtype = placement.resolve(device, dtype)
     if backend == "vllm":
         return _load_vllm(model_dir, dtype)
-    model, tok = models.load(model_dir, dtype)
-    return Generator(tok, partial(generate, model, tok))
+    model, tok = models.load(model_dir, dtype, where)
+    return Generator(tok, partial(generate, model, tok), str(where), dtype)
 
 
 def require_vllm(key: str) -> None:
@@ -84,7 +94,7 @@ def _load_vllm(model_dir: Path, dtype: str) -> Generator:
         outputs = llm.generate(prompts, params, use_tqdm=True)
         return [[Completion(o.text, len(o.token_ids), o.finish_reason == "length") for o in out.outputs] for out in outputs]
 
-    return Generator(tok, sample)
+    return Generator(tok, sample, "cuda", dtype)
 
 
 def generate(
@@ -119,234 +129,77 @@ def generate_ids(
     n: int = 1,
     seed: int = 0,
     desc: str | None = "generate",
+    engine: Engine = "auto",
+    compile_config: CompileConfig | None = None,
 ) -> list[list[tuple[list[int], bool]]]:
     """`n` completions for each tokenized prompt, in input order: (token ids with the EOS that ended
-    it, if one did; truncated at max_new_tokens). `desc` None: no progress bar."""
+    it, if one did; truncated at max_new_tokens). `desc` None: no progress bar.
+
+    engine 'auto': rung's loop on the CPU, compiled static-cache `generate` on CUDA (`compile_config`,
+    transformers' default if None). A CUDA out-of-memory error empties the cache, halves the batch
+    for the rest of the process and redoes the unfinished prompts: samples are seeded per row, so
+    the retry draws the same samples.
+    """
     if sampling.temperature == 0 and n > 1:
         raise ValueError("sampling.temperature: 0 (greedy) gives identical samples; use n=1 or temperature > 0")
+    use_compiled = engine == "compiled" or (engine == "auto" and model.device.type == "cuda")
     out: list[list[tuple[list[int], bool] | None]] = [[None] * n for _ in ids]
-    with tqdm(total=len(ids) * n, desc=desc, unit="seq", disable=desc is None) as bar, prepacked(model, max(sampling.batch_size, n)):
-        for done in _decode(model, ids, sampling, n, seed, eos_ids):
-            out[done.prompt][done.sample] = (done.tokens, done.truncated)
-            bar.update(1)
+    pending = list(range(len(ids)))
+    with tqdm(total=len(ids) * n, desc=desc, unit="seq", disable=desc is None) as bar:
+        while pending:
+            rows = batch_rows(model, sampling, max(len(ids[i]) for i in pending))
+            try:
+                if use_compiled:
+                    done = compiled.decode(model, ids, pending, sampling, n, seed, eos_ids, rows, compile_config)
+                else:
+                    done = decode.decode(model, ids, pending, sampling, n, seed, eos_ids, rows)
+                with nullcontext() if use_compiled else prepacked(model, max(rows, n)):
+                    for row in done:
+                        out[row.prompt][row.sample] = (row.tokens, row.truncated)
+                        bar.update(1)
+                pending = []
+            except torch.OutOfMemoryError:
+                if rows <= 1:
+                    raise
+                _back_off(model, rows)
+                pending = [i for i, slots in enumerate(out) if None in slots]
+                for i in pending:  # redo every sample of a prompt cut short, so the bar counts each once
+                    bar.update(-sum(s is not None for s in out[i]))
+                    out[i] = [None] * n
     return out  # type: ignore[return-value]  # every slot is filled
 
 
-# A hand-written decode loop because no library call gives the speed on CPU: `model.generate` keeps
-# finished rows in the batch until the longest ends (a trained policy's completions average about a third of
-# max_new_tokens) and prefills every sample of every prompt in full; transformers' continuous
-# batching (`generate_batch`) ran at 0.36x of batched model.generate on this CPU (16 prompts, greedy).
-# Here a finished row leaves the batch at once, its slot is refilled from the queue (prompts
-# shortest first, so a group pads little), the prompts' shared prefix (chat template and system
-# prompt) is encoded once, and each prompt's suffix once for its n samples.
+_backed_off: WeakKeyDictionary[PreTrainedModel, int] = WeakKeyDictionary()
+"""The row cap an out-of-memory error left each model with: kept for the rest of the process (the stage)."""
 
 
-@dataclass
-class _Row:
-    prompt: int
-    sample: int
-    draws: torch.Tensor | None
-    """Uniform draws of this sample's own seeded stream, one per step; None when greedy."""
-    tokens: list[int] = field(default_factory=list)
-    truncated: bool = False
+def _back_off(model: PreTrainedModel, rows: int) -> None:
+    torch.cuda.empty_cache()
+    _backed_off[model] = max(1, rows // 2)
+    log.warning("CUDA out of memory at %d rows: cache emptied, retrying at %d rows for the rest of this stage", rows, _backed_off[model])
 
 
-@dataclass
-class _Batch:
-    """Rows being decoded: their KV cache, padding mask (batch, cache length) and next positions."""
-
-    rows: list[_Row]
-    cache: DynamicCache
-    mask: torch.Tensor
-    pos: torch.Tensor
-    last: torch.Tensor
-    """The token each row sampled last: the next step's input."""
+def batch_rows(model: PreTrainedModel, sampling: SamplingParams, width: int) -> int:
+    """Rows decoded at once: on CUDA the largest row bucket whose KV cache and logits fit in
+    KV_SHARE of the free memory, on the CPU CPU_ROWS; params `batch_size` caps either, and so does
+    an earlier out-of-memory error."""
+    cap = sampling.batch_size or (CPU_ROWS if model.device.type != "cuda" else compiled.ROW_BUCKETS[-1])
+    if model.device.type == "cuda":
+        cap = min(cap, memory_rows(model, width + sampling.max_new_tokens))
+    return min(cap, _backed_off.get(model, cap))
 
 
-def _decode(model: PreTrainedModel, ids: list[list[int]], sampling: SamplingParams, n: int, seed: int, eos_ids: list[int]):
-    """Yield each finished `_Row` (tokens include the EOS if one ended it)."""
-    capacity = max(sampling.batch_size, n)
-    queue = deque(sorted(range(len(ids)), key=lambda i: (len(ids[i]), i)))
-    prefix = shared_prefix(ids) if len(ids) > 1 else []
-    prefix_kv = _prefill_prefix(model, prefix) if prefix else None
-    eos = set(eos_ids)
-    batch: _Batch | None = None
-    while queue or batch is not None:
-        free = capacity - (len(batch.rows) if batch else 0)
-        # refill as soon as a prompt's n samples fit: fewer decode steps pay for the extra prefills
-        if queue and free >= n:
-            group = [queue.popleft() for _ in range(min(len(queue), max(1, free // n)))]
-            rows = [_Row(i, j, _draws(seed, i, j, sampling)) for i in group for j in range(n)]
-            new, logits = _prefill(model, prefix_kv, len(prefix), [ids[i][len(prefix):] for i in group], n, rows)
-            yield from _advance(new, logits, sampling, eos)
-            batch = _merge(batch, new) if new.rows else batch
-        else:
-            logits = _step(model, batch)
-            yield from _advance(batch, logits, sampling, eos)
-            batch = batch if batch.rows else None
-
-
-
-def shared_prefix(ids: list[list[int]]) -> list[int]:
-    """The token prefix common to all prompts, leaving each at least one token of its own."""
-    first, shortest = ids[0], min(len(x) for x in ids)
-    p = 0
-    while p < shortest - 1 and all(x[p] == first[p] for x in ids):
-        p += 1
-    return first[:p]
-
-
-def _prefill_prefix(model: PreTrainedModel, prefix: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    out = model(input_ids=torch.tensor([prefix]), use_cache=True, logits_to_keep=1)
-    return [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-
-
-def _prefill(
-    model: PreTrainedModel, prefix_kv: list[tuple[torch.Tensor, torch.Tensor]] | None, offset: int,
-    suffixes: list[list[int]], n: int, rows: list[_Row],
-) -> tuple[_Batch, torch.Tensor]:
-    """Encode a group of prompts after the shared prefix (left-padded), repeated n times."""
-    k, width = len(suffixes), max(len(s) for s in suffixes)
-    input_ids = torch.zeros(k, width, dtype=torch.long)
-    mask = torch.zeros(k, offset + width, dtype=torch.long)
-    mask[:, :offset] = 1
-    for r, s in enumerate(suffixes):
-        input_ids[r, width - len(s):] = torch.tensor(s)
-        mask[r, offset + width - len(s):] = 1
-    # positions as model.generate gives them: real tokens count from 0, pads get 1
-    pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)[:, offset:]
-    parts = [[(kk.expand(k, -1, -1, -1), v.expand(k, -1, -1, -1)) for kk, v in prefix_kv]] if prefix_kv else []
-    cache = _cache(parts, model.config.num_hidden_layers, offset)
-    out = model(input_ids=input_ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1)
-    logits = out.logits[:, -1]
-    nxt = pos[:, -1] + 1
-    if n > 1:
-        for layer in out.past_key_values.layers:
-            layer.select(torch.arange(k).repeat_interleave(n), 0)
-        logits, mask, nxt = (t.repeat_interleave(n, 0) for t in (logits, mask, nxt))
-    return _Batch(rows, out.past_key_values, mask, nxt, torch.zeros(k * n, dtype=torch.long)), logits
-
-
-class _Layer(DynamicLayer):
-    """A DynamicLayer whose keys and values are a window [lo, hi) of a buffer with spare columns:
-    a step writes one column in place where DynamicLayer copies its whole cache, and dropping
-    rows or leading padding copies the buffer once."""
-
-    def build(self, parts: list[tuple[torch.Tensor, torch.Tensor]], width: int, spare: int = 64) -> None:
-        """Stack the (keys, values) of several row groups, each right-aligned to `width` columns."""
-        keys = parts[0][0]
-        b, h, d = sum(k.shape[0] for k, _ in parts), keys.shape[1], keys.shape[3]
-        self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
-        self._k, self._v = keys.new_empty(b, h, width + spare, d), keys.new_empty(b, h, width + spare, d)
-        row = 0
-        for k, v in parts:
-            rows, pad = k.shape[0], width - k.shape[2]
-            for buf, x in ((self._k, k), (self._v, v)):
-                buf[row : row + rows, :, :pad] = 0  # masked, but must be finite: 0 x NaN is NaN
-                buf[row : row + rows, :, pad:width] = x
-            row += rows
-        self._window(0, width)
-
-    def _window(self, lo: int, hi: int) -> None:
-        self._lo, self._hi = lo, hi
-        self.keys, self.values = self._k[:, :, lo:hi], self._v[:, :, lo:hi]
-
-    def select(self, index: torch.Tensor, start: int) -> None:
-        """Keep the rows `index`, without the first `start` columns."""
-        lo = self._lo + start
-        self._k, self._v = self._k[index, :, lo:], self._v[index, :, lo:]
-        self._window(0, self._hi - lo)
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-        new = key_states.shape[2]
-        if not self.is_initialized:
-            self.build([(key_states, value_states)], new)
-            return self.keys, self.values
-        if self._hi + new > self._k.shape[2]:
-            self.build([(self.keys, self.values)], self._hi - self._lo, spare=max(64, new))
-        self._k[:, :, self._hi : self._hi + new], self._v[:, :, self._hi : self._hi + new] = key_states, value_states
-        self._window(self._lo, self._hi + new)
-        return self.keys, self.values
-
-
-def _cache(parts: list[list[tuple[torch.Tensor, torch.Tensor]]], layers: int, width: int = 0) -> DynamicCache:
-    """A cache of `layers` _Layers, each stacking its (keys, values) from every part; empty if no parts."""
-    cache = DynamicCache()
-    cache.layers = [_Layer() for _ in range(layers)]
-    for i, layer in enumerate(cache.layers if parts else []):
-        layer.build([part[i] for part in parts], width)
-    return cache
-
-
-def _step(model: PreTrainedModel, batch: _Batch) -> torch.Tensor:
-    """One decode step of every row; its next-token logits (batch, vocab)."""
-    batch.mask = torch.cat([batch.mask, batch.mask.new_ones(len(batch.rows), 1)], 1)
-    out = model(input_ids=batch.last[:, None], attention_mask=batch.mask, position_ids=batch.pos[:, None],
-                past_key_values=batch.cache, use_cache=True)
-    batch.pos = batch.pos + 1
-    return out.logits[:, -1]
-
-
-def _advance(batch: _Batch, logits: torch.Tensor, sampling: SamplingParams, eos: set[int]):
-    """Append each row's next token; yield the rows that ended and drop them from the batch."""
-    batch.last = _pick(logits, batch.rows, sampling)
-    keep = []
-    for r, (row, t) in enumerate(zip(batch.rows, batch.last.tolist())):
-        row.tokens.append(t)
-        row.truncated = t not in eos and len(row.tokens) == sampling.max_new_tokens
-        if t in eos or row.truncated:
-            yield row
-        else:
-            keep.append(r)
-    if len(keep) < len(batch.rows):
-        _select(batch, keep)
-
-
-def _pick(logits: torch.Tensor, rows: list[_Row], sampling: SamplingParams) -> torch.Tensor:
-    """Next tokens: argmax when greedy, else inverse-CDF sampling with each row's own draw."""
-    if sampling.temperature == 0:
-        return logits.argmax(-1)
-    # the same warpers, in the same order, as model.generate(do_sample=True, top_k=0)
-    scores = TemperatureLogitsWarper(sampling.temperature)(None, logits.float())
-    if sampling.top_p < 1:
-        scores = TopPLogitsWarper(sampling.top_p)(None, scores)
-    cdf = scores.softmax(-1).double().cumsum(-1)
-    u = torch.stack([row.draws[len(row.tokens)] for row in rows])
-    # right=True: the first token whose cumulative mass exceeds u * total, never one of zero mass
-    picked = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
-    return picked.clamp_max(logits.shape[-1] - 1)
-
-
-def _draws(seed: int, prompt: int, sample: int, sampling: SamplingParams) -> torch.Tensor | None:
-    if sampling.temperature == 0:
-        return None
-    stream = int(np.random.SeedSequence([seed, prompt, sample]).generate_state(1, np.uint64)[0])
-    return torch.rand(sampling.max_new_tokens, generator=torch.Generator().manual_seed(stream), dtype=torch.float64)
-
-
-def _select(batch: _Batch, keep: list[int]) -> None:
-    """Keep only the given rows, and drop cache columns that are padding in all of them."""
-    batch.rows = [batch.rows[r] for r in keep]
-    if not keep:
-        return
-    index = torch.tensor(keep)
-    batch.mask, batch.pos, batch.last = batch.mask[index], batch.pos[index], batch.last[index]
-    start = int(batch.mask.any(0).int().argmax())
-    batch.mask = batch.mask[:, start:]
-    for layer in batch.cache.layers:
-        layer.select(index, start)
-
-
-def _merge(a: _Batch | None, b: _Batch) -> _Batch:
-    """One batch of both, the shorter cache left-padded (masked) to the longer."""
-    if a is None:
-        return b
-    width = max(a.mask.shape[1], b.mask.shape[1])
-    mask = torch.zeros(len(a.rows) + len(b.rows), width, dtype=a.mask.dtype)
-    mask[: len(a.rows), width - a.mask.shape[1] :], mask[len(a.rows) :, width - b.mask.shape[1] :] = a.mask, b.mask
-    parts = [[(layer.keys, layer.values) for layer in x.cache.layers] for x in (a, b)]
-    cache = _cache(parts, len(a.cache.layers), width)
-    return _Batch(a.rows + b.rows, cache, mask, torch.cat([a.pos, b.pos]), torch.cat([a.last, b.last]))
+def memory_rows(model: PreTrainedModel, length: int) -> int:
+    """The largest row bucket whose KV cache (`length` tokens a row, rounded up as the static
+    cache is) and float32 logits, softmax and float64 CDF fit in KV_SHARE of the device's free memory."""
+    config = model.config.get_text_config()
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    per_row = 2 * config.num_hidden_layers * kv_heads * head_dim * model.dtype.itemsize * compiled.round_up(length) + 24 * config.vocab_size
+    free, _ = torch.cuda.mem_get_info(model.device)
+    fits = int(free * KV_SHARE) // per_row
+    return max([b for b in compiled.ROW_BUCKETS if b <= fits], default=1)
 
 
 def _as_list(x: int | list[int] | None) -> list[int] | None:

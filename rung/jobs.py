@@ -31,6 +31,9 @@ class TrainJob(BaseModel):
     format: FormatParams
     seed: int
     dtype: str
+    """params `model.dtype` ('auto' resolves where the job runs: rung.placement)."""
+    device: str = "auto"
+    """params `model.device`."""
     resume: str | None = None
     callbacks: list[str] = []
     """Import paths ('module:Class') of extra TRL callbacks, e.g. for tests that observe training."""

@@ -45,30 +45,31 @@ def _from_gguf(gguf: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrai
     return model, tok
 
 
-def materialize(source: str, out_dir: Path, dtype: str = "float32", revision: str | None = None) -> int:
+def materialize(source: str, out_dir: Path, dtype: str = "auto", revision: str | None = None) -> int:
     """Write `source` as a plain HF model directory (safetensors + tokenizer) at `out_dir`; returns
     its parameter count.
 
-    `source` is "embedded", a local directory, a local .gguf file, or an HF hub id.
+    `source` is "embedded", a local directory, a local .gguf file, or an HF hub id. dtype 'auto'
+    keeps the source's own dtype (float32 for a GGUF, which dequantizes to it), so the stored base
+    model does not depend on the machine that wrote it.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch_dtype = getattr(torch, dtype)
     path = Path(source)
     if source == EMBEDDED or path.suffix == ".gguf":
         gguf = embedded_gguf_path() if source == EMBEDDED else path
         if not gguf.is_file():
             raise InputError(f"model.source: GGUF file not found: {gguf}")
-        model, tok = _from_gguf(gguf, torch_dtype)
+        model, tok = _from_gguf(gguf, torch.float32 if dtype == "auto" else getattr(torch, dtype))
     else:
         if source.startswith((".", "/")) and not path.is_dir():
             raise InputError(f"model.source: directory not found: {source}")
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, revision=revision)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype if dtype == "auto" else getattr(torch, dtype), revision=revision)
         tok = AutoTokenizer.from_pretrained(source, revision=revision)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    save(model, tok, Path(out_dir), {"source": source, "revision": revision, "dtype": dtype})
+    save(model, tok, Path(out_dir), {"source": source, "revision": revision, "dtype": str(model.dtype).removeprefix("torch.")})
     return model.num_parameters()
 
 
@@ -110,12 +111,12 @@ def load_tokenizer(model_dir: Path | str) -> PreTrainedTokenizerBase:
     return tok
 
 
-def load(model_dir: Path | str, dtype: str = "float32") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load a model directory written by `materialize` or a training stage, ready for generation."""
+def load(model_dir: Path | str, dtype: str = "float32", device: torch.device | str = "cpu") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a model directory written by `materialize` or a training stage onto `device`, ready for generation."""
     import torch
     from transformers import AutoModelForCausalLM
 
     tok = load_tokenizer(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device)
     model.eval()
     return model, tok

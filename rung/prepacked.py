@@ -23,9 +23,9 @@ def available() -> bool:
     if not torch.backends.mkldnn.is_available():
         return False
     try:
-        w = torch.ones(4, 8)
-        out = _linear(torch.ops.mkldnn._reorder_linear_weight(w, 2), None, torch.ones(2, 8))
-        return bool(torch.equal(out, torch.full((2, 4), 8.0)))
+        w = torch.ones(4, 8, device="cpu")
+        out = _linear(torch.ops.mkldnn._reorder_linear_weight(w, 2), None, torch.ones(2, 8, device="cpu"))
+        return bool(torch.equal(out, torch.full((2, 4), 8.0, device="cpu")))
     except (RuntimeError, AttributeError):  # an older or a different build of PyTorch
         return False
 

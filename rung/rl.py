@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
 from trl.trainer.utils import nanstd, pad
 
-from rung import answer_format, compat, curriculum, io, models, rewards
+from rung import answer_format, compat, curriculum, io, models, placement, rewards
 from rung.config import DynamicSamplingParams, FormatParams, RLStageParams, SamplingParams
 from rung.errors import InputError
 from rung.evaluate import grade
@@ -52,7 +52,8 @@ _PASSTHROUGH = (
 )
 
 
-def trl_config(stage: RLStageParams, weights: list[float], seed: int, work_dir: Path, dtype: str = "float32", key: str = "rl.stages.main") -> GRPOConfig | RLOOConfig:
+def trl_config(stage: RLStageParams, weights: list[float], seed: int, work_dir: Path, dtype: str = "float32", key: str = "rl.stages.main",
+               device: str = "auto") -> GRPOConfig | RLOOConfig:
     """TRL's GRPOConfig (or RLOOConfig) from a stage's params; TRL's own names pass straight through."""
     cls = RLOOConfig if stage.algorithm == "rloo" else GRPOConfig
     fields = {f.name for f in dataclasses.fields(cls)}
@@ -64,7 +65,7 @@ def trl_config(stage: RLStageParams, weights: list[float], seed: int, work_dir: 
     if unknown:
         raise InputError(f"{key}.trl: {unknown} are not fields of TRL's {cls.__name__}")
     return cls(
-        **common_args(seed, work_dir, dtype, stage.save_steps),
+        **common_args(seed, work_dir, dtype, stage.save_steps, device),
         **{k: getattr(stage, k) for k in _PASSTHROUGH if k in fields},
         # prompts_per_step counts over all processes (torchrun and accelerate set WORLD_SIZE)
         per_device_train_batch_size=stage.prompts_per_step // int(os.environ.get("WORLD_SIZE", "1")) * stage.num_generations,
@@ -306,10 +307,10 @@ def trainer_for(job: RLJob, callbacks: list[Any] | None = None) -> GRPO | RLOO:
     stage, model_dir = job.params, job.init
     rows = select(io.read_jsonl(job.data), stage, job.key)
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=job.dtype)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=placement.resolve(job.device, job.dtype)[1])
     funcs, weights = rewards.build(stage, job.format, f"{job.key}.rewards")
     cls = RLOO if stage.algorithm == "rloo" else GRPO
-    trainer = cls(model=model, reward_funcs=funcs, args=trl_config(stage, weights, job.seed, job.work_dir, job.dtype, job.key), train_dataset=prompts(rows, job.format),
+    trainer = cls(model=model, reward_funcs=funcs, args=trl_config(stage, weights, job.seed, job.work_dir, job.dtype, job.key, job.device), train_dataset=prompts(rows, job.format),
                   processing_class=tok, callbacks=[*job.trainer_callbacks(), *(callbacks or [])])
     trainer.setup_curriculum(curriculum.build(rows, stage.curriculum, buckets=job.buckets, max_steps=stage.max_steps, seed=job.seed), rows, stage.dynamic_sampling)
     if stage.eval_every is not None and job.heldout is not None:

@@ -18,7 +18,8 @@ from trl import RLOOTrainer
 from trl.models import unwrap_model_for_generation
 
 from rung.config import SamplingParams
-from rung.generation import generate_ids, shared_prefix
+from rung.decode import shared_prefix
+from rung.generation import generate_ids
 from rung.seeding import derive
 
 # Below this many shared tokens, encoding them once saves less than the extra forward costs.
@@ -43,6 +44,7 @@ class Rollouts:
         # TRL repeats each prompt for its group: generate the group's samples from one prompt encoding
         g = self.num_generations
         n = g if len(prompt_ids) % g == 0 and all(prompt_ids[i] == prompt_ids[i - i % g] for i in range(len(prompt_ids))) else 1
+        # every rollout of the step in one batch where memory allows (rung.generation sizes it on CUDA)
         sampling = SamplingParams(temperature=self.temperature, top_p=self.top_p, max_new_tokens=self.max_completion_length, batch_size=len(prompt_ids))
         with unwrap_model_for_generation(self.model_wrapped, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation,
                                          gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs) as unwrapped:
@@ -71,11 +73,10 @@ class Rollouts:
                                                               compute_entropy, compute_aux_loss, **multimodal)
         p = len(prefix)
         width = max(len(r) for r in rows) - p
-        rest = input_ids.new_zeros((len(rows), width))  # pads: masked
-        rest_mask = attention_mask.new_zeros((len(rows), width))
-        for i, r in enumerate(rows):
-            rest[i, width - len(r) + p:] = torch.tensor(r[p:])
-            rest_mask[i, width - len(r) + p:] = 1
+        # built on the host, moved once; pads (0) are masked
+        rest = torch.tensor([[0] * (width - len(r) + p) + r[p:] for r in rows], dtype=input_ids.dtype, device="cpu").to(input_ids.device)
+        rest_mask = torch.tensor([[0] * (width - len(r) + p) + [1] * (len(r) - p) for r in rows], dtype=attention_mask.dtype,
+                                 device="cpu").to(attention_mask.device)
         block = torch.cat([rest, input_ids[:, prompt_len:]], 1)
         mask = torch.cat([attention_mask.new_ones(len(rows), p), rest_mask, attention_mask[:, prompt_len:]], 1)
         positions = (mask.cumsum(1) - 1).clamp(min=0)[:, p:]

@@ -9,7 +9,7 @@ from peft import LoraConfig
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import SFTConfig, SFTTrainer
 
-from rung import answer_format, io
+from rung import answer_format, io, placement
 from rung.config import FormatParams
 from rung.jobs import JobResult, SFTJob, main
 from rung.trainer import common_args, finalize, fit, train_loss
@@ -30,9 +30,9 @@ def train(job: SFTJob) -> JobResult:
     metrics go to the active MLflow run through TRL's MLflowCallback."""
     params, model_dir, traces = job.params, job.init, io.read_jsonl(job.data)
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=job.dtype)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=placement.resolve(job.device, job.dtype)[1])
     config = SFTConfig(
-        **common_args(job.seed, job.work_dir, job.dtype, params.save_steps),
+        **common_args(job.seed, job.work_dir, job.dtype, params.save_steps, job.device),
         max_steps=params.max_steps or -1,
         num_train_epochs=params.epochs or 1.0,
         learning_rate=params.learning_rate,

@@ -197,6 +197,11 @@ def stage_run(stage: str, params: Params, logged: dict[str, Any], inputs: dict[s
             mlflow.MlflowClient().set_terminated(parent, status)
 
 
+def tag_placement(device: str, dtype: str) -> None:
+    """Tag the active run with where its model ran (params `model.device` / `model.dtype` resolved)."""
+    mlflow.set_tags({"rung.device": device, "rung.dtype": dtype})
+
+
 def log_metrics(metrics: dict[str, Any], prefix: str, step: int | None = None) -> None:
     """Log the numeric leaves of a (nested) metrics dict as `<prefix>/<key>`."""
     flat = flatten(metrics)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -13,20 +14,29 @@ FINAL = "final"
 CURRICULUM_STATE = "curriculum.json"  # beside TRL's files in each RL checkpoint
 
 
-def common_args(seed: int, work_dir: Path, dtype: str, save_steps: int) -> dict[str, Any]:
-    """Seeding, logging, checkpointing and device settings for SFTConfig / GRPOConfig / RLOOConfig."""
+def common_args(seed: int, work_dir: Path, dtype: str, save_steps: int, device: str = "auto") -> dict[str, Any]:
+    """Seeding, logging, checkpointing and device settings for SFTConfig / GRPOConfig / RLOOConfig;
+    `device` and `dtype` are params `model.device` / `model.dtype` (rung.placement resolves them)."""
+    import importlib.util
+
     import torch  # here and below, not at the top: rung.launch (and so preflight) uses the scratch-directory helpers only
 
+    from rung import placement
+
+    where, dtype = placement.resolve(device, dtype)
+    if where.type == "cuda" and "LOCAL_RANK" not in os.environ:
+        torch.cuda.set_device(where)  # one process: accelerate places the model on the current device
     return dict(
         output_dir=str(work_dir),
         seed=seed,
         data_seed=seed,
         logging_steps=1,
-        report_to=["mlflow"],  # per-step metrics into the stage's active MLflow child run
+        # per-step metrics into the stage's active MLflow child run (a GPU bench environment may lack mlflow)
+        report_to=["mlflow"] if importlib.util.find_spec("mlflow") else [],
         save_strategy="steps",
         save_steps=save_steps,
         save_total_limit=1,  # the latest checkpoint is all a resume needs
-        use_cpu=not torch.cuda.is_available(),
+        use_cpu=where.type == "cpu",
         # TRL turns bf16 autocast on by default: ~15x slower on CPU with float32 weights.
         bf16=dtype == "bfloat16",
         fp16=dtype == "float16",

@@ -184,3 +184,57 @@ def test_greedy_on_the_default_heldout_is_model_generate(tmp_path):
     prompts = render(tok, [answer_format.prompt(r["prompt"], params.format) for r in test[:48]])
     sampling = params.eval.sampling.model_copy(update={"batch_size": 16})
     assert generate(model, tok, prompts, sampling) == _reference(model, tok, prompts, sampling.max_new_tokens)
+
+
+def _cpu_compile_config():
+    """A torch.compile backend that runs on the CPU (AOT autograd, no code generation), one graph
+    or an error; transformers compiles generate's decode step off CUDA only when told to."""
+    from transformers import CompileConfig
+
+    cc = CompileConfig(backend="aot_eager", fullgraph=True, mode=None)
+    cc._compile_all_devices = True
+    return cc
+
+
+@pytest.mark.parametrize("sampling, n", [
+    (SamplingParams(temperature=0, max_new_tokens=12, batch_size=4), 1),
+    (SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=12, batch_size=8), 3),
+], ids=["greedy", "sampled"])
+def test_compiled_static_cache_path_equals_the_loop(eos_model, sampling, n):
+    """CUDA's engine (static cache, compiled decode step, row and width buckets, rung's seeded pick
+    as a logits processor) gives the loop's tokens, truncation and seeded samples exactly (fp32)."""
+    from torch._dynamo.utils import counters
+
+    model, tok, prompts = eos_model
+    ids = tok(prompts, add_special_tokens=False)["input_ids"]
+    eos = [model.generation_config.eos_token_id]
+    loop = generation.generate_ids(model, ids, sampling, eos, n, seed=4, desc=None, engine="loop")
+    static = generation.generate_ids(model, ids, sampling, eos, n, seed=4, desc=None, engine="compiled", compile_config=_cpu_compile_config())
+    # the decode step really ran compiled (a graph may come from dynamo's cache of an earlier test)
+    assert hasattr(model, "_compiled_call") and counters["stats"]["unique_graphs"] > 0
+    assert static == loop
+    if n == 1:  # greedy rows end at different steps: some at the end token, some at the limit
+        assert {cut for row in loop for _, cut in row} == {True, False}
+
+
+def test_out_of_memory_halves_the_batch_and_redraws_the_same_samples(tiny_model):
+    """An out-of-memory error at more than 2 rows (raised by a hook, as CUDA would) empties the cache,
+    halves the batch for the rest of the stage and redoes the unfinished prompts: the same samples."""
+    model, tok = models.load(tiny_model)
+    prompts = render(tok, [[{"role": "user", "content": r["prompt"]}] for r in ROWS])
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=5, batch_size=8)
+    want = generate(model, tok, prompts, sampling, n=2, seed=9)
+    seen = []
+
+    def oom(module, args, kwargs):
+        seen.append(kwargs["input_ids"].shape[0])
+        if kwargs["input_ids"].shape[0] > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    handle = model.register_forward_pre_hook(oom, with_kwargs=True)
+    try:
+        got = generate(model, tok, prompts, sampling, n=2, seed=9)
+        assert generation.batch_rows(model, sampling, 10) == 2  # kept for the rest of the stage
+    finally:
+        handle.remove()
+    assert got == want and max(seen) > 2 and seen[-1] <= 2

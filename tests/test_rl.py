@@ -12,7 +12,8 @@ from trl import GRPOTrainer
 from rung import answer_format, io, launch, models, rl
 from rung.config import DifficultyParams, FormatParams, LaunchParams, RLStageParams, SamplingParams
 from rung.evaluate import grade
-from rung.generation import generate, render, shared_prefix
+from rung.decode import shared_prefix
+from rung.generation import generate, render
 from rung.jobs import RLJob
 from rung.trainer import FINAL
 

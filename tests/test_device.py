@@ -1,0 +1,70 @@
+"""Device-correct by construction, checked on the CPU: every generation and log-prob path runs with
+the default device set to `meta`, so a tensor created without an explicit device lands on meta and
+fails against the model's CPU tensors, as it would against CUDA ones on a GPU node.
+`model.generate` passes this check and is the control."""
+from __future__ import annotations
+
+import pytest
+import torch
+from trl import GRPOTrainer
+
+from rung import answer_format, models
+from rung.config import SamplingParams
+from rung.generation import generate, generate_ids, render
+from tests.test_rl import FMT, ROWS, _job, _rollout_batch, _stage
+from rung import rl
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model):
+    return models.load(tiny_model)
+
+
+def _prompts(tok, k: int = 4) -> list[str]:
+    return render(tok, [answer_format.prompt(r["prompt"] + " Explain." * (i % 3), FMT) for i, r in enumerate(ROWS[:k])])
+
+
+def test_model_generate_passes_on_meta_the_control(loaded):
+    model, tok = loaded
+    enc = tok(_prompts(tok), return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    with torch.inference_mode(), torch.device("meta"):
+        out = model.generate(**enc, do_sample=False, max_new_tokens=4, pad_token_id=tok.pad_token_id)
+    assert out.device.type == "cpu"
+
+
+@pytest.mark.parametrize("sampling, n", [
+    (SamplingParams(temperature=0, max_new_tokens=5, batch_size=3), 1),  # eval: greedy
+    (SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=5, batch_size=3), 2),  # difficulty, traces: sampled
+], ids=["greedy", "sampled"])
+def test_generation_creates_every_tensor_on_the_models_device(loaded, sampling, n):
+    model, tok = loaded
+    prompts = _prompts(tok)
+    want = generate(model, tok, prompts, sampling, n=n, seed=3)
+    with torch.device("meta"):
+        got = generate(model, tok, prompts, sampling, n=n, seed=3)
+    assert got == want
+
+
+def test_rollouts_and_shared_prefix_log_probs_on_the_models_device(tiny_model, tmp_path):
+    trainer = rl.trainer_for(_job(tiny_model, tmp_path / "w", _stage(num_generations=2)))
+    tok, model = trainer.processing_class, trainer.model
+    ids = [tok(p, add_special_tokens=False)["input_ids"] for p in _prompts(tok, 2) for _ in range(2)]  # TRL repeats each prompt per group
+    want, _ = trainer._generate_single_turn(ids, None, None)
+    trainer._rollout_calls = (-1, 0)  # the same call of the same step again: the same seed
+    with torch.device("meta"):
+        got, _ = trainer._generate_single_turn(ids, None, None)
+    assert got == want and len(got) == 4
+    input_ids, mask, keep = _rollout_batch(tok, _prompts(tok), [5, 3, 5, 2])
+    theirs = GRPOTrainer._get_per_token_logps_and_entropies(trainer, model, input_ids, mask, keep, compute_entropy=True)
+    with torch.device("meta"):
+        ours = trainer._get_per_token_logps_and_entropies(model, input_ids, mask, keep, batch_size=3, compute_entropy=True)
+    comp = mask[:, -keep:].bool()
+    torch.testing.assert_close(ours[0][comp], theirs[0][comp], atol=1e-5, rtol=1e-4)
+
+
+def test_generate_ids_leaves_host_lists_on_the_host(loaded):
+    """Token ids come back as Python lists whatever the device (one transfer per step, not per row)."""
+    model, tok = loaded
+    ids = [tok(p, add_special_tokens=False)["input_ids"] for p in _prompts(tok, 2)]
+    out = generate_ids(model, ids, SamplingParams(temperature=0, max_new_tokens=3), [tok.eos_token_id], desc=None)
+    assert all(isinstance(t, int) for row in out for tokens, _ in row for t in tokens)
