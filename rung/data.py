@@ -22,7 +22,7 @@ from reasoning_gym.composite import DatasetSpec
 from rung import filters, io, layout, verify
 from rung.config import CurateParams, EvalParams, ReasoningGymSource, Source
 from rung.errors import InputError
-from rung.rows import Row, plain_json, row_id
+from rung.rows import Row, difficulty_label, plain_json, row_id
 from rung.seeding import derive
 from rung.solutions import arithmetic_steps
 
@@ -94,19 +94,6 @@ def load_source(src: Source, seed: int) -> tuple[list[Row], dict[str, int]]:
 def verifiable(row: Row) -> bool:
     """Whether the configured verifier accepts the row's own reference answer."""
     return verify.is_correct(row["answer"], row)
-
-
-def difficulty_label(row: Row) -> str:
-    """A row's difficulty for breakdowns: the generator's knob values (reasoning-gym), else a
-    'difficulty' or 'level' column of the source, else 'unknown'."""
-    meta = row["meta"]
-    knobs = [k for k in meta.get("difficulty", {}) if k in meta] if isinstance(meta.get("difficulty"), dict) else []
-    if knobs:
-        return ",".join(f"{k}={meta[k]}" for k in sorted(knobs))
-    for key in ("difficulty", "level"):
-        if meta.get(key) not in (None, ""):
-            return str(meta[key])
-    return "unknown"
 
 
 def load_eval_source(src: Source, seed: int) -> tuple[list[Row], dict[str, int]]:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from rung import answer_format, io, layout, metrics
 from rung.config import EvalParams, FormatParams
-from rung.data import difficulty_label
+from rung.rows import difficulty_label
 from rung.verify import is_correct
 
 if TYPE_CHECKING:  # a type only: torch is imported by whoever loads the model (tasks.generation), after the preflight

@@ -21,3 +21,16 @@ def _plain(obj: Any) -> Any:
 def plain_json(obj: Any) -> Any:
     """`obj` as plain JSON values (tuples become lists)."""
     return json.loads(json.dumps(obj, default=_plain))
+
+
+def difficulty_label(row: Row) -> str:
+    """A row's difficulty for breakdowns: the generator's knob values (reasoning-gym), else a
+    'difficulty' or 'level' column of the source, else 'unknown'."""
+    meta = row["meta"]
+    knobs = [k for k in meta.get("difficulty", {}) if k in meta] if isinstance(meta.get("difficulty"), dict) else []
+    if knobs:
+        return ",".join(f"{k}={meta[k]}" for k in sorted(knobs))
+    for key in ("difficulty", "level"):
+        if meta.get(key) not in (None, ""):
+            return str(meta[key])
+    return "unknown"

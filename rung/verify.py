@@ -7,15 +7,17 @@ from functools import cache
 from typing import Any, Callable
 
 import math_verify
-import reasoning_gym
-import reasoning_gym.factory
 
 MATH = "math"
 """Task name of rows whose answers are checked by math-verify rather than a reasoning-gym scorer."""
 
 
+# reasoning_gym is imported where a task of its own is graded: math rows, the generation and the
+# trainers run without it (on a GPU node, where its dependency cellpylib has no wheel).
 @cache
 def _scorer(task: str) -> Callable[[str | None, dict[str, Any]], float]:
+    import reasoning_gym
+
     return reasoning_gym.get_score_answer_fn(task)
 
 
@@ -38,7 +40,11 @@ def parse_math(answer: str) -> list[Any]:
 
 def is_known_task(task: str) -> bool:
     """'math' or a registered reasoning-gym dataset (including 'composite')."""
-    return task == MATH or task in reasoning_gym.factory.DATASETS
+    if task == MATH:
+        return True
+    import reasoning_gym.factory
+
+    return task in reasoning_gym.factory.DATASETS
 
 
 def is_correct(answer: str | None, row: dict[str, Any]) -> bool:
