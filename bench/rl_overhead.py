@@ -23,11 +23,7 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
-from collections import defaultdict
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -36,48 +32,7 @@ from trl import GRPOTrainer
 from rung import config, io, layout, rewards, rl
 from rung.jobs import RLJob
 
-PHASES = ("generation", "rewards", "rollout rest", "loss forward", "backward", "optimizer + rest")
-
-
-def instrument(trainer: Any) -> dict[str, float]:
-    """Wrap the trainer's phase methods (instance attributes shadow the class's, so calls through
-    `self.` are timed once, at the outermost level) and count generated completion tokens."""
-    spent: dict[str, float] = defaultdict(float)
-
-    def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            out = fn(*args, **kwargs)
-            spent[name] += time.perf_counter() - t0
-            if name == "generation":
-                spent["tokens"] += sum(len(ids) for ids in out[0])
-            return out
-        return wrapper
-
-    for name, method in (("generation", "_generate_single_turn"), ("rewards", "_calculate_rewards"),
-                         ("rollout", "_generate_and_score_completions"), ("loss forward", "compute_loss"), ("step", "training_step")):
-        setattr(trainer, method, timed(name, getattr(trainer, method)))
-    return spent
-
-
-def run(name: str, trainer: Any) -> dict[str, Any]:
-    spent = instrument(trainer)
-    torch.manual_seed(trainer.args.seed)
-    t0 = time.perf_counter()
-    trainer.train()
-    total = time.perf_counter() - t0
-    phases = {
-        "generation": spent["generation"],
-        "rewards": spent["rewards"],
-        "rollout rest": spent["rollout"] - spent["generation"] - spent["rewards"],
-        "loss forward": spent["loss forward"],
-        "backward": spent["step"] - spent["rollout"] - spent["loss forward"],
-        "optimizer + rest": total - spent["step"],
-    }
-    reward = [h["reward"] for h in trainer.state.log_history if "reward" in h]
-    return {"contender": name, "seconds": total, "tokens": int(spent["tokens"]), "ms_per_token": 1000 * total / spent["tokens"],
-            "phases": phases, "steps": trainer.state.global_step, "mean_reward": sum(reward) / len(reward)}
-
+from phases import PHASES, run  # bench/phases.py: the same timers as bench/gpu.py
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -4,6 +4,9 @@ fails against the model's CPU tensors, as it would against CUDA ones on a GPU no
 `model.generate` passes this check and is the control."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from trl import GRPOTrainer
@@ -11,8 +14,9 @@ from trl import GRPOTrainer
 from rung import answer_format, models
 from rung.config import SamplingParams
 from rung.generation import generate, generate_ids, render
-from tests.test_rl import FMT, ROWS, _job, _rollout_batch, _stage
 from rung import rl
+from tests.conftest import ROOT
+from tests.test_rl import FMT, ROWS, _job, _rollout_batch, _stage
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +72,31 @@ def test_generate_ids_leaves_host_lists_on_the_host(loaded):
     ids = [tok(p, add_special_tokens=False)["input_ids"] for p in _prompts(tok, 2)]
     out = generate_ids(model, ids, SamplingParams(temperature=0, max_new_tokens=3), [tok.eos_token_id], desc=None)
     assert all(isinstance(t, int) for row in out for tokens, _ in row for t in tokens)
+
+
+# What a GPU node lacks (reasoning-gym: cellpylib has no wheel there; the bench needs no tracking
+# or orchestration): the module is made absent, as if not installed.
+ABSENT = "import sys\nfor m in ('reasoning_gym', 'mlflow', 'prefect', 'dvc'):\n    sys.modules[m] = None\n"
+
+
+def _run_without_absent(code: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", ABSENT + code], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def test_generation_rollouts_verifier_and_trainers_import_without_reasoning_gym():
+    done = _run_without_absent(
+        "from rung import generation, rollouts, rl, sft, verify\n"
+        "row = {'task': 'math', 'answer': '7', 'prompt': 'What is 3 + 4?', 'meta': {}}\n"
+        "assert verify.is_correct('\\\\boxed{7}', row) and not verify.is_correct('8', row)\n")
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_gpu_bench_smoke_runs_on_the_cpu_with_only_its_dependencies():
+    """bench/gpu.py --smoke: every contender, the RL step by phase, without MLflow, Prefect, DVC or reasoning-gym."""
+    done = _run_without_absent("import runpy\nsys.path.insert(0, 'bench')\nsys.argv = ['bench/gpu.py', '--smoke']\n"
+                               "runpy.run_path('bench/gpu.py', run_name='__main__')\n")
+    assert done.returncode == 0, done.stderr[-3000:]
+    for line in ("rung (compiled static cache)", "generate, static cache compiled", "| greedy 6x1x8 |", "| generation |", "| backward |"):
+        assert line in done.stdout
+    greedy = [r for r in done.stdout.splitlines() if r.startswith("| greedy")]
+    assert all(r.rstrip(" |").endswith("6/6") for r in greedy), greedy
