@@ -18,14 +18,15 @@ from torch import nn
 
 
 @cache
-def available() -> bool:
-    """oneDNN is built in and its prepacked linear runs here (probed once on a tiny layer)."""
+def available(dtype: torch.dtype = torch.float32) -> bool:
+    """oneDNN is built in and its prepacked linear runs here in `dtype` (probed once on a tiny layer:
+    bf16 needs AVX-512 or AVX-NE-CONVERT, which an AVX2-only CPU lacks)."""
     if not torch.backends.mkldnn.is_available():
         return False
     try:
-        w = torch.ones(4, 8, device="cpu")
-        out = _linear(torch.ops.mkldnn._reorder_linear_weight(w, 2), None, torch.ones(2, 8, device="cpu"))
-        return bool(torch.equal(out, torch.full((2, 4), 8.0, device="cpu")))
+        w = torch.ones(4, 8, device="cpu", dtype=dtype)
+        out = _linear(torch.ops.mkldnn._reorder_linear_weight(w, 2), None, torch.ones(2, 8, device="cpu", dtype=dtype))
+        return bool(torch.equal(out, torch.full((2, 4), 8.0, device="cpu", dtype=dtype)))
     except (RuntimeError, AttributeError):  # an older or a different build of PyTorch
         return False
 
@@ -42,8 +43,8 @@ def prepacked(model: nn.Module, rows: int) -> Iterator[None]:
     oneDNN is unavailable, or when gradients are on (the packed path has no backward). Weights are
     packed on entry, so a model trained between two blocks decodes with its new weights."""
     linears = [m for m in model.modules() if type(m) is nn.Linear and m.weight.device.type == "cpu"
-               and m.weight.dtype in (torch.float32, torch.bfloat16)]
-    if not linears or not available() or torch.is_grad_enabled():
+               and m.weight.dtype in (torch.float32, torch.bfloat16) and available(m.weight.dtype)]
+    if not linears or torch.is_grad_enabled():
         yield
         return
     for m in linears:

@@ -1,0 +1,141 @@
+"""On a CUDA device (marked `gpu`, skipped without one): generation and evaluation on the device,
+an SFT and an RL step in bf16 with resume, and the out-of-memory back-off. The README ("Running on
+GPU nodes") gives the command that runs them with carried wheels; they need no reasoning-gym,
+MLflow, Prefect or DVC, and no weights (SmolLM2's tokenizer and a small random model).
+
+RUNG_TEST_DEVICE=cpu runs the same tests on the CPU (a dry run of the test code itself).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+
+from rung import answer_format, generation, io, models, rl, sft
+from rung.config import DifficultyParams, FormatParams, RLStageParams, SamplingParams, SFTParams
+from rung.jobs import RLJob, SFTJob
+from rung.trainer import FINAL
+
+DEVICE = os.environ.get("RUNG_TEST_DEVICE", "cuda")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA device")]
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "smollm2-135m"
+FMT = FormatParams()
+ROWS = [{"id": str(i), "source": "gpu", "task": "math", "prompt": f"What is {i} + {i % 5}?", "answer": str(i + i % 5), "meta": {},
+         "solution": f"{i} + {i % 5} = {i + i % 5}."} for i in range(16)]
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory) -> Path:
+    """A 4-layer random Llama with SmolLM2's tokenizer, saved in fp32."""
+    out = tmp_path_factory.mktemp("gpu") / "model"
+    config = AutoConfig.from_pretrained(FIXTURE)
+    for key, value in dict(num_hidden_layers=4, hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
+                           head_dim=32).items():
+        setattr(config, key, value)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(out)
+    AutoTokenizer.from_pretrained(FIXTURE).save_pretrained(out)
+    return out
+
+
+def _prompts(tok) -> list[str]:
+    return generation.render(tok, [answer_format.prompt(r["prompt"], FMT) for r in ROWS])
+
+
+def test_fp32_greedy_on_the_device_equals_the_cpu(small_model):
+    """The device's default engine (compiled static cache on CUDA) gives the CPU loop's greedy tokens."""
+    cpu, tok = models.load(small_model, "float32", "cpu")
+    dev, _ = models.load(small_model, "float32", DEVICE)
+    sampling = SamplingParams(temperature=0, max_new_tokens=16)
+    assert generation.generate(dev, tok, _prompts(tok), sampling) == generation.generate(cpu, tok, _prompts(tok), sampling)
+
+
+def test_bf16_compiled_agrees_with_dynamic_cache_generate(small_model):
+    """bf16 on the device: the compiled path against dynamic-cache `model.generate`, greedy; rows can
+    part where two logits tie in bf16, so the agreement rate is stated and must stay high."""
+    model, tok = models.load(small_model, "bfloat16", DEVICE)
+    prompts = _prompts(tok)
+    ours = generation.generate(model, tok, prompts, SamplingParams(temperature=0, max_new_tokens=16))
+    enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False).to(model.device)
+    with torch.inference_mode():
+        seqs = model.generate(**enc, do_sample=False, max_new_tokens=16, pad_token_id=tok.pad_token_id)
+    eos = tok.eos_token_id
+    theirs = [ids[: ids.index(eos)] if eos in ids else ids for ids in seqs[:, enc["input_ids"].shape[1]:].tolist()]
+    agree = sum(c[0].text == tok.decode(t, skip_special_tokens=True) for c, t in zip(ours, theirs)) / len(prompts)
+    print(f"bf16 greedy agreement, compiled vs dynamic-cache generate: {agree:.0%}")
+    assert agree >= 0.75
+
+
+def test_sampling_on_the_device_is_seeded_per_row(small_model):
+    model, tok = models.load(small_model, "bfloat16", DEVICE)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=12)
+    a = generation.generate(model, tok, _prompts(tok), sampling, n=4, seed=3)
+    assert a == generation.generate(model, tok, _prompts(tok), sampling, n=4, seed=3)
+    assert a[0] == generation.generate(model, tok, _prompts(tok)[:1], sampling, n=4, seed=3)[0]
+
+
+class CrashAfterFirst(TrainerCallback):
+    """Stops training right after the checkpoint of step 1 is written, like a killed job."""
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.global_step == 1:
+            raise KeyboardInterrupt
+
+
+def _close(a: Path, b: Path) -> None:
+    """Two checkpoints' weights agree (bf16 kernels on a GPU need not be bit-exact run to run)."""
+    x, _ = models.load(a, "float32")
+    y, _ = models.load(b, "float32")
+    for p, q in zip(x.state_dict().values(), y.state_dict().values(), strict=True):
+        torch.testing.assert_close(p, q, atol=2e-2, rtol=2e-2)
+
+
+def test_sft_step_in_bf16_resumes(small_model, tmp_path):
+    data = tmp_path / "traces.jsonl"
+    io.write_jsonl(data, [{"prompt": r["prompt"], "target": f"{r['solution']}\nAnswer: {r['answer']}"} for r in ROWS])
+    params = SFTParams(max_steps=2, save_steps=1, per_device_train_batch_size=4, learning_rate=1e-3)
+    job = dict(key="sft", params=params, init=small_model, data=data, format=FMT, seed=0, dtype="bfloat16", device=DEVICE)
+    whole = sft.train(SFTJob(work_dir=tmp_path / "a", **job))
+    with pytest.raises(KeyboardInterrupt):
+        sft.train(SFTJob(work_dir=tmp_path / "b", callbacks=["tests.test_gpu:CrashAfterFirst"], **job))
+    resumed = sft.train(SFTJob(work_dir=tmp_path / "b", resume=str(tmp_path / "b" / "checkpoint-1"), **job))
+    assert whole.metrics["steps"] == resumed.metrics["steps"] == 2
+    _close(tmp_path / "a" / FINAL, tmp_path / "b" / FINAL)
+
+
+def test_rl_step_in_bf16_with_rungs_rollouts_resumes(small_model, tmp_path):
+    data = tmp_path / "rows.jsonl"
+    io.write_jsonl(data, ROWS)
+    stage = RLStageParams.model_validate({"preset": "dapo", "max_steps": 2, "num_generations": 4, "prompts_per_step": 2,
+                                          "max_completion_length": 16, "learning_rate": 1e-4, "save_steps": 1,
+                                          "rewards": {"accuracy": 1.0, "format": 0.1}})
+    job = dict(key="rl.stages.main", params=stage, init=small_model, data=data, format=FMT, seed=0, dtype="bfloat16", device=DEVICE,
+               buckets=DifficultyParams().buckets)
+    whole = rl.train(RLJob(work_dir=tmp_path / "a", curves=tmp_path / "a.json", **job))
+    with pytest.raises(KeyboardInterrupt):
+        rl.train(RLJob(work_dir=tmp_path / "b", curves=tmp_path / "b.json", callbacks=["tests.test_gpu:CrashAfterFirst"], **job))
+    resumed = rl.train(RLJob(work_dir=tmp_path / "b", curves=tmp_path / "b.json", resume=str(tmp_path / "b" / "checkpoint-1"), **job))
+    assert whole.metrics["steps"] == resumed.metrics["steps"] == 2
+    assert [c["step"] for c in io.read_json(tmp_path / "b.json")] == [1, 2]
+    _close(tmp_path / "a" / FINAL, tmp_path / "b" / FINAL)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA's allocator limit forces the error")
+def test_out_of_memory_backs_off_and_draws_the_same_samples(small_model):
+    """With the process held to a small share of the GPU, batch sizing from free memory (device-wide)
+    overshoots: the error halves the batch until it fits, and the samples are those of a free run."""
+    model, tok = models.load(small_model, "float32", DEVICE)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=64)
+    prompts = _prompts(tok) * 8
+    want = generation.generate(model, tok, prompts, sampling, n=8, seed=1)
+    free, total = torch.cuda.mem_get_info()
+    torch.cuda.empty_cache()
+    torch.cuda.set_per_process_memory_fraction((torch.cuda.memory_allocated() + 64 * 2**20) / total)
+    try:
+        got = generation.generate(model, tok, prompts, sampling, n=8, seed=1)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    assert model in generation._backed_off and got == want
