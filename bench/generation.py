@@ -26,10 +26,14 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from rung import answer_format, io, models
+from rung import models
+
+from rung.answers import formats
+
+from rung import files
 from rung.config import CurateParams, FormatParams, SamplingParams
-from rung.data import curate
-from rung.generation import Completion, generate, render
+from rung.data.curate import curate
+from rung.generate.api import Completion, generate, render
 
 SHAPES = {
     "difficulty": (SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=40, batch_size=32), 4),
@@ -114,10 +118,10 @@ def main() -> None:
         models.materialize("embedded", model_dir)
     model, tok = models.load(model_dir)
     if args.rows:
-        rows = io.read_jsonl(args.rows)
+        rows = files.read_jsonl(args.rows)
     else:
         rows = curate(CurateParams(sources=[dict(name="a", task="basic_arithmetic", size=4 * args.prompts)]), {}, seed=0)[0][: args.prompts]
-    prompts = render(tok, [answer_format.prompt(r["prompt"], FormatParams()) for r in rows])
+    prompts = render(tok, [formats.prompt(r["prompt"], FormatParams()) for r in rows])
     prompt_tokens = sum(len(x) for x in tok(prompts, add_special_tokens=False)["input_ids"]) / len(prompts)
 
     peak = matmul_peak()

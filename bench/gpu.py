@@ -34,10 +34,16 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, CompileConfig, PreTrainedModel, TrainerCallback
 
-from rung import answer_format, io, placement, rl
+from rung import placement
+
+from rung.answers import formats
+
+from rung import files
+
+from rung.rl import trainers
 from rung.config import DifficultyParams, FormatParams, RLStageParams, SamplingParams
-from rung.generation import batch_rows, generate_ids, render
-from rung.jobs import RLJob
+from rung.generate.api import batch_rows, generate_ids, render
+from rung.train.jobs import RLJob
 
 from phases import PHASES, run  # bench/phases.py
 
@@ -108,7 +114,7 @@ def bench_generation(model: PreTrainedModel, tok: Any, shapes: dict[str, tuple[i
     compile_config = cpu_compile_config() if smoke else None
     results = []
     for shape, (count, n, new) in shapes.items():
-        prompts = render(tok, [answer_format.prompt(r["prompt"], FMT) for r in math_rows(count)])
+        prompts = render(tok, [formats.prompt(r["prompt"], FMT) for r in math_rows(count)])
         ids = tok(prompts, add_special_tokens=False)["input_ids"]
         sampling = SamplingParams(temperature=0.0 if n == 1 else 1.0, max_new_tokens=new)
         rows = batch_rows(model, sampling, max(map(len, ids)))
@@ -155,14 +161,14 @@ def bench_rl(model: PreTrainedModel, tok: Any, dtype: str, shape: tuple[int, int
     work = Path(tempfile.mkdtemp(prefix="rung-gpu-bench-"))
     model.save_pretrained(work / "init")
     tok.save_pretrained(work / "init")
-    io.write_jsonl(work / "rows.jsonl", math_rows(4 * prompts_per_step))
+    files.write_jsonl(work / "rows.jsonl", math_rows(4 * prompts_per_step))
     stage = RLStageParams.model_validate({"preset": "dapo", "max_steps": steps, "num_generations": gens, "prompts_per_step": prompts_per_step,
                                           "max_completion_length": new, "learning_rate": 1e-6, "save_steps": 10_000,
                                           "rewards": {"accuracy": 1.0, "format": 0.1}})
     job = RLJob(key="rl.stages.bench", params=stage, init=work / "init", data=work / "rows.jsonl", work_dir=work / "w", format=FMT, seed=0,
                 dtype=dtype, device=str(model.device), buckets=DifficultyParams().buckets, curves=work / "curves.json")
     clock = StepClock()
-    trainer = rl.trainer_for(job, [clock])
+    trainer = trainers.trainer_for(job, [clock])
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()

@@ -3,10 +3,10 @@
 Both contenders train the same model (default: the pipeline's SFT checkpoint) on the same prompts
 (the difficulty-filtered train set), chat template and system prompt, reward functions and weights,
 group size, prompts per step, steps and TRL config: the one rung builds from params.yaml's RL stage
-(rung.rl.trl_config), with uniform prompt sampling and no dynamic sampling so that both do the same
+(rung.rl.trainers.trl_config), with uniform prompt sampling and no dynamic sampling so that both do the same
 work. The plain script is what a TRL user writes, `GRPOTrainer(model, reward_funcs, args,
-train_dataset, processing_class).train()`; rung is the stage's trainer (rung.rl.trainer_for): its
-curriculum hooks and its rollouts through rung.generation. bf16 is off in both (fp32 on CPU).
+train_dataset, processing_class).train()`; rung is the stage's trainer (rung.rl.trainers.trainer_for): its
+curriculum hooks and its rollouts through rung.generate.api. bf16 is off in both (fp32 on CPU).
 
 Timers around the trainers' own methods split each one's training time into generation, reward
 scoring, the rest of the rollout phase (reference/old log-probs, advantages, rung's curriculum and
@@ -29,17 +29,25 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOTrainer
 
-from rung import config, io, layout, rewards, rl
-from rung.jobs import RLJob
+from rung import config
+
+from rung import files
+
+from rung import paths
+
+from rung.rl import rewards
+
+from rung.rl import trainers
+from rung.train.jobs import RLJob
 
 from phases import PHASES, run  # bench/phases.py: the same timers as bench/gpu.py
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--params", default=str(layout.PARAMS))
+    ap.add_argument("--params", default=str(paths.PARAMS))
     ap.add_argument("--stage", default="main")
-    ap.add_argument("--model", default=str(layout.checkpoint("sft")), help="HF model directory the stage starts from")
-    ap.add_argument("--data", default=str(layout.FILTERED), help="the train prompts (jsonl rows)")
+    ap.add_argument("--model", default=str(paths.checkpoint("sft")), help="HF model directory the stage starts from")
+    ap.add_argument("--data", default=str(paths.FILTERED), help="the train prompts (jsonl rows)")
     ap.add_argument("--steps", type=int, default=None, help="default: the stage's max_steps")
     ap.add_argument("--out", default=None, help="also write the results here (JSON)")
     ap.add_argument("--as-configured", action="store_true", help="profile rung alone on the stage as configured (no plain script)")
@@ -54,12 +62,12 @@ def main() -> None:
                 format=params.format, seed=params.seed, dtype="float32", buckets=params.difficulty.buckets)
 
     # The plain script: TRL's trainer on the same rows, prompts, rewards and config.
-    rows = rl.select(io.read_jsonl(job.data), stage, key)
+    rows = trainers.select(files.read_jsonl(job.data), stage, key)
     funcs, weights = rewards.build(stage, params.format, f"{key}.rewards")
     plain = None if args.as_configured else GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32), reward_funcs=funcs,
-                        args=rl.trl_config(stage, weights, params.seed, work / "plain", "float32", key),
-                        train_dataset=rl.prompts(rows, params.format), processing_class=AutoTokenizer.from_pretrained(args.model))
-    results = ([] if args.as_configured else [run("plain TRL script", plain)]) + [run("rung", rl.trainer_for(job))]
+                        args=trainers.trl_config(stage, weights, params.seed, work / "plain", "float32", key),
+                        train_dataset=trainers.prompts(rows, params.format), processing_class=AutoTokenizer.from_pretrained(args.model))
+    results = ([] if args.as_configured else [run("plain TRL script", plain)]) + [run("rung", trainers.trainer_for(job))]
 
     print(f"{len(rows)} prompts, {stage.max_steps} steps x {stage.prompts_per_step} prompts x {stage.num_generations} samples, "
           f"{stage.max_completion_length} new tokens at most, {torch.get_num_threads()} threads, fp32")
@@ -70,14 +78,14 @@ def main() -> None:
     if args.as_configured:
         print(f"(the stage as configured: {stage.curriculum.type} curriculum, dynamic sampling {stage.dynamic_sampling})")
         if args.out:
-            io.write_json(Path(args.out), {"results": results})
+            files.write_json(Path(args.out), {"results": results})
         return
     ratio = results[0]["ms_per_token"] / results[1]["ms_per_token"]
     print(f"rung is {ratio:.2f}x the plain script's speed per generated token "
           f"(generation alone: {results[0]['phases']['generation'] / results[0]['tokens'] * 1000:.1f} vs "
           f"{results[1]['phases']['generation'] / results[1]['tokens'] * 1000:.1f} ms per token)")
     if args.out:
-        io.write_json(Path(args.out), {"ratio": ratio, "results": results})
+        files.write_json(Path(args.out), {"ratio": ratio, "results": results})
 
 
 if __name__ == "__main__":

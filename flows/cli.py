@@ -9,7 +9,9 @@ import typer
 from rich.console import Console
 from rich.markdown import Markdown
 
-from rung import config, layout, preflight
+from rung import config, preflight
+
+from rung import paths
 from rung.errors import InputError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="rung: reproducible RL post-training for reasoning.")
@@ -17,7 +19,7 @@ console = Console()
 
 
 @app.command()
-def validate(params_file: Path = typer.Argument(layout.PARAMS, help="params file to check")) -> None:
+def validate(params_file: Path = typer.Argument(paths.PARAMS, help="params file to check")) -> None:
     """Check a params file against the schema and preflight it (sources, tasks, models, rewards,
     launch); one line naming the key or file on error (exit 2)."""
     try:
@@ -30,7 +32,7 @@ def validate(params_file: Path = typer.Argument(layout.PARAMS, help="params file
 
 
 @app.command()
-def table(report: Path = typer.Argument(layout.REPORT, help="report written by the report stage")) -> None:
+def table(report: Path = typer.Argument(paths.REPORT, help="report written by the report stage")) -> None:
     """Print the results of the last pipeline run: every checkpoint, and the paired comparisons."""
     if not report.is_file():
         typer.echo(f"error: {report}: not found; run `dvc repro` first", err=True)
@@ -46,7 +48,7 @@ def compare(
     name: str = typer.Option("eval@*", "--name", help="MLflow run-name glob when no ids are given; 'report' for the paired comparisons (keys paired/*)"),
     last: int = typer.Option(3, "--last", help="how many recent MLflow runs when no ids are given"),
     all_rows: bool = typer.Option(False, "--all", help="show keys whose values are equal too"),
-    params_file: Path = typer.Option(layout.PARAMS, "--params", help="params file naming the MLflow store"),
+    params_file: Path = typer.Option(paths.PARAMS, "--params", help="params file naming the MLflow store"),
 ) -> None:
     """Print MLflow runs or DVC experiments side by side (keys whose values differ).
 
@@ -55,7 +57,9 @@ def compare(
     `rung compare --dvc --keys '*comparisons.json:*test*'`."""
     from mlflow.exceptions import MlflowException
 
-    from rung import compare as cmp, tracking
+    from rung import tracking
+
+    from rung.report import runs_table as cmp
     from tasks.dvc import experiments
 
     try:
@@ -96,7 +100,7 @@ def run(
     if dry_run:
         console.print(f"{ws}: ready (`cd {ws} && dvc repro`)")
     else:
-        table(ws / layout.REPORT)
+        table(ws / paths.REPORT)
 
 
 @app.command()

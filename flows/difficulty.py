@@ -4,21 +4,24 @@ from __future__ import annotations
 from prefect import flow
 
 from flows.stage import finish, main
-from rung import config, difficulty as diff, io, layout, tracking
+from rung import config, tracking
+from rung.data import difficulty as diff
+from rung import files
+from rung import paths
 from rung.seeding import derive
 from tasks import generation
 
 
 @flow(name="difficulty")
-def difficulty(params_file: str = str(layout.PARAMS)) -> None:
+def difficulty(params_file: str = str(paths.PARAMS)) -> None:
     params = config.load(params_file)
     p = params.difficulty
-    reference = layout.checkpoint(p.reference)
+    reference = paths.checkpoint(p.reference)
     logged = {"seed": params.seed, "difficulty": p.model_dump(), "format": params.format.model_dump(), "generation": params.generation.model_dump()}
-    with tracking.stage_run("difficulty", params, logged, inputs={"model": reference, "train": layout.TRAIN}):
+    with tracking.stage_run("difficulty", params, logged, inputs={"model": reference, "train": paths.TRAIN}):
         gen = generation.load(reference, params.model, params.generation.backend)
         tracking.tag_placement(gen.device, gen.dtype)
-        rows = io.read_jsonl(layout.TRAIN)[: p.max_prompts]
+        rows = files.read_jsonl(paths.TRAIN)[: p.max_prompts]
         finish("difficulty", diff.run(gen, rows, params.format, p, derive(params.seed, "difficulty")))
 
 

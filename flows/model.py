@@ -4,15 +4,16 @@ from __future__ import annotations
 from prefect import flow
 
 from flows.stage import finish, main
-from rung import config, layout, tracking
+from rung import config, tracking
+from rung import paths
 from tasks import model as model_tasks
 
 
 @flow(name="model")
-def model(params_file: str = str(layout.PARAMS)) -> None:
+def model(params_file: str = str(paths.PARAMS)) -> None:
     params = config.load(params_file)
     with tracking.stage_run("model", params, logged={"model": params.model.model_dump()}, inputs={}):
-        finish("model", {"parameters": model_tasks.materialize(params.model, layout.BASE)})
+        finish("model", {"parameters": model_tasks.materialize(params.model, paths.BASE)})
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from flows.stage import main
-from rung import config, layout, tracking
+from rung import config, tracking
+from rung import paths
 from rung.errors import InputError
 from tasks import dvc
 
@@ -34,7 +35,7 @@ HEADLINES = {
 }
 
 
-def stage_summary(metrics_dir: Path = layout.METRICS) -> str:
+def stage_summary(metrics_dir: Path = paths.METRICS) -> str:
     """A markdown table with the headline metrics of every stage's metrics file."""
     rows = []
     for path in metrics_dir.glob("*.json"):
@@ -53,7 +54,7 @@ def stage_summary(metrics_dir: Path = layout.METRICS) -> str:
 
 
 @flow(name="pipeline")
-def pipeline(params_file: str = str(layout.PARAMS)) -> list[str]:
+def pipeline(params_file: str = str(paths.PARAMS)) -> list[str]:
     params = config.load(params_file)
     log = get_run_logger()
     with dvc.workspace_lock():

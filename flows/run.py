@@ -22,7 +22,9 @@ from typing import Any
 import yaml
 
 from flows import server
-from rung import config, io, layout, preflight
+from rung import config, preflight
+from rung import files
+from rung import paths
 from rung.config import FileSource, HFSource, Params
 from rung.errors import InputError
 
@@ -63,7 +65,7 @@ def written(params: Params) -> str:
 def _absolute_paths(data: dict[str, Any], params: Params) -> None:
     """Rewrite, in place, every local path of `data` (files, dataset and model directories) as absolute."""
     def local(path: str) -> bool:  # relative to where `rung run` was started
-        return io.is_local_path(path) and not Path(path).is_absolute()
+        return files.is_local_path(path) and not Path(path).is_absolute()
 
     for section, sources in (("curate", params.curate.sources), ("eval", params.eval.sets)):
         raw = data[section]["sources" if section == "curate" else "sets"]
@@ -82,9 +84,9 @@ def _absolute_paths(data: dict[str, Any], params: Params) -> None:
 
 def copy_project(root: Path, ws: Path) -> None:
     """Copy the project's code (tracked and untracked-but-not-ignored files, none of SKIPPED) into `ws`."""
-    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=root,
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=root,
                            capture_output=True, text=True, check=True).stdout.split()
-    for f in files:
+    for f in listed:
         if f.startswith(SKIPPED) or not (root / f).is_file():
             continue
         (ws / f).parent.mkdir(parents=True, exist_ok=True)
@@ -115,7 +117,7 @@ def prepare(recipe: Path, sets: dict[str, Any], ws: Path, root: Path | None = No
     params = resolve(recipe, sets)
     ws.mkdir(parents=True, exist_ok=True)
     copy_project((root or Path.cwd()).resolve(), ws)
-    (ws / layout.PARAMS).write_text(f"# rung run {recipe}" + "".join(f" --set {k}={json.dumps(v)}" for k, v in sets.items()) + "\n"
+    (ws / paths.PARAMS).write_text(f"# rung run {recipe}" + "".join(f" --set {k}={json.dumps(v)}" for k, v in sets.items()) + "\n"
                                     + written(params))
     commit(ws, f"rung run {recipe}")
     return ws
@@ -128,7 +130,7 @@ def run(recipe: Path, sets: dict[str, Any], ws: Path, dry_run: bool = False, roo
     prepare(recipe, sets, ws, root)
     if dry_run:
         return 0
-    uri = os.environ.get("MLFLOW_TRACKING_URI") or config.load(ws / layout.PARAMS).tracking.uri or f"sqlite:///{root / 'mlflow.db'}"
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or config.load(ws / paths.PARAMS).tracking.uri or f"sqlite:///{root / 'mlflow.db'}"
     return server.run(["dvc", "repro"], cwd=ws, env=venv_env({"MLFLOW_TRACKING_URI": uri}))
 
 

@@ -9,7 +9,13 @@ from typing import Any
 import mlflow
 from prefect import get_run_logger
 
-from rung import config, health, io, layout, preflight, tracking
+from rung import config, preflight, tracking
+
+from rung.report import health
+
+from rung import files
+
+from rung import paths
 from rung.errors import InputError
 
 
@@ -17,7 +23,7 @@ def main(flow: Callable[..., Any], *args: str) -> None:
     """Entry of `python -m flows.<stage>`: params.yaml is validated and preflighted (rung.preflight)
     before any compute, and input errors end with one line naming the key, file or field and exit code 2."""
     try:
-        preflight.check(config.load(layout.PARAMS))
+        preflight.check(config.load(paths.PARAMS))
         flow(*args)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -29,12 +35,12 @@ def main(flow: Callable[..., Any], *args: str) -> None:
 
 def finish(stage: str, metrics: dict[str, Any]) -> None:
     """Write the stage's DVC metrics file and log the same numbers to its MLflow run; what the
-    numbers show to be degenerate (rung.health) is logged as a warning, kept in the metrics file
+    numbers show to be degenerate (rung.report.health) is logged as a warning, kept in the metrics file
     under "warnings" (the report lists them) and tagged on the MLflow run."""
     found = health.warnings(stage, metrics)
     for w in found:
         get_run_logger().warning(w)
-    io.write_json(layout.metrics(stage), {**metrics, "warnings": found} if found else metrics)
+    files.write_json(paths.metrics(stage), {**metrics, "warnings": found} if found else metrics)
     tracking.log_metrics(metrics, prefix=stage)
     if found:
         mlflow.set_tag("rung.warnings", " | ".join(found)[:5000])

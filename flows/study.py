@@ -1,6 +1,6 @@
 """A seed study: every arm of a study definition for every seed, as DVC experiments run by the
 sweep machinery (flows/sweep.py: checked and preflighted before anything is queued, then DVC's
-queue), aggregated over seeds and compared prompt by prompt (rung/study.py) into
+queue), aggregated over seeds and compared prompt by prompt (rung/report/study.py) into
 data/studies/<name>/study.{md,html,json}, one MLflow parent run for the study (the experiments'
 pipeline runs become its children) and the Prefect artifact `rung-study`.
 
@@ -24,7 +24,9 @@ from prefect.artifacts import create_markdown_artifact
 
 from flows import sweep
 from flows.stage import main
-from rung import config, layout, study as core, tracking
+from rung import config, tracking
+from rung import paths
+from rung.report import study as core
 from tasks import dvc as dvc_tasks
 
 
@@ -44,23 +46,23 @@ def collect(exp: str, arm: str, seed: int, stage: str, init: str) -> dict[str, A
     """What the aggregation needs from one experiment: the RL stage's metrics and curve, its
     checkpoint's eval metrics and per-prompt greedy records of every eval set, and the eval of
     the checkpoint it started from (if the DAG evaluates it)."""
-    slug = layout.checkpoint_slug(f"rl/{stage}")
-    metrics = _read(str(layout.metrics(f"eval-{slug}")), exp)
+    slug = paths.checkpoint_slug(f"rl/{stage}")
+    metrics = _read(str(paths.metrics(f"eval-{slug}")), exp)
     if metrics is None:
-        raise RuntimeError(f"experiment {exp}: no {layout.metrics(f'eval-{slug}')}; the study needs the eval_rl@{stage} stage")
+        raise RuntimeError(f"experiment {exp}: no {paths.metrics(f'eval-{slug}')}; the study needs the eval_rl@{stage} stage")
     evaluated = json.loads(metrics)
     records = {}
     for name in evaluated["sets"]:
-        text = _read(str(layout.EVAL / slug / f"{name}.jsonl"), exp)
+        text = _read(str(paths.EVAL / slug / f"{name}.jsonl"), exp)
         if text is not None:
             records[name] = _jsonl(text)
-    init_eval = _read(str(layout.metrics(f"eval-{layout.checkpoint_slug(init)}")), exp)
-    return {"exp": exp, "arm": arm, "seed": seed, "eval": evaluated, "rl": json.loads(_read(str(layout.metrics(f"rl-{stage}")), exp) or "{}"),
+    init_eval = _read(str(paths.metrics(f"eval-{paths.checkpoint_slug(init)}")), exp)
+    return {"exp": exp, "arm": arm, "seed": seed, "eval": evaluated, "rl": json.loads(_read(str(paths.metrics(f"rl-{stage}")), exp) or "{}"),
             "init_eval": json.loads(init_eval) if init_eval else None, "records": records,
-            "curve": json.loads(_read(str(layout.plot("rl", stage)), exp) or "[]")}
+            "curve": json.loads(_read(str(paths.plot("rl", stage)), exp) or "[]")}
 
 
-def _track(params: config.Params, result: dict[str, Any], paths: dict[str, Any], exps: dict[str, dict[str, Any]]) -> str:
+def _track(params: config.Params, result: dict[str, Any], written: dict[str, Any], exps: dict[str, dict[str, Any]]) -> str:
     """The study's MLflow parent run: per-arm means and sds, the comparisons, the three files; each
     experiment's pipeline run is made its child. Returns the run id."""
     tracking.setup(params)
@@ -70,7 +72,7 @@ def _track(params: config.Params, result: dict[str, Any], paths: dict[str, Any],
         tracking.log_metrics({arm: {k: {"mean": v["mean"], **({"sd": v["sd"]} if v["sd"] is not None else {})} for k, v in a["metrics"].items()}
                               for arm, a in result["arms"].items()}, prefix="study")
         tracking.log_metrics({k: c["sets"] for k, c in result["comparisons"].items()}, prefix="paired")
-        for path in paths.values():
+        for path in written.values():
             mlflow.log_artifact(str(path))
         client = mlflow.MlflowClient()
         for exp, point in exps.items():
@@ -83,7 +85,7 @@ def _track(params: config.Params, result: dict[str, Any], paths: dict[str, Any],
         return run.info.run_id
 
 
-def plan(definition: str, params_file: str = str(layout.PARAMS)) -> tuple[core.Study, str, dict[str, dict[str, Any]], dict[str, config.Params]]:
+def plan(definition: str, params_file: str = str(paths.PARAMS)) -> tuple[core.Study, str, dict[str, dict[str, Any]], dict[str, config.Params]]:
     """The study, its RL stage, its experiments (name -> arm, seed, point) and their params, every
     point checked against the schema and preflighted: an InputError before anything is queued."""
     spec = core.load(definition)
@@ -93,7 +95,7 @@ def plan(definition: str, params_file: str = str(layout.PARAMS)) -> tuple[core.S
 
 
 @flow(name="study")
-def study(definition: str, jobs: int = 1, params_file: str = str(layout.PARAMS)) -> dict[str, Any]:
+def study(definition: str, jobs: int = 1, params_file: str = str(paths.PARAMS)) -> dict[str, Any]:
     """Run a study definition (a YAML file) through DVC's experiment queue and write its page."""
     log = get_run_logger()
     spec, stage, todo, checked = plan(definition, params_file)
@@ -111,12 +113,12 @@ def study(definition: str, jobs: int = 1, params_file: str = str(layout.PARAMS))
     result = core.aggregate(spec, runs, boot.confidence, boot.resamples, params.seed)
     settings = {"definition": definition, "RL stage": f"rl/{stage}", "seed key": spec.seed_key, "seeds": ", ".join(map(str, spec.seeds)),
                 "experiments": ", ".join(todo), "git commit": tracking.git_commit()[:12]}
-    paths = core.write(result, settings)
-    run_id = _track(params, result, paths, todo)
+    written = core.write(result, settings)
+    run_id = _track(params, result, written, todo)
     text = core.markdown(result, settings)
     create_markdown_artifact(key="rung-study", description=f"study {spec.name}", markdown=text)
     print(text)
-    log.info("study %s: %s (MLflow run %s)", spec.name, paths["html"], run_id)
+    log.info("study %s: %s (MLflow run %s)", spec.name, written["html"], run_id)
     return result
 
 

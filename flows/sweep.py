@@ -25,7 +25,9 @@ from prefect.artifacts import create_markdown_artifact
 from rich.console import Console
 
 from flows.stage import main
-from rung import compare, config, layout, preflight
+from rung import config, preflight
+from rung.report import runs_table
+from rung import paths
 from rung.errors import InputError
 from tasks import dvc
 
@@ -44,7 +46,7 @@ def points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
     return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
 
 
-def check(todo: dict[str, dict[str, Any]], params_file: str | Path = layout.PARAMS) -> dict[str, config.Params]:
+def check(todo: dict[str, dict[str, Any]], params_file: str | Path = paths.PARAMS) -> dict[str, config.Params]:
     """The params of each experiment (name -> point), each checked against the schema and
     preflighted (an InputError naming the experiment and key); nothing is queued."""
     base = yaml.safe_load(Path(params_file).read_text())
@@ -55,7 +57,7 @@ def check(todo: dict[str, dict[str, Any]], params_file: str | Path = layout.PARA
     return checked
 
 
-def experiments(grid: dict[str, list[Any]], prefix: str, params_file: str | Path = layout.PARAMS) -> dict[str, dict[str, Any]]:
+def experiments(grid: dict[str, list[Any]], prefix: str, params_file: str | Path = paths.PARAMS) -> dict[str, dict[str, Any]]:
     """Experiment name -> grid point, each point checked against the params schema (ConfigError naming it)."""
     todo = {f"{prefix}-{i}": point for i, point in enumerate(points(grid), start=1)}
     check(todo, params_file)
@@ -74,13 +76,13 @@ def run(todo: dict[str, dict[str, Any]], jobs: int) -> dict[str, dict[str, Any]]
 def comparison(results: dict[str, dict[str, Any]], keys: str = "*") -> str:
     """`rung compare --dvc` for the sweep's experiments: rows are the keys matching `keys` whose values differ."""
     out = io.StringIO()
-    Console(file=out, width=200).print(compare.table(results, keys, all_rows=False))
+    Console(file=out, width=200).print(runs_table.table(results, keys, all_rows=False))
     return out.getvalue()
 
 
 @flow(name="sweep")
 def sweep(grid: dict[str, list[Any]], name: str | None = None, jobs: int = 1, keys: str = "*",
-          params_file: str = str(layout.PARAMS)) -> dict[str, dict[str, Any]]:
+          params_file: str = str(paths.PARAMS)) -> dict[str, dict[str, Any]]:
     """Queue one DVC experiment per grid point, run the queue with `jobs` workers, compare."""
     log = get_run_logger()
     grid = {k: v if isinstance(v, list) else [v] for k, v in grid.items()}

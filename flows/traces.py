@@ -7,17 +7,20 @@ from typing import TYPE_CHECKING
 from prefect import flow, get_run_logger
 
 from flows.stage import finish, main
-from rung import config, io, layout, traces as trace_sources, tracking
+from rung import config, tracking
+from rung import files
+from rung import paths
+from rung.data import traces as trace_sources
 from rung.config import Params
 from rung.seeding import derive
 from tasks import generation
 
 if TYPE_CHECKING:  # solution traces load no model, so this stage imports torch only when it samples
-    from rung.generation import Generator
+    from rung.generate.api import Generator
 
 
 @flow(name="traces")
-def traces(params_file: str = str(layout.PARAMS)) -> None:
+def traces(params_file: str = str(paths.PARAMS)) -> None:
     params: Params = config.load(params_file)
     sources = params.sft.traces
     logged = {"seed": params.seed, "sft.traces": [s.model_dump() for s in sources], "format": params.format.model_dump()}
@@ -26,15 +29,15 @@ def traces(params_file: str = str(layout.PARAMS)) -> None:
     def load(model: str) -> Generator:
         """'base' is the pipeline's base checkpoint; anything else a teacher path or hub id (loaded once)."""
         if model not in loaded:
-            loaded[model] = generation.load(layout.BASE if model == "base" else model, params.model, params.generation.backend)
+            loaded[model] = generation.load(paths.BASE if model == "base" else model, params.model, params.generation.backend)
             tracking.tag_placement(loaded[model].device, loaded[model].dtype)
         return loaded[model]
 
-    with tracking.stage_run("traces", params, logged, inputs={"train": layout.TRAIN}):
-        stats = trace_sources.run(io.read_jsonl(layout.TRAIN), sources, params.format, derive(params.seed, "traces"), load,
+    with tracking.stage_run("traces", params, logged, inputs={"train": paths.TRAIN}):
+        stats = trace_sources.run(files.read_jsonl(paths.TRAIN), sources, params.format, derive(params.seed, "traces"), load,
                                    params.sft.enabled)
         get_run_logger().info("SFT traces: %s", stats)
-        tracking.log_dataset(layout.TRACES, "sft_traces", context="training")
+        tracking.log_dataset(paths.TRACES, "sft_traces", context="training")
         finish("traces", stats)
 
 

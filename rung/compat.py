@@ -1,5 +1,5 @@
 """The trainer versions rung is tested with. rung overrides private methods of TRL's trainers
-(rung/rl.py), which may change in any release: outside the tested minor versions it stops with
+(rung/rl/trainers.py), which may change in any release: outside the tested minor versions it stops with
 one line naming them rather than training with hooks that silently no longer apply."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import importlib.metadata
 from rung.errors import InputError
 
 TESTED = {"trl": "1.16", "transformers": "5.23"}  # minor versions; pyproject.toml pins the same
-# Private methods rung/rl.py and rung/rollouts.py override, with the leading parameters they rely on (the
+# Private methods rung/rl/trainers.py and rung/rl/rollouts.py override, with the leading parameters they rely on (the
 # rest pass through; tests/test_compat.py checks them on both trainers).
 OVERRIDDEN = {
     "_calculate_rewards": ["self", "inputs", "prompts", "completions", "completion_ids_list"],

@@ -23,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from rung import benchmarks
+from rung.data import benchmarks
 from rung.errors import InputError
 
 PARAMS_FILE = "params.yaml"
@@ -54,7 +54,7 @@ class ModelParams(Section):
 
 
 class FormatParams(Section):
-    """The one response format (rung/answer_format.py): how problems are put to the model, the SFT
+    """The one response format (rung/answers/formats.py): how problems are put to the model, the SFT
     targets, where rewards and evaluation read the answer, and the format checks."""
 
     style: Literal["answer_line", "boxed", "tags"] = "answer_line"
@@ -180,7 +180,7 @@ class HFSource(_TabularSource):
 
 
 class BenchmarkSource(HFSource):
-    """A benchmark known by name (rung/benchmarks.py: math500, gsm8k, aime24, amc): its hub id,
+    """A benchmark known by name (rung/data/benchmarks.py: math500, gsm8k, aime24, amc): its hub id,
     config, split, columns and answer_from are filled in, and any of them set here wins; `dataset`
     may be a local directory holding a copy in the hub's layout (offline nodes)."""
 
@@ -224,7 +224,7 @@ class FilterParams(Section):
     """MinHash/LSH Jaccard threshold on character 5-grams (same numbers required); None disables."""
     decontamination_ngram: int = Field(8, ge=1)
     """Drop train rows sharing a word n-gram with any eval set prompt. open-r1 uses 8-13; at
-    n=3 distinct 'Calculate a - b.' prompts already collide (see rung.filters.decontaminate)."""
+    n=3 distinct 'Calculate a - b.' prompts already collide (see rung.data.filters.decontaminate)."""
 
 
 class MixParams(Section):
@@ -392,7 +392,7 @@ BUILTIN_REWARDS = ("accuracy", "format", "format_partial", "overlong", "conditio
 
 
 class RewardParams(Section):
-    """One reward function and its weight. Built-ins (rung.rewards.REGISTRY): accuracy, format (the
+    """One reward function and its weight. Built-ins (rung.rl.rewards.REGISTRY): accuracy, format (the
     style's strict check), format_partial (tags: 0.25 a tag, open-r1's tag_count_reward; the strict
     check for the other styles), overlong, conditional_length; any other name needs `import`."""
 
@@ -587,11 +587,11 @@ class RLStageParams(Section):
     """colocate: vLLM in the training process; server: a `trl vllm-serve` process."""
     launch: LaunchParams = LaunchParams()
     rewards: dict[str, Annotated[RewardParams, BeforeValidator(_reward_spec)]] = {"accuracy": RewardParams(weight=1.0), "format": RewardParams(weight=0.1)}
-    """Reward functions by name with their weights (see rung.rewards)."""
+    """Reward functions by name with their weights (see rung.rl.rewards)."""
     overlong: bool = False
     """Add DAPO's soft overlong punishment (reward 'overlong', weight 1) unless `rewards` has it."""
     curriculum: Curriculum = UniformCurriculum()
-    """Which prompt each step trains on (rung.curriculum)."""
+    """Which prompt each step trains on (rung.rl.curricula)."""
     dynamic_sampling: DynamicSamplingParams | None = None
     """null: off; a mapping turns DAPO dynamic sampling on."""
     save_steps: int = Field(10, gt=0)

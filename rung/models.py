@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rung.errors import InputError
-from rung.io import atomic_path
+from rung.files import atomic_path
 
 if TYPE_CHECKING:  # torch and transformers are imported where a model is built: preflight needs neither
     import torch

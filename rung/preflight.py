@@ -8,7 +8,11 @@ import json
 import os
 from pathlib import Path
 
-from rung import compat, io, launch
+from rung import compat
+
+from rung import files
+
+from rung.train import launch
 from rung.config import FileSource, HFSource, Params, ReasoningGymSource, Source
 from rung.errors import InputError
 from rung.models import EMBEDDED
@@ -18,7 +22,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 
 def check(params: Params) -> None:
     """Raise InputError at the first thing that would make a stage fail on its input."""
-    # rung.data, rung.rewards and rung.generation are imported only when a check needs them: every
+    # rung.data.curate, rung.rl.rewards and rung.generate.api are imported only when a check needs them: every
     # stage starts with this check, and they pull reasoning-gym, datasets and torch.
     compat.check()
     _model(params.model.source, "model.source")
@@ -52,7 +56,7 @@ def _model(source: str, key: str) -> None:
     if source == EMBEDDED:
         return
     path = Path(source).expanduser()
-    if path.suffix == ".gguf" or io.is_local_path(source):
+    if path.suffix == ".gguf" or files.is_local_path(source):
         if path.suffix == ".gguf":
             if not path.is_file():
                 raise InputError(f"{key}: GGUF file not found: {source}")
@@ -95,23 +99,23 @@ def _has_chat_template(source: str) -> bool | None:
 
     cached = try_to_load_from_cache(source, "tokenizer_config.json")
     if not isinstance(cached, str):
-        return None  # not downloaded yet: the stage that loads it checks (rung.generation.render)
+        return None  # not downloaded yet: the stage that loads it checks (rung.generate.api.render)
     jinja = try_to_load_from_cache(source, "chat_template.jinja")
     return isinstance(jinja, str) or bool(json.loads(Path(cached).read_text()).get("chat_template"))
 
 
 def _require_vllm(key: str) -> None:
-    """rung.generation.require_vllm, imported only when a vLLM setting asks for it (rung.generation imports torch)."""
-    from rung.generation import require_vllm
+    """rung.generate.api.require_vllm, imported only when a vLLM setting asks for it (rung.generate.api imports torch)."""
+    from rung.generate.api import require_vllm
 
     require_vllm(key)
 
 
 def _load(src: Source, seed: int, eval_set: bool) -> None:
     """Load a source as its stage would: an eval set's errors name eval.sets, not curate.sources."""
-    from rung import data
+    from rung.data import curate
 
-    (data.load_eval_source if eval_set else data.load_source)(src, seed)
+    (curate.load_eval_source if eval_set else curate.load_source)(src, seed)
 
 
 def _source(src: Source, key: str, seed: int, eval_set: bool) -> None:
@@ -127,13 +131,13 @@ def _source(src: Source, key: str, seed: int, eval_set: bool) -> None:
         if path.stat().st_size == 0:
             raise InputError(f"{key}.path: {src.path} is empty")
         _load(src, seed, eval_set)
-    elif isinstance(src, HFSource) and io.is_local_path(src.dataset):
+    elif isinstance(src, HFSource) and files.is_local_path(src.dataset):
         _load(src, seed, eval_set)  # a local directory (the loader's rule); hub datasets are checked when the stage loads them
 
 
 def _reward(path: str, factory: bool, key: str) -> None:
     """A custom reward resolves to a callable that takes the completions (or, with args, a factory)."""
-    from rung import rewards
+    from rung.rl import rewards
 
     func = rewards.load_custom(path, key)
     if factory:

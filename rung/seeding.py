@@ -1,6 +1,6 @@
 """One seed in params.yaml; each stage derives its own so that stages stay independent.
 
-Trainers seed themselves from it (TrainingArguments.seed), generation per batch (rung.generation).
+Trainers seed themselves from it (TrainingArguments.seed), generation per batch (rung.generate.api).
 """
 from __future__ import annotations
 

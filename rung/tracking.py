@@ -22,7 +22,7 @@ import yaml
 from mlflow.entities import Run
 
 from rung.config import Params
-from rung.io import flatten, md5
+from rung.files import flatten, md5
 
 PARENT_ENV = "RUNG_PIPELINE_RUN_ID"
 # MLflow 3's UI opens an experiment by its kind; without one it shows the GenAI overview (traces).

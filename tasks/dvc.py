@@ -24,7 +24,7 @@ from prefect.exceptions import ObjectAlreadyExists
 from prefect.settings import get_current_settings
 from prefect.tasks import exponential_backoff
 
-from rung.io import flatten
+from rung.files import flatten
 
 INPUT_ERROR = 2  # exit code of a stage that rejected its input: retrying cannot help
 # Set by flows.server to the URL of a server private to one run: nothing else can reach it, so no

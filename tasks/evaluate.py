@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING, Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from rung import evaluate
+from rung.eval import evaluate
 from rung.config import EvalParams, FormatParams
 
 if TYPE_CHECKING:  # a type only: torch is imported by whoever loads the model (tasks.generation), after the preflight
-    from rung.generation import Generator
+    from rung.generate.api import Generator
 
 
 @task(cache_policy=NO_CACHE, task_run_name="eval {name}")

@@ -11,12 +11,12 @@ from tasks.retry import unless_input_error
 
 if TYPE_CHECKING:
     from rung.config import ModelParams
-    from rung.generation import Generator
+    from rung.generate.api import Generator
 
 
 @task(cache_policy=NO_CACHE, task_run_name="load {model_dir}", retries=2, retry_delay_seconds=20, retry_condition_fn=unless_input_error)
 def load(model_dir: Path | str, params: ModelParams, backend: str) -> Generator:
     """A generator for a checkpoint directory or a hub id, placed by params `model` (device, dtype)."""
-    from rung import generation  # torch and transformers: only for a stage that loads a model (traces may not)
+    from rung.generate import api  # torch and transformers: only for a stage that loads a model (traces may not)
 
-    return generation.load(model_dir, params.dtype, backend, params.device)
+    return api.load(model_dir, params.dtype, backend, params.device)

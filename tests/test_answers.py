@@ -5,10 +5,10 @@ import ast
 
 import pytest
 
-from rung import answer_format
+from rung.answers import formats
 from rung.config import FormatParams
-from rung.solutions import arithmetic_steps
-from rung.verify import is_correct, is_known_task
+from rung.data.solutions import arithmetic_steps
+from rung.answers.verify import is_correct, is_known_task
 
 FMT = FormatParams()
 ROW = {"task": "basic_arithmetic", "prompt": "Calculate 5 - 3.", "answer": "2", "meta": {"expression": "5 - 3"}}
@@ -26,15 +26,15 @@ ROW = {"task": "basic_arithmetic", "prompt": "Calculate 5 - 3.", "answer": "2", 
     ],
 )
 def test_extract(completion, strict, lenient):
-    assert answer_format.extract(completion, FMT) == strict
-    assert answer_format.extract_lenient(completion, FMT) == lenient
+    assert formats.extract(completion, FMT) == strict
+    assert formats.extract_lenient(completion, FMT) == lenient
 
 
 def test_custom_prefix_and_target():
     fmt = FormatParams(answer_prefix="####")
-    assert answer_format.target("7", "3 + 4 = 7", fmt) == "3 + 4 = 7\n#### 7"
-    assert answer_format.target("7", None, fmt) == "#### 7"
-    assert answer_format.extract("3 + 4 = 7\n#### 7", fmt) == "7"
+    assert formats.target("7", "3 + 4 = 7", fmt) == "3 + 4 = 7\n#### 7"
+    assert formats.target("7", None, fmt) == "#### 7"
+    assert formats.extract("3 + 4 = 7\n#### 7", fmt) == "7"
 
 
 def test_verify_uses_reasoning_gym_scorer():

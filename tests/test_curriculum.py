@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from rung import curriculum
+from rung.rl import curricula
 from rung.config import (
     AdaptiveCurriculum,
     BanditCurriculum,
@@ -16,7 +16,7 @@ from rung.config import (
     StagedCurriculum,
     UniformCurriculum,
 )
-from rung.curriculum import GroupResult
+from rung.rl.curricula import GroupResult
 
 BUCKETS = DifficultyParams().buckets
 # Pass rates of 8 rollouts, so prompts tie (ties are broken by the rng).
@@ -53,8 +53,8 @@ CONFIGS = {
 }
 
 
-def build(params, seed: int = 1, rows: list[dict] = ROWS, max_steps: int = 10) -> curriculum.Scheduler:
-    return curriculum.build(rows, params, buckets=BUCKETS, max_steps=max_steps, seed=seed)
+def build(params, seed: int = 1, rows: list[dict] = ROWS, max_steps: int = 10) -> curricula.Scheduler:
+    return curricula.build(rows, params, buckets=BUCKETS, max_steps=max_steps, seed=seed)
 
 
 def result(i: int, step: int) -> GroupResult:
@@ -63,7 +63,7 @@ def result(i: int, step: int) -> GroupResult:
     return GroupResult(index=i, accuracy=acc, reward_std=0.5, abs_advantage=acc * (1 - acc))
 
 
-def run(cur: curriculum.Scheduler, steps: range, n: int = 4) -> list:
+def run(cur: curricula.Scheduler, steps: range, n: int = 4) -> list:
     """Draws (two per step: a dynamic-sampling refill), updates and metrics of each step."""
     trace = []
     for step in steps:

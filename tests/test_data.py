@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from rung import io
+from rung import files
 from rung.config import CurateParams
-from rung.data import curate
+from rung.data.curate import curate
 from rung.errors import InputError
 
 
@@ -19,8 +19,8 @@ def _params(**over) -> CurateParams:
 def test_same_seed_gives_byte_identical_files(tmp_path):
     for run in ("a", "b"):
         train, test, _ = curate(_params(), {}, seed=7)
-        io.write_jsonl(tmp_path / run / "train.jsonl", train)
-        io.write_jsonl(tmp_path / run / "test.jsonl", test)
+        files.write_jsonl(tmp_path / run / "train.jsonl", train)
+        files.write_jsonl(tmp_path / run / "test.jsonl", test)
     for name in ("train.jsonl", "test.jsonl"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
     other, _, _ = curate(_params(), {}, seed=8)
@@ -62,10 +62,10 @@ def test_bad_task_config_names_the_source():
 
 def test_decontamination_against_eval_sets_and_a_filter_that_empties_everything(tmp_path):
     from rung.config import EvalParams
-    from rung.data import eval_sets
+    from rung.data.curate import eval_sets
 
     bench = tmp_path / "bench.jsonl"
-    bench.write_text("".join(io.dumps({"q": f"Calculate {a} + {b}.", "a": a + b}) + "\n" for a in range(3) for b in range(3)))
+    bench.write_text("".join(files.dumps({"q": f"Calculate {a} + {b}.", "a": a + b}) + "\n" for a in range(3) for b in range(3)))
     evals, _ = eval_sets(EvalParams(sets=[dict(type="file", name="bench", path=str(bench), task="math", columns=dict(prompt="q", answer="a"))]), seed=0)
     assert len(evals["bench"]) == 9 and evals["bench"][0]["answer"].isdigit()
     params = _params(filters=dict(decontamination_ngram=8))

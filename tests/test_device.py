@@ -11,10 +11,12 @@ import pytest
 import torch
 from trl import GRPOTrainer
 
-from rung import answer_format, models
+from rung import models
+
+from rung.answers import formats
 from rung.config import SamplingParams
-from rung.generation import generate, generate_ids, render
-from rung import rl
+from rung.generate.api import generate, generate_ids, render
+from rung.rl import trainers
 from tests.conftest import ROOT
 from tests.test_rl import FMT, ROWS, _job, _rollout_batch, _stage
 
@@ -25,7 +27,7 @@ def loaded(tiny_model):
 
 
 def _prompts(tok, k: int = 4) -> list[str]:
-    return render(tok, [answer_format.prompt(r["prompt"] + " Explain." * (i % 3), FMT) for i, r in enumerate(ROWS[:k])])
+    return render(tok, [formats.prompt(r["prompt"] + " Explain." * (i % 3), FMT) for i, r in enumerate(ROWS[:k])])
 
 
 def test_model_generate_passes_on_meta_the_control(loaded):
@@ -50,7 +52,7 @@ def test_generation_creates_every_tensor_on_the_models_device(loaded, sampling, 
 
 
 def test_rollouts_and_shared_prefix_log_probs_on_the_models_device(tiny_model, tmp_path):
-    trainer = rl.trainer_for(_job(tiny_model, tmp_path / "w", _stage(num_generations=2)))
+    trainer = trainers.trainer_for(_job(tiny_model, tmp_path / "w", _stage(num_generations=2)))
     tok, model = trainer.processing_class, trainer.model
     ids = [tok(p, add_special_tokens=False)["input_ids"] for p in _prompts(tok, 2) for _ in range(2)]  # TRL repeats each prompt per group
     want, _ = trainer._generate_single_turn(ids, None, None)
@@ -85,7 +87,7 @@ def _run_without_absent(code: str, timeout: int = 600) -> subprocess.CompletedPr
 
 def test_generation_rollouts_verifier_and_trainers_import_without_reasoning_gym():
     done = _run_without_absent(
-        "from rung import generation, rollouts, rl, sft, verify\n"
+        "from rung.generate import api\nfrom rung.rl import rollouts, trainers\nfrom rung.train import sft\nfrom rung.answers import verify\n"
         "row = {'task': 'math', 'answer': '7', 'prompt': 'What is 3 + 4?', 'meta': {}}\n"
         "assert verify.is_correct('\\\\boxed{7}', row) and not verify.is_correct('8', row)\n")
     assert done.returncode == 0, done.stderr[-2000:]

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from rung.config import EvalParams
-from rung.evaluate import summarize_greedy, summarize_sampled
-from rung.report import markdown
+from rung.eval.evaluate import summarize_greedy, summarize_sampled
+from rung.report.pipeline import markdown
 
 
 def _sample(answer, correct, tokens=10, truncated=False):

@@ -5,7 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from rung.filters import (
+from rung.data.filters import (
     decontaminate,
     exact_duplicates,
     jaccard,

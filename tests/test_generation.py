@@ -6,13 +6,19 @@ from collections import Counter
 import pytest
 import torch
 
-from rung import answer_format, config, generation, models, prepacked
+from rung import config, models
+
+from rung.answers import formats
+
+from rung.generate import api
+
+from rung.generate import prepacked
 from rung.config import DifficultyParams, EvalParams, FormatParams, SamplingParams
-from rung.difficulty import bucket, histogram, keep, pass_rates, summarize
+from rung.data.difficulty import bucket, histogram, keep, pass_rates, summarize
 from rung.errors import InputError
-from rung.evaluate import evaluate
-from rung.data import curate
-from rung.generation import generate, render
+from rung.eval.evaluate import evaluate
+from rung.data.curate import curate
+from rung.generate.api import generate, render
 from tests.conftest import ROOT
 
 FMT = FormatParams()
@@ -52,7 +58,7 @@ def _reference(model, tok, prompts, max_new_tokens):
     out = []
     for ids in seqs[:, enc["input_ids"].shape[1]:].tolist():
         kept = ids[: ids.index(eos)] if eos in ids else ids
-        out.append([generation.Completion(tok.decode(kept, skip_special_tokens=True), len(kept), eos not in ids)])
+        out.append([api.Completion(tok.decode(kept, skip_special_tokens=True), len(kept), eos not in ids)])
     return out
 
 
@@ -116,7 +122,7 @@ def test_greedy_with_several_samples_is_refused(loaded):
 
 
 def test_difficulty_and_eval_records(loaded):
-    gen = generation.Generator(loaded[1], lambda *a, **k: generation.generate(*loaded, *a, **k))
+    gen = api.Generator(loaded[1], lambda *a, **k: api.generate(*loaded, *a, **k))
     params = DifficultyParams(num_generations=2, sampling=SamplingParams(max_new_tokens=4))
     scores = pass_rates(gen, ROWS, FMT, params, seed=0)
     assert [s["id"] for s in scores] == [r["id"] for r in ROWS] and all(len(s["scores"]) == 2 for s in scores)
@@ -145,7 +151,7 @@ def test_buckets_use_inclusive_upper_bounds():
 
 
 def test_generator_loads_the_transformers_backend(tiny_model):
-    gen = generation.load(tiny_model, "float32")
+    gen = api.load(tiny_model, "float32")
     out = gen.generate(gen.render([[{"role": "user", "content": "hi"}]]), SamplingParams(temperature=0, max_new_tokens=3))
     assert len(out) == 1 and out[0][0].tokens <= 3
 
@@ -153,8 +159,8 @@ def test_generator_loads_the_transformers_backend(tiny_model):
 def test_vllm_backend_fails_with_a_clear_error_where_unavailable(tiny_model):
     if importlib.util.find_spec("vllm") and torch.cuda.is_available():
         pytest.skip("vLLM and a GPU are present: the backend would really run")
-    with pytest.raises(InputError, match=r"^generation.backend: vllm"):
-        generation.load(tiny_model, "float32", backend="vllm")
+    with pytest.raises(InputError, match=r"^api.backend: vllm"):
+        api.load(tiny_model, "float32", backend="vllm")
 
 
 def test_prepacked_linears_match_and_are_restored(loaded):
@@ -181,7 +187,7 @@ def test_greedy_on_the_default_heldout_is_model_generate(tmp_path):
     model, tok = models.load(tmp_path / "base")
     params = config.load(ROOT / "params.yaml")
     _, test, _ = curate(params.curate, {}, params.seed)
-    prompts = render(tok, [answer_format.prompt(r["prompt"], params.format) for r in test[:48]])
+    prompts = render(tok, [formats.prompt(r["prompt"], params.format) for r in test[:48]])
     sampling = params.eval.sampling.model_copy(update={"batch_size": 16})
     assert generate(model, tok, prompts, sampling) == _reference(model, tok, prompts, sampling.max_new_tokens)
 
@@ -208,8 +214,8 @@ def test_compiled_static_cache_path_equals_the_loop(eos_model, sampling, n):
     model, tok, prompts = eos_model
     ids = tok(prompts, add_special_tokens=False)["input_ids"]
     eos = [model.generation_config.eos_token_id]
-    loop = generation.generate_ids(model, ids, sampling, eos, n, seed=4, desc=None, engine="loop")
-    static = generation.generate_ids(model, ids, sampling, eos, n, seed=4, desc=None, engine="compiled", compile_config=_cpu_compile_config())
+    loop = api.generate_ids(model, ids, sampling, eos, n, seed=4, desc=None, engine="loop")
+    static = api.generate_ids(model, ids, sampling, eos, n, seed=4, desc=None, engine="compiled", compile_config=_cpu_compile_config())
     # the decode step really ran compiled (a graph may come from dynamo's cache of an earlier test)
     assert hasattr(model, "_compiled_call") and counters["stats"]["unique_graphs"] > 0
     assert static == loop
@@ -234,7 +240,7 @@ def test_out_of_memory_halves_the_batch_and_redraws_the_same_samples(tiny_model)
     handle = model.register_forward_pre_hook(oom, with_kwargs=True)
     try:
         got = generate(model, tok, prompts, sampling, n=2, seed=9)
-        assert generation.batch_rows(model, sampling, 10) == 2  # kept for the rest of the stage
+        assert api.batch_rows(model, sampling, 10) == 2  # kept for the rest of the stage
     finally:
         handle.remove()
     assert got == want and max(seen) > 2 and seen[-1] <= 2

@@ -14,10 +14,20 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
-from rung import answer_format, generation, io, models, rl, sft
+from rung import models
+
+from rung.answers import formats
+
+from rung.generate import api
+
+from rung import files
+
+from rung.rl import trainers
+
+from rung.train import sft
 from rung.config import DifficultyParams, FormatParams, RLStageParams, SamplingParams, SFTParams
-from rung.jobs import RLJob, SFTJob
-from rung.trainer import FINAL
+from rung.train.jobs import RLJob, SFTJob
+from rung.train.checkpoints import FINAL
 
 DEVICE = os.environ.get("RUNG_TEST_DEVICE", "cuda")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -42,7 +52,7 @@ def small_model(tmp_path_factory) -> Path:
 
 
 def _prompts(tok) -> list[str]:
-    return generation.render(tok, [answer_format.prompt(r["prompt"], FMT) for r in ROWS])
+    return api.render(tok, [formats.prompt(r["prompt"], FMT) for r in ROWS])
 
 
 def test_fp32_greedy_on_the_device_equals_the_cpu(small_model):
@@ -50,7 +60,7 @@ def test_fp32_greedy_on_the_device_equals_the_cpu(small_model):
     cpu, tok = models.load(small_model, "float32", "cpu")
     dev, _ = models.load(small_model, "float32", DEVICE)
     sampling = SamplingParams(temperature=0, max_new_tokens=16)
-    assert generation.generate(dev, tok, _prompts(tok), sampling) == generation.generate(cpu, tok, _prompts(tok), sampling)
+    assert api.generate(dev, tok, _prompts(tok), sampling) == api.generate(cpu, tok, _prompts(tok), sampling)
 
 
 def test_bf16_compiled_agrees_with_dynamic_cache_generate(small_model):
@@ -58,7 +68,7 @@ def test_bf16_compiled_agrees_with_dynamic_cache_generate(small_model):
     part where two logits tie in bf16, so the agreement rate is stated and must stay high."""
     model, tok = models.load(small_model, "bfloat16", DEVICE)
     prompts = _prompts(tok)
-    ours = generation.generate(model, tok, prompts, SamplingParams(temperature=0, max_new_tokens=16))
+    ours = api.generate(model, tok, prompts, SamplingParams(temperature=0, max_new_tokens=16))
     enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False).to(model.device)
     with torch.inference_mode():
         seqs = model.generate(**enc, do_sample=False, max_new_tokens=16, pad_token_id=tok.pad_token_id)
@@ -72,9 +82,9 @@ def test_bf16_compiled_agrees_with_dynamic_cache_generate(small_model):
 def test_sampling_on_the_device_is_seeded_per_row(small_model):
     model, tok = models.load(small_model, "bfloat16", DEVICE)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=12)
-    a = generation.generate(model, tok, _prompts(tok), sampling, n=4, seed=3)
-    assert a == generation.generate(model, tok, _prompts(tok), sampling, n=4, seed=3)
-    assert a[0] == generation.generate(model, tok, _prompts(tok)[:1], sampling, n=4, seed=3)[0]
+    a = api.generate(model, tok, _prompts(tok), sampling, n=4, seed=3)
+    assert a == api.generate(model, tok, _prompts(tok), sampling, n=4, seed=3)
+    assert a[0] == api.generate(model, tok, _prompts(tok)[:1], sampling, n=4, seed=3)[0]
 
 
 class CrashAfterFirst(TrainerCallback):
@@ -95,7 +105,7 @@ def _close(a: Path, b: Path) -> None:
 
 def test_sft_step_in_bf16_resumes(small_model, tmp_path):
     data = tmp_path / "traces.jsonl"
-    io.write_jsonl(data, [{"prompt": r["prompt"], "target": f"{r['solution']}\nAnswer: {r['answer']}"} for r in ROWS])
+    files.write_jsonl(data, [{"prompt": r["prompt"], "target": f"{r['solution']}\nAnswer: {r['answer']}"} for r in ROWS])
     params = SFTParams(max_steps=2, save_steps=1, per_device_train_batch_size=4, learning_rate=1e-3)
     job = dict(key="sft", params=params, init=small_model, data=data, format=FMT, seed=0, dtype="bfloat16", device=DEVICE)
     whole = sft.train(SFTJob(work_dir=tmp_path / "a", **job))
@@ -108,18 +118,18 @@ def test_sft_step_in_bf16_resumes(small_model, tmp_path):
 
 def test_rl_step_in_bf16_with_rungs_rollouts_resumes(small_model, tmp_path):
     data = tmp_path / "rows.jsonl"
-    io.write_jsonl(data, ROWS)
+    files.write_jsonl(data, ROWS)
     stage = RLStageParams.model_validate({"preset": "dapo", "max_steps": 2, "num_generations": 4, "prompts_per_step": 2,
                                           "max_completion_length": 16, "learning_rate": 1e-4, "save_steps": 1,
                                           "rewards": {"accuracy": 1.0, "format": 0.1}})
     job = dict(key="rl.stages.main", params=stage, init=small_model, data=data, format=FMT, seed=0, dtype="bfloat16", device=DEVICE,
                buckets=DifficultyParams().buckets)
-    whole = rl.train(RLJob(work_dir=tmp_path / "a", curves=tmp_path / "a.json", **job))
+    whole = trainers.train(RLJob(work_dir=tmp_path / "a", curves=tmp_path / "a.json", **job))
     with pytest.raises(KeyboardInterrupt):
-        rl.train(RLJob(work_dir=tmp_path / "b", curves=tmp_path / "b.json", callbacks=["tests.test_gpu:CrashAfterFirst"], **job))
-    resumed = rl.train(RLJob(work_dir=tmp_path / "b", curves=tmp_path / "b.json", resume=str(tmp_path / "b" / "checkpoint-1"), **job))
+        trainers.train(RLJob(work_dir=tmp_path / "b", curves=tmp_path / "b.json", callbacks=["tests.test_gpu:CrashAfterFirst"], **job))
+    resumed = trainers.train(RLJob(work_dir=tmp_path / "b", curves=tmp_path / "b.json", resume=str(tmp_path / "b" / "checkpoint-1"), **job))
     assert whole.metrics["steps"] == resumed.metrics["steps"] == 2
-    assert [c["step"] for c in io.read_json(tmp_path / "b.json")] == [1, 2]
+    assert [c["step"] for c in files.read_json(tmp_path / "b.json")] == [1, 2]
     _close(tmp_path / "a" / FINAL, tmp_path / "b" / FINAL)
 
 
@@ -130,12 +140,12 @@ def test_out_of_memory_backs_off_and_draws_the_same_samples(small_model):
     model, tok = models.load(small_model, "float32", DEVICE)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=64)
     prompts = _prompts(tok) * 8
-    want = generation.generate(model, tok, prompts, sampling, n=8, seed=1)
+    want = api.generate(model, tok, prompts, sampling, n=8, seed=1)
     free, total = torch.cuda.mem_get_info()
     torch.cuda.empty_cache()
     torch.cuda.set_per_process_memory_fraction((torch.cuda.memory_allocated() + 64 * 2**20) / total)
     try:
-        got = generation.generate(model, tok, prompts, sampling, n=8, seed=1)
+        got = api.generate(model, tok, prompts, sampling, n=8, seed=1)
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
-    assert model in generation._backed_off and got == want
+    assert model in api._backed_off and got == want

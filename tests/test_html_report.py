@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rung import html_report
+from rung.report import htmlpage
 
 EVALS = {
     "base": {
@@ -42,7 +42,7 @@ PLOTS = ["plot-pass-at-k", "plot-by-source", "plot-reward"]
 
 @pytest.fixture(scope="module")
 def page() -> str:
-    return html_report.render(EVALS, CURVES, title=TITLE, settings=SETTINGS)
+    return htmlpage.render(EVALS, CURVES, title=TITLE, settings=SETTINGS)
 
 
 def test_tables_and_numbers(page):
@@ -79,24 +79,24 @@ def test_ids_are_unique(page):
 
 def test_plot_text_is_literal():
     evals = {"a$b$": {**EVALS["sft"]}}  # two dollars would be mathtext to matplotlib
-    assert ">a$b$</text>" in html_report.render(evals)
+    assert ">a$b$</text>" in htmlpage.render(evals)
 
 
 def test_optional_parts_are_left_out():
     minimal = {"base": {"accuracy": 0.5, "format_rate": 1.0, "mean_tokens": 3.0, "truncation_rate": 0.0, "n": 2}}
-    page = html_report.render(minimal, {})
+    page = htmlpage.render(minimal, {})
     assert page.count("<table") == 1 and '<table id="headline">' in page
     assert "<figure" not in page and 'id="plots"' not in page
     assert "sampling" not in page and "any format" not in page and "confidence" not in page
 
 
 def test_render_is_byte_identical(page, tmp_path):
-    assert html_report.render(EVALS, CURVES, title=TITLE, settings=SETTINGS) == page
+    assert htmlpage.render(EVALS, CURVES, title=TITLE, settings=SETTINGS) == page
     assert "dc:date" not in page  # matplotlib's SVG date metadata is switched off
     # a fresh interpreter too: SVG ids come from the fixed hash salt, not from per-process state
     out = tmp_path / "sub" / "report.html"
-    code = ("import sys; from rung import html_report; from tests.test_html_report import EVALS, CURVES, TITLE, SETTINGS; "
-            "html_report.write(sys.argv[1], EVALS, CURVES, title=TITLE, settings=SETTINGS)")
+    code = ("import sys; from rung.report import htmlpage; from tests.test_html_report import EVALS, CURVES, TITLE, SETTINGS; "
+            "htmlpage.write(sys.argv[1], EVALS, CURVES, title=TITLE, settings=SETTINGS)")
     subprocess.run([sys.executable, "-c", code, str(out)], check=True, cwd=Path(__file__).resolve().parents[1])
     assert out.read_bytes() == page.encode("utf-8")
 
@@ -159,7 +159,7 @@ def _chromium(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def browser_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not Path(CHROMIUM).exists():
         pytest.skip("headless Chromium not installed (Debian package `chromium`: apt-get install -y chromium)")
-    return html_report.write(tmp_path_factory.mktemp("html") / "report.html", EVALS, CURVES, title=TITLE, settings=SETTINGS)
+    return htmlpage.write(tmp_path_factory.mktemp("html") / "report.html", EVALS, CURVES, title=TITLE, settings=SETTINGS)
 
 
 def test_chromium_dom(browser_file, tmp_path):

@@ -24,10 +24,18 @@ import pytest
 import torch
 import transformers.trainer
 
-from rung import io, layout, models, rl, traces
+from rung import models
+
+from rung import files
+
+from rung import paths
+
+from rung.rl import trainers
+
+from rung.data import traces
 from rung.config import DifficultyParams, FormatParams, RLStageParams, SolutionTraces
-from rung.jobs import RLJob
-from rung.trainer import CURRICULUM_STATE, FINAL, complete_checkpoints
+from rung.train.jobs import RLJob
+from rung.train.checkpoints import CURRICULUM_STATE, FINAL, complete_checkpoints
 from tests.test_pipeline import tiny_params
 from tests.workspace import make_workspace
 
@@ -40,7 +48,7 @@ def parity(completion_ids, **_):
 
 RL_STEPS, RL_KILLS = 12, 10
 SFT_STEPS, SFT_KILLS = 12, 3
-RL_COMPLETE = ("trainer_state.json", CURRICULUM_STATE)  # as rung.launch.train decides for RL jobs
+RL_COMPLETE = ("trainer_state.json", CURRICULUM_STATE)  # as rung.train.launch.train decides for RL jobs
 ROWS = [
     {"id": str(i), "source": "s", "task": "basic_arithmetic", "prompt": f"Calculate {i} + {i % 3}.", "answer": str(i + i % 3),
      "solution": f"{i} + {i % 3} = {i + i % 3}", "meta": {}, "pass_rate": (i % 5) / 4, "bucket": ["unsolved", "hard", "medium", "medium", "solved"][i % 5]}
@@ -95,7 +103,7 @@ class Stage:
 
     def __init__(self, ctx, ws: Path, flow_module: str, args: tuple[str, ...], name: str, complete: tuple[str, ...]):
         self.ctx, self.ws, self.flow_module, self.args, self.complete = ctx, ws, flow_module, args, complete
-        self.work, self.out = ws / layout.WORK / name, layout.checkpoint(name)
+        self.work, self.out = ws / paths.WORK / name, paths.checkpoint(name)
         self.attempts: list[Attempt] = []
 
     def steps(self) -> list[int]:
@@ -145,9 +153,9 @@ def ws(tmp_path_factory, tiny_model) -> Path:
                                           rewards={"accuracy": 1.0, "parity": {"import": "tests.test_kill:parity"}})
     make_workspace(ws, params, dict(os.environ), stages=["sft", "rl"])
     for name in ("base", "sft"):
-        shutil.copytree(tiny_model, ws / layout.checkpoint(name))
-    io.write_jsonl(ws / layout.FILTERED, ROWS)
-    io.write_jsonl(ws / layout.TRACES, traces.from_solutions(ROWS, SolutionTraces(), FormatParams(**params.get("format", {}))))
+        shutil.copytree(tiny_model, ws / paths.checkpoint(name))
+    files.write_jsonl(ws / paths.FILTERED, ROWS)
+    files.write_jsonl(ws / paths.TRACES, traces.from_solutions(ROWS, SolutionTraces(), FormatParams(**params.get("format", {}))))
     return ws
 
 
@@ -180,7 +188,7 @@ def _kill_and_rerun(stage: Stage, rng: random.Random, steps: int, save_steps: in
             seen.setdefault(step, time.time() - t0)
             state = stage.work / f"checkpoint-{step}" / CURRICULUM_STATE
             if step not in states and CURRICULUM_STATE in stage.complete and state.is_file():
-                states[step] = io.read_json(state)
+                states[step] = files.read_json(state)
 
     stage.run("none (reference)", None, on_poll=observe)
     print("reference: checkpoints complete at", {k: round(v, 2) for k, v in seen.items()})
@@ -190,7 +198,7 @@ def _kill_and_rerun(stage: Stage, rng: random.Random, steps: int, save_steps: in
     for kind, target in _plan(rng, steps, save_steps, kills):
         r = max(stage.steps(), default=0)
         if r and CURRICULUM_STATE in stage.complete:  # the state resumed from is the unkilled run's at that step
-            assert io.read_json(stage.work / f"checkpoint-{r}" / CURRICULUM_STATE) == states[r], r
+            assert files.read_json(stage.work / f"checkpoint-{r}" / CURRICULUM_STATE) == states[r], r
         target, delay = max(target, r + save_steps), 0.0
         # No trigger waits past the start of the next checkpoint, so each kill leaves the next
         # target ahead: kills are spread over the steps, never bunched at the end.
@@ -256,24 +264,24 @@ def _check_tracking(stage: Stage, run_name: str, steps: int) -> None:
 
 def _check_outcome(ws: Path, model: str, plot: tuple[str, str], metrics: str, reference: Path, steps: int) -> None:
     """The stage's outputs equal the unkilled run's: model weights, per-step curves, metrics."""
-    out = ws / layout.checkpoint(model)
+    out = ws / paths.checkpoint(model)
     got, want = models.load(out)[0].state_dict(), models.load(reference / "model")[0].state_dict()
     assert got.keys() == want.keys()
     for k in got:
         torch.testing.assert_close(got[k], want[k], msg=k)
     if plot:
-        assert io.read_json(ws / layout.plot(*plot)) == io.read_json(reference / "curves.json")
-    assert io.read_json(ws / layout.metrics(metrics)) == io.read_json(reference / "metrics.json")
-    assert io.read_json(ws / layout.metrics(metrics))["steps"] == steps
-    assert not (ws / layout.WORK / model).exists()
+        assert files.read_json(ws / paths.plot(*plot)) == files.read_json(reference / "curves.json")
+    assert files.read_json(ws / paths.metrics(metrics)) == files.read_json(reference / "metrics.json")
+    assert files.read_json(ws / paths.metrics(metrics))["steps"] == steps
+    assert not (ws / paths.WORK / model).exists()
 
 
 def _keeper(ws: Path, model: str, plot: tuple[str, str] | None, metrics: str, reference: Path):
     def keep() -> None:
-        shutil.copytree(ws / layout.checkpoint(model), reference / "model")
+        shutil.copytree(ws / paths.checkpoint(model), reference / "model")
         if plot:
-            shutil.copy(ws / layout.plot(*plot), reference / "curves.json")
-        shutil.copy(ws / layout.metrics(metrics), reference / "metrics.json")
+            shutil.copy(ws / paths.plot(*plot), reference / "curves.json")
+        shutil.copy(ws / paths.metrics(metrics), reference / "metrics.json")
     return keep
 
 
@@ -304,7 +312,7 @@ def test_a_kill_after_trl_rotated_its_checkpoints_leaves_a_complete_one(tiny_mod
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     stage = RLStageParams.model_validate({"max_steps": 2, "num_generations": 2, "prompts_per_step": 2, "max_completion_length": 4,
                                           "save_steps": 1, "curriculum": {"type": "pools"}, "rewards": {"parity": {"import": "tests.test_kill:parity"}}})
-    io.write_jsonl(tmp_path / "rows.jsonl", ROWS)
+    files.write_jsonl(tmp_path / "rows.jsonl", ROWS)
     job = RLJob(key="rl.stages.main", params=stage, format=FormatParams(), seed=7, dtype="float32", init=tiny_model, data=tmp_path / "rows.jsonl",
                 work_dir=tmp_path / "work", buckets=DifficultyParams().buckets, curves=tmp_path / "curves.json")
     rotate = transformers.trainer.rotate_checkpoints
@@ -316,13 +324,13 @@ def test_a_kill_after_trl_rotated_its_checkpoints_leaves_a_complete_one(tiny_mod
 
     monkeypatch.setattr(transformers.trainer, "rotate_checkpoints", rotate_then_die)
     with pytest.raises(_Killed):
-        rl.train(job)
+        trainers.train(job)
     done = complete_checkpoints(job.work_dir, RL_COMPLETE)
     assert [c.name for c in done] == ["checkpoint-2"]
     monkeypatch.undo()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    summary = rl.train(job.model_copy(update={"resume": str(done[-1])})).metrics
-    assert summary["steps"] == 2 and [c["step"] for c in io.read_json(job.curves)] == [1, 2]
+    summary = trainers.train(job.model_copy(update={"resume": str(done[-1])})).metrics
+    assert summary["steps"] == 2 and [c["step"] for c in files.read_json(job.curves)] == [1, 2]
 
 
 def test_a_torn_trainer_state_is_not_a_complete_checkpoint(tmp_path):

@@ -9,14 +9,14 @@ from pathlib import Path
 import networkx as nx
 import yaml
 
-from rung.jobs import RLJob, SFTJob
+from rung.train.jobs import RLJob, SFTJob
 from tests.conftest import ROOT
 
 PACKAGES = ("rung", "flows", "tasks")
 
 
 def _modules() -> dict[str, Path]:
-    return {".".join(p.relative_to(ROOT).with_suffix("").parts): p for pkg in PACKAGES for p in (ROOT / pkg).glob("*.py")}
+    return {".".join(p.relative_to(ROOT).with_suffix("").parts): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
 
 
 def _imports(path: Path) -> set[str]:
@@ -27,7 +27,7 @@ def _imports(path: Path) -> set[str]:
             out |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
             out.add(node.module)
-            out |= {f"{node.module}.{a.name}" for a in node.names}  # `from rung import io` imports rung.io
+            out |= {f"{node.module}.{a.name}" for a in node.names}  # `from rung import files` imports rung.files
     return out
 
 
@@ -59,7 +59,7 @@ def _closure(module: str) -> set[str]:
 
 
 def _stage_closure(module: str) -> set[str]:
-    """A flow's import closure, plus that of each training job's entry module it runs (rung.launch
+    """A flow's import closure, plus that of each training job's entry module it runs (rung.train.launch
     imports `job.entry` by name, which static imports do not show)."""
     found = _closure(module)
     source = _modules()[module].read_text()

@@ -6,7 +6,7 @@ from fractions import Fraction
 
 import pytest
 
-from rung.metrics import avg_at_n, bootstrap_ci, maj_at_k, majority_vote, mean_pass_at_k, pass_at_k
+from rung.eval.metrics import avg_at_n, bootstrap_ci, maj_at_k, majority_vote, mean_pass_at_k, pass_at_k
 
 
 @pytest.mark.parametrize(

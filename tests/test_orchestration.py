@@ -40,7 +40,7 @@ def test_accelerate_configs_parse():
     """The four launch configs are valid accelerate files (running them needs GPUs: not tested here)."""
     from accelerate.commands.config.config_args import load_config_from_file
 
-    from rung.launch import CONFIGS
+    from rung.train.launch import CONFIGS
 
     kinds = {name: load_config_from_file(str(CONFIGS / f"{name}.yaml")) for name in ("ddp", "fsdp", "zero2", "zero3")}
     assert {n: c.distributed_type.value for n, c in kinds.items()} == {"ddp": "MULTI_GPU", "fsdp": "FSDP", "zero2": "DEEPSPEED", "zero3": "DEEPSPEED"}

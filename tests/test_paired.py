@@ -1,4 +1,4 @@
-"""Paired comparisons of checkpoints (rung.paired), their place in the report, and how MLflow
+"""Paired comparisons of checkpoints (rung.eval.paired), their place in the report, and how MLflow
 names and marks the runs."""
 from __future__ import annotations
 
@@ -10,7 +10,15 @@ import mlflow
 import numpy as np
 import pytest
 
-from rung import config, html_report, io, paired, report, tracking
+from rung import config, tracking
+
+from rung.report import htmlpage
+
+from rung import files
+
+from rung.eval import paired
+
+from rung.report import pipeline
 from rung.errors import InputError
 
 
@@ -125,8 +133,8 @@ def test_sampled_comparison_of_avg_and_pass_at_k():
 
 
 def test_pairs_compare_each_checkpoint_with_its_init_and_rl_with_base():
-    assert report.pairs({"main": "sft"}) == [("sft", "base"), ("rl/main", "sft"), ("rl/main", "base")]
-    assert report.pairs({"zero": "base", "more": "rl/zero"}) == [("sft", "base"), ("rl/zero", "base"), ("rl/more", "rl/zero"), ("rl/more", "base")]
+    assert pipeline.pairs({"main": "sft"}) == [("sft", "base"), ("rl/main", "sft"), ("rl/main", "base")]
+    assert pipeline.pairs({"zero": "base", "more": "rl/zero"}) == [("sft", "base"), ("rl/zero", "base"), ("rl/more", "rl/zero"), ("rl/more", "base")]
 
 
 @pytest.fixture
@@ -141,14 +149,14 @@ def evaluated(tmp_path, monkeypatch):
     rl[np.flatnonzero(sft)[:5]] = False   # ... and 5 right -> wrong against sft
     for name, correct in {"base": base, "sft": sft, "rl-main": rl}.items():
         d = tmp_path / "data/eval" / name
-        io.write_jsonl(d / "test.jsonl", _greedy(list(map(bool, correct))))
-        io.write_jsonl(d / "ood.jsonl", _greedy(list(map(bool, correct[:20]))))
-        io.write_jsonl(d / "test.samples.jsonl", _sampled([int(c) * 3 for c in correct[:10]], n=3))
+        files.write_jsonl(d / "test.jsonl", _greedy(list(map(bool, correct))))
+        files.write_jsonl(d / "ood.jsonl", _greedy(list(map(bool, correct[:20]))))
+        files.write_jsonl(d / "test.samples.jsonl", _sampled([int(c) * 3 for c in correct[:10]], n=3))
     return tmp_path
 
 
 def test_report_writes_the_comparisons_in_words(evaluated):
-    compared = report.comparisons(report.pairs({"main": "sft"}), 0.95, 1000, 42)
+    compared = pipeline.comparisons(pipeline.pairs({"main": "sft"}), 0.95, 1000, 42)
     assert list(compared["comparisons"]) == ["sft-vs-base", "rl-main-vs-sft", "rl-main-vs-base"]
     c = compared["comparisons"]["rl-main-vs-sft"]
     assert (c["new"], c["old"], list(c["sets"])) == ("rl/main", "sft", ["test", "ood"])
@@ -157,13 +165,13 @@ def test_report_writes_the_comparisons_in_words(evaluated):
     assert test["prompts_needed"] == 162  # not significant: the prompts it would need (mcnemar_prompts_needed)
     assert test["ci_low"] < test["difference"] < test["ci_high"] and set(test["sampled"]) >= {"avg@3", "pass@3"}
     assert "sampled" not in c["sets"]["ood"]
-    assert report.comparisons(report.pairs({"main": "sft"}), 0.95, 1000, 42) == compared  # seeded
+    assert pipeline.comparisons(pipeline.pairs({"main": "sft"}), 0.95, 1000, 42) == compared  # seeded
 
     evals = {c: {"sets": {"test": {"n": 60, "accuracy": 0.3, "accuracy_ci": [0.2, 0.4], "accuracy_lenient": 0.3, "format_rate": 1.0,
                                    "mean_tokens": 9.0, "truncation_rate": 0.0, "accuracy_by_source": {}}},
                  "sampling": {"temperature": 0.0}, "bootstrap": {"confidence": 0.95}} for c in ("base", "sft", "rl/main")}
-    text = report.run(evals, {"rl/main": [{"step": 1, "reward": 0.5}]}, {}, {"seed": 42}, compared)
-    assert json.loads(report.COMPARISONS.read_text()) == json.loads(json.dumps(compared))
+    text = pipeline.run(evals, {"rl/main": [{"step": 1, "reward": 0.5}]}, {}, {"seed": 42}, compared)
+    assert json.loads(pipeline.COMPARISONS.read_text()) == json.loads(json.dumps(compared))
     assert "## Paired comparisons" in text and "not significant at 0.05" in text
     row = next(line for line in text.splitlines() if line.startswith("| rl/main vs sft | test |"))
     p = f"{test['mcnemar_p']:.2f}"
@@ -177,14 +185,14 @@ def test_report_writes_the_comparisons_in_words(evaluated):
 
 
 def test_report_refuses_checkpoints_evaluated_on_different_prompts(evaluated):
-    io.write_jsonl(evaluated / "data/eval/sft/test.jsonl", _greedy([True] * 59))
+    files.write_jsonl(evaluated / "data/eval/sft/test.jsonl", _greedy([True] * 59))
     with pytest.raises(InputError, match="^sft vs base on test: the two checkpoints were evaluated on different prompts"):
-        report.comparisons([("sft", "base")], 0.95, 100, 0)
+        pipeline.comparisons([("sft", "base")], 0.95, 100, 0)
 
 
 def test_extra_tables_escape_and_align():
-    page = html_report.render({"base": {"accuracy": 0.1, "format_rate": 1, "mean_tokens": 3, "truncation_rate": 0, "n": 4}},
-                              extra=[html_report.Extra("t", "cap", ["a", "b"], [["<x>", "−1.0 [−2, 0]"], ["x", "< 0.001"]], ["a & b"])])
+    page = htmlpage.render({"base": {"accuracy": 0.1, "format_rate": 1, "mean_tokens": 3, "truncation_rate": 0, "n": 4}},
+                              extra=[htmlpage.Extra("t", "cap", ["a", "b"], [["<x>", "−1.0 [−2, 0]"], ["x", "< 0.001"]], ["a & b"])])
     assert '<tr><td>&lt;x&gt;</td><td class="num">−1.0 [−2, 0]</td></tr>' in page and '<td class="num">&lt; 0.001</td>' in page and '<p class="note">a &amp; b</p>' in page
 
 

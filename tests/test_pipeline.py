@@ -14,7 +14,7 @@ import mlflow
 import pytest
 import yaml
 
-from rung.trainer import CURRICULUM_STATE, complete_checkpoints
+from rung.train.checkpoints import CURRICULUM_STATE, complete_checkpoints
 from tests.conftest import ROOT
 from tests.workspace import make_workspace
 
@@ -225,7 +225,7 @@ def test_killed_stage_resumes_from_its_last_checkpoint(workspace, prefect_server
     env.pop("MLFLOW_TRACKING_URI", None)
     job = subprocess.Popen(["dvc", "repro", stage], cwd=ws, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 300
-    complete = (CURRICULUM_STATE, "trainer_state.json") if section == "rl" else ("trainer_state.json",)  # as rung.trainer.resume_point reads them
+    complete = (CURRICULUM_STATE, "trainer_state.json") if section == "rl" else ("trainer_state.json",)  # as rung.train.checkpoints.resume_point reads them
     while not complete_checkpoints(ws / "data/work" / work, complete):
         assert job.poll() is None and time.time() < deadline, "the stage ended before its first checkpoint"
         time.sleep(0.05)

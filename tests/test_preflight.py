@@ -9,7 +9,8 @@ import yaml
 from typer.testing import CliRunner
 
 from flows.cli import app
-from rung import config, io
+from rung import config
+from rung import files
 
 
 def _reward_not_taking_completions(answer):  # used by a case below through its import path
@@ -69,21 +70,21 @@ CASES = {
 def workdir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "empty.jsonl").write_text("")
-    io.write_jsonl(tmp_path / "noanswer.jsonl", [{"prompt": "1 + 1?", "solution": "2"}])
-    io.write_jsonl(tmp_path / "bench.jsonl", [{"prompt": "1 + 1?", "answer": "The result is 2"}, {"prompt": "2 + 2?", "answer": "The result is 4"}])
+    files.write_jsonl(tmp_path / "noanswer.jsonl", [{"prompt": "1 + 1?", "solution": "2"}])
+    files.write_jsonl(tmp_path / "bench.jsonl", [{"prompt": "1 + 1?", "answer": "The result is 2"}, {"prompt": "2 + 2?", "answer": "The result is 4"}])
     (tmp_path / "half_model").mkdir()
     (tmp_path / "half_model" / "config.json").write_text("{}")
     (tmp_path / "base_model").mkdir()  # a base model: config and tokenizer, no chat template
     (tmp_path / "base_model" / "config.json").write_text("{}")
     (tmp_path / "base_model" / "tokenizer_config.json").write_text('{"model_max_length": 4096}')
-    io.write_jsonl(tmp_path / "data" / "curated" / "train.jsonl", [{"id": "x"}])  # earlier outputs
+    files.write_jsonl(tmp_path / "data" / "curated" / "train.jsonl", [{"id": "x"}])  # earlier outputs
     return tmp_path
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="some cases are what a CPU-only machine rejects")
 def test_each_bad_input_is_refused_in_one_line_before_any_compute(workdir, default_params):
     runner = CliRunner()
-    before = io.md5(workdir / "data")
+    before = files.md5(workdir / "data")
     start = time.perf_counter()
     for name, (edits, expected) in CASES.items():
         params = config.with_overrides(default_params, dict(edits))
@@ -93,5 +94,5 @@ def test_each_bad_input_is_refused_in_one_line_before_any_compute(workdir, defau
         assert res.exit_code == 2, (name, res.output)
         assert len(lines) == 1 and lines[0].startswith(expected), (name, lines)
     print(f"{len(CASES)} bad inputs refused in {time.perf_counter() - start:.1f} s")  # reported, not asserted
-    assert io.md5(workdir / "data") == before
+    assert files.md5(workdir / "data") == before
     assert len(CASES) >= 15

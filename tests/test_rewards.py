@@ -5,7 +5,7 @@ import pytest
 
 from rung.config import FormatParams, RLStageParams
 from rung.errors import InputError
-from rung.rewards import Accuracy, ConditionalLength, Format, Overlong, build
+from rung.rl.rewards import Accuracy, ConditionalLength, Format, Overlong, build
 
 FMT = FormatParams()
 STAGE = RLStageParams(num_generations=2, max_completion_length=10)

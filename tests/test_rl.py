@@ -9,13 +9,21 @@ import torch
 from transformers import AutoModelForCausalLM, TrainerCallback
 from trl import GRPOTrainer
 
-from rung import answer_format, io, launch, models, rl
+from rung import models
+
+from rung.answers import formats
+
+from rung import files
+
+from rung.train import launch
+
+from rung.rl import trainers
 from rung.config import DifficultyParams, FormatParams, LaunchParams, RLStageParams, SamplingParams
-from rung.evaluate import grade
-from rung.decode import shared_prefix
-from rung.generation import generate, render
-from rung.jobs import RLJob
-from rung.trainer import FINAL
+from rung.eval.evaluate import grade
+from rung.generate.decode import shared_prefix
+from rung.generate.api import generate, render
+from rung.train.jobs import RLJob
+from rung.train.checkpoints import FINAL
 
 FMT = FormatParams()
 BUCKETS = DifficultyParams().buckets
@@ -50,7 +58,7 @@ def _stage(**kw) -> RLStageParams:
 
 def _job(tiny_model: Path, work: Path, stage: RLStageParams, resume: str | None = None) -> RLJob:
     data = work.parent / "rows.jsonl"
-    io.write_jsonl(data, ROWS)
+    files.write_jsonl(data, ROWS)
     return RLJob(key="rl.stages.main", params=stage, format=FMT, seed=7, dtype="float32", init=tiny_model, data=data, work_dir=work,
                  resume=resume, buckets=BUCKETS, curves=work.parent / f"{work.name}.curves.json")
 
@@ -58,7 +66,7 @@ def _job(tiny_model: Path, work: Path, stage: RLStageParams, resume: str | None 
 def _train(tiny_model: Path, work: Path, stage: RLStageParams, resume: str | None = None, callbacks=()):
     """(summary metrics, per-step curves) of an in-process run."""
     job = _job(tiny_model, work, stage, resume)
-    return rl.train(job, callbacks=list(callbacks)).metrics, io.read_json(job.curves)
+    return trainers.train(job, callbacks=list(callbacks)).metrics, files.read_json(job.curves)
 
 
 def test_dynamic_sampling_refills_zero_variance_groups(tiny_model, tmp_path):
@@ -69,7 +77,7 @@ def test_dynamic_sampling_refills_zero_variance_groups(tiny_model, tmp_path):
     # refilled batches hold fewer zero-variance groups than were generated
     assert summary["frac_zero_std_trained"] <= summary["frac_reward_zero_std"]
     assert all("curriculum/size/normal" in c and any(k.startswith("accuracy_by_bucket/") for k in c) for c in curves)
-    assert (tmp_path / "w" / "checkpoint-3" / rl.CURRICULUM_STATE).is_file()
+    assert (tmp_path / "w" / "checkpoint-3" / trainers.CURRICULUM_STATE).is_file()
 
 
 def test_rl_curves_separate_dropped_groups_from_the_trained_ones(tiny_model, tmp_path):
@@ -92,15 +100,15 @@ def test_rl_curves_separate_dropped_groups_from_the_trained_ones(tiny_model, tmp
 
 def test_held_out_curve_every_n_steps_matches_an_evaluation_of_the_model(tiny_model, tmp_path):
     heldout = tmp_path / "test.jsonl"
-    io.write_jsonl(heldout, ROWS[:6])
+    files.write_jsonl(heldout, ROWS[:6])
     greedy = SamplingParams(temperature=0.0, max_new_tokens=8, batch_size=4)
     job = _job(tiny_model, tmp_path / "w", _stage(eval_every=2)).model_copy(update={"heldout": heldout, "heldout_sampling": greedy})
-    rl.train(job)
-    curves = io.read_json(job.curves)
+    trainers.train(job)
+    curves = files.read_json(job.curves)
     assert [c["step"] for c in curves if "heldout_accuracy" in c] == [2, 3]  # every 2 steps and the last
     final = tmp_path / "w" / FINAL
     model, tok = AutoModelForCausalLM.from_pretrained(final), models.load_tokenizer(final)
-    prompts = render(tok, [answer_format.prompt(r["prompt"], FMT) for r in ROWS[:6]])
+    prompts = render(tok, [formats.prompt(r["prompt"], FMT) for r in ROWS[:6]])
     records = grade(ROWS[:6], generate(model, tok, prompts, greedy), FMT)
     assert curves[-1]["heldout_accuracy"] == pytest.approx(sum(r["samples"][0]["correct"] for r in records) / 6)
 
@@ -138,7 +146,7 @@ def test_resume_continues_model_optimizer_rng_and_curriculum(tiny_model, tmp_pat
     _, whole_curves = _train(tiny_model, tmp_path / "whole", stage)
     with pytest.raises(KeyboardInterrupt):
         _train(tiny_model, tmp_path / "cut", stage, callbacks=[_Crash(2)])
-    state = io.read_json(tmp_path / "cut" / "checkpoint-2" / rl.CURRICULUM_STATE)
+    state = files.read_json(tmp_path / "cut" / "checkpoint-2" / trainers.CURRICULUM_STATE)
     _, resumed_curves = _train(tiny_model, tmp_path / "cut", stage, resume=str(tmp_path / "cut" / "checkpoint-2"))
     assert state  # the curriculum state travelled with the checkpoint
     assert resumed_curves[-1] == whole_curves[-1]
@@ -154,7 +162,7 @@ def test_two_process_rl_with_dynamic_sampling(tiny_model, tmp_path):
     stage = _stage(max_steps=2, curriculum={"type": "pools"}, dynamic_sampling={"max_rounds": 2}, launch={"num_processes": 2})
     job = _job(tiny_model, tmp_path / "w", stage)
     result = launch.run(job, stage.launch)
-    curves = io.read_json(job.curves)
+    curves = files.read_json(job.curves)
     assert result.metrics["steps"] == 2 and [c["step"] for c in curves] == [1, 2]
     # prompts_per_step counts over all processes: 2 distinct prompts a step, as with one process
     assert [c["curriculum/prompts"] for c in curves] == [2.0, 2.0]
@@ -165,11 +173,11 @@ def test_two_process_rl_with_dynamic_sampling(tiny_model, tmp_path):
 
 
 def test_rollouts_take_rungs_generation_seeded_by_step(tiny_model, tmp_path):
-    """Default sampling goes through rung.generation, reproducibly; a setting rung's sampler lacks
+    """Default sampling goes through rung.generate.api, reproducibly; a setting rung's sampler lacks
     (top_k) goes to TRL's own model.generate."""
     runs = []
     for name, trl in (("a", {}), ("b", {}), ("top_k", {"top_k": 5})):
-        trainer = rl.trainer_for(_job(tiny_model, tmp_path / name, _stage(max_steps=2, trl=trl)))
+        trainer = trainers.trainer_for(_job(tiny_model, tmp_path / name, _stage(max_steps=2, trl=trl)))
         decided, inner = [], trainer._rung_generates
         trainer._rung_generates = lambda *a, inner=inner, decided=decided: decided.append(inner(*a)) or decided[-1]
         trainer.train()
@@ -196,9 +204,9 @@ def _rollout_batch(tok, prompts: list[str], lengths: list[int]):
 def test_shared_prefix_log_probs_equal_each_row_alone_with_their_gradients(tiny_model, tmp_path):
     """rung's log-probs run the prompts' shared prefix once; each row's log-probs, entropies and
     the gradient of their sum equal TRL's on that row alone (no padding, so no position question)."""
-    trainer = rl.trainer_for(_job(tiny_model, tmp_path / "w", _stage()))
+    trainer = trainers.trainer_for(_job(tiny_model, tmp_path / "w", _stage()))
     tok, model = trainer.processing_class, trainer.model
-    prompts = render(tok, [answer_format.prompt(r["prompt"] + " Explain." * (i % 3), FMT) for i, r in enumerate(ROWS[:4])])
+    prompts = render(tok, [formats.prompt(r["prompt"] + " Explain." * (i % 3), FMT) for i, r in enumerate(ROWS[:4])])
     input_ids, mask, keep = _rollout_batch(tok, prompts, [5, 3, 5, 2])
     assert len(shared_prefix([r[m.bool()].tolist() for r, m in zip(input_ids, mask)])) >= 8
 

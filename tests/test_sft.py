@@ -7,7 +7,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from rung import io, launch, layout, models, traces
+from rung import models
+
+from rung import files
+
+from rung.train import launch
+
+from rung import paths
+
+from rung.data import traces
 from rung.config import (
     FormatParams,
     LaunchParams,
@@ -16,9 +24,9 @@ from rung.config import (
     SolutionTraces,
 )
 from rung.errors import InputError
-from rung.jobs import SFTJob
-from rung.generation import Completion, Generator, require_vllm
-from rung.trainer import FINAL, resume_point
+from rung.train.jobs import SFTJob
+from rung.generate.api import Completion, Generator, require_vllm
+from rung.train.checkpoints import FINAL, resume_point
 
 FMT = FormatParams()
 ROWS = [
@@ -57,15 +65,15 @@ def test_traces_stage_skips_without_sft_and_refuses_to_leave_sft_nothing(tiny_mo
     wrong = Generator(models.load_tokenizer(tiny_model), lambda prompts, sampling, n, seed, desc: [[Completion("Answer: 0", 2, False)] * n for _ in prompts])
     teacher = [SampledTraces(type="distill", model="teacher")]
     assert traces.run(ROWS, teacher, FMT, 0, lambda m: wrong, enabled=False) == {"skipped": 1}  # zero-RL: nothing sampled
-    assert io.read_jsonl(layout.TRACES) == []
+    assert files.read_jsonl(paths.TRACES) == []
     with pytest.raises(InputError, match=r"^sft.traces: no SFT target from any source .*'correct_samples': 0"):
         traces.run(ROWS, teacher, FMT, 0, lambda m: wrong)
-    assert io.read_jsonl(layout.TRACES) == []  # the earlier output is left as it was
+    assert files.read_jsonl(paths.TRACES) == []  # the earlier output is left as it was
 
 
 def _job(tiny_model: Path, tmp_path: Path, params: SFTParams, **kw) -> SFTJob:
     data = tmp_path / "traces.jsonl"
-    io.write_jsonl(data, traces.from_solutions(ROWS, SolutionTraces(), FMT))
+    files.write_jsonl(data, traces.from_solutions(ROWS, SolutionTraces(), FMT))
     return SFTJob(key="sft", params=params, format=FMT, seed=3, dtype="float32", init=tiny_model, data=data, work_dir=tmp_path / "work", **kw)
 
 
@@ -83,13 +91,13 @@ def test_the_job_file_round_trips_and_publishing_clears_the_checkpoints(tiny_mod
     assert SFTJob.model_validate_json(job.model_dump_json(by_alias=True)) == job
     metrics = launch.train(job, params.launch, tmp_path / "sft")
     assert metrics["steps"] == 2 and not job.work_dir.exists()
-    assert io.read_json(tmp_path / "sft" / "rung.json")["params"]["max_steps"] == 2
+    assert files.read_json(tmp_path / "sft" / "rung.json")["params"]["max_steps"] == 2
     models.load(tmp_path / "sft")
 
 
 def test_two_process_ddp_trains_each_rank_on_its_own_shard(tiny_model, tmp_path):
     params = SFTParams(max_steps=2, per_device_train_batch_size=2, launch=LaunchParams(num_processes=2))
-    assert launch.command(params.launch, tmp_path / "job.json", "rung.sft", "sft.launch")[1:3] == ["-m", "torch.distributed.run"]
+    assert launch.command(params.launch, tmp_path / "job.json", "rung.train.sft", "sft.launch")[1:3] == ["-m", "torch.distributed.run"]
     result = launch.run(_job(tiny_model, tmp_path, params, callbacks=["tests.recording:RecordExamples"]), params.launch)
     assert result.metrics["steps"] == 2
     models.load(tmp_path / "work" / FINAL)

@@ -12,10 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 from pydantic import ValidationError
 
-from rung.data import row_id
+from rung.data.curate import row_id
 from rung.errors import InputError
 from rung.config import BenchmarkSource
-from rung.sources import FileSource, HFSource, load, mix
+from rung.data.sources import FileSource, HFSource, load, mix
 
 RECORDS = [
     {"q": "What is 40 + 2?", "a": 42, "why": "40 + 2 = 42", "level": 1},
@@ -368,9 +368,9 @@ def test_benchmark_overrides_apply_to_the_local_copy(offline):
 def test_curate_writes_benchmark_eval_sets_and_counts_skipped_golds(offline, tmp_path, monkeypatch):
     # End to end through the curate stage's core: params -> data/curated/eval/<name>.jsonl and the
     # counts of data/metrics/curate.json. A gold math-verify cannot parse is skipped and counted.
-    from rung import io
+    from rung import files
     from rung.config import CurateParams, EvalParams
-    from rung.data import run
+    from rung.data.curate import run
 
     monkeypatch.chdir(tmp_path)
     curate = CurateParams(sources=[
@@ -383,15 +383,15 @@ def test_curate_writes_benchmark_eval_sets_and_counts_skipped_golds(offline, tmp
     assert stats["eval_sets"]["math500"] == dict(read=6, dropped_empty=0, dropped_where=0, dropped_no_answer=0, dropped_size=0,
                                                  dropped_unverifiable=1, dropped_duplicate=0, rows=5)
     assert stats["eval_sets"]["gsm8k"]["rows"] == 5 and stats["eval_sets"]["gsm8k"]["dropped_unverifiable"] == 0
-    written = {p.stem: io.read_jsonl(p) for p in (tmp_path / "data" / "curated" / "eval").glob("*.jsonl")}
+    written = {p.stem: files.read_jsonl(p) for p in (tmp_path / "data" / "curated" / "eval").glob("*.jsonl")}
     assert {n: sorted(r["answer"] for r in rows) for n, rows in written.items()} == {
         "math500": sorted(["\\frac{14}{3}", "\\sqrt{2}", "6", "[-3,7]", "10"]), "gsm8k": sorted(["36", "1200", "8.5", "180", "8"])}
-    train = io.read_jsonl(tmp_path / "data" / "curated" / "train.jsonl")
+    train = files.read_jsonl(tmp_path / "data" / "curated" / "train.jsonl")
     assert not {r["prompt"] for r in train} & {r["prompt"] for r in written["math500"]}  # decontaminated against the eval sets
     # The eval stage grades these rows as any other: the model's "1,200" is GSM8K's "1200".
     from rung.config import FormatParams
-    from rung.evaluate import grade
-    from rung.generation import Completion
+    from rung.eval.evaluate import grade
+    from rung.generate.api import Completion
 
     by_answer = {r["answer"]: r for rows in written.values() for r in rows}
     rows = [by_answer["1200"], by_answer["\\frac{14}{3}"], by_answer["180"]]

@@ -11,9 +11,9 @@ import pytest
 from tests.conftest import ROOT
 
 MODEL = {"torch", "transformers", "trl", "peft", "accelerate"}  # a model's libraries: imported where one is loaded or trained
-DATA = {"reasoning_gym", "datasets", "datasketch"}  # reading sources (curate), verifying answers (rung.verify)
+DATA = {"reasoning_gym", "datasets", "datasketch"}  # reading sources (curate), verifying answers (rung.answers.verify)
 # Per stage flow module, what its import may not load. Stages that generate or train import torch when
-# they load the model (tasks.generation, rung.launch), after their preflight has run.
+# they load the model (tasks.generation, rung.train.launch), after their preflight has run.
 BANNED = {
     "model": MODEL | DATA,
     "curate": MODEL,
@@ -43,7 +43,7 @@ def test_a_stage_module_imports_only_what_the_stage_uses(stage):
 def test_the_preflight_of_the_default_params_loads_no_model_library():
     """The full preflight runs at every stage start: it generates from the reasoning-gym sources, but loads no
     model library, nor what file and dataset sources (datasets) or deduplication (datasketch) need."""
-    loaded = _loaded("from rung import config, layout, preflight\npreflight.check(config.load(layout.PARAMS))")
+    loaded = _loaded("from rung import config, paths, preflight\npreflight.check(config.load(paths.PARAMS))")
     assert "reasoning_gym" in loaded  # the sources were checked
     unused = loaded & (MODEL | {"datasets", "datasketch"})
     assert not unused, f"the preflight imports {sorted(unused)}"

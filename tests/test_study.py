@@ -1,5 +1,5 @@
 """Seed studies: the definition, the aggregation over seeds and the paired tests between arms
-(rung/study.py), and `rung study` end to end: two arms x two seeds of the tiny model as DVC
+(rung/report/study.py), and `rung study` end to end: two arms x two seeds of the tiny model as DVC
 experiments in a temporary git + DVC repo, against a Prefect server on loopback."""
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 from scipy.stats import ttest_rel
 
-from rung import paired, study
+from rung.eval import paired
+
+from rung.report import study
 from rung.errors import InputError
 from tests.test_pipeline import tiny_params
 from tests.workspace import make_workspace

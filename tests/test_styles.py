@@ -1,14 +1,16 @@
-"""The three answer dialects (rung.answer_format): one table of literal completions, each read by its
+"""The three answer dialects (rung.answers.formats): one table of literal completions, each read by its
 style's strict extraction and format check and judged against a gold answer by math-verify, as
 open-r1 judges math answers."""
 from __future__ import annotations
 
 import pytest
 
-from rung import answer_format, traces
+from rung.answers import formats
+
+from rung.data import traces
 from rung.config import FormatParams, SolutionTraces
 from rung.errors import InputError
-from rung.verify import is_correct
+from rung.answers.verify import is_correct
 
 LINE, BOXED, TAGS = (FormatParams(style=s) for s in ("answer_line", "boxed", "tags"))
 THINK = "<think>\n12 + 30 = 42\n</think>\n"
@@ -70,9 +72,9 @@ CASES = [
 
 @pytest.mark.parametrize("fmt, completion, gold, strict, follows, correct", CASES, ids=[f"{c[0].style}-{i}" for i, c in enumerate(CASES)])
 def test_style_table(fmt, completion, gold, strict, follows, correct):
-    assert answer_format.extract(completion, fmt) == strict
-    assert answer_format.follows_format(completion, fmt) is follows
-    assert is_correct(answer_format.extract(completion, fmt), {"task": "math", "answer": gold, "meta": {}}) is correct
+    assert formats.extract(completion, fmt) == strict
+    assert formats.follows_format(completion, fmt) is follows
+    assert is_correct(formats.extract(completion, fmt), {"task": "math", "answer": gold, "meta": {}}) is correct
 
 
 def test_table_covers_each_style_with_at_least_40_cases():
@@ -89,7 +91,7 @@ def test_table_covers_each_style_with_at_least_40_cases():
     ],
 )
 def test_tags_lenient_extraction(completion, lenient):
-    assert answer_format.extract_lenient(completion, TAGS) == lenient
+    assert formats.extract_lenient(completion, TAGS) == lenient
 
 
 @pytest.mark.parametrize(
@@ -102,36 +104,36 @@ def test_tags_lenient_extraction(completion, lenient):
     ],
 )
 def test_tags_partial_credit_is_open_r1_tag_count(completion, credit):
-    assert answer_format.style(TAGS).partial_credit(completion) == credit
+    assert formats.style(TAGS).partial_credit(completion) == credit
 
 
 @pytest.mark.parametrize("fmt", [LINE, BOXED, TAGS], ids=lambda f: f.style)
 @pytest.mark.parametrize("answer, solution", [("42", "6 * 7 = 42"), ("\\frac{1}{2}", None), ("-3", "Subtract.\nIt is -3.")])
 def test_targets_follow_their_own_format(fmt, answer, solution):
-    target = answer_format.target(answer, solution, fmt)
-    assert answer_format.follows_format(target, fmt)
-    assert answer_format.extract(target, fmt) == answer
+    target = formats.target(answer, solution, fmt)
+    assert formats.follows_format(target, fmt)
+    assert formats.extract(target, fmt) == answer
 
 
 def test_boxed_target_keeps_a_solution_that_already_has_its_box():
     solution = "Half of one is $\\boxed{\\frac{1}{2}}$."
-    assert answer_format.target("\\frac{1}{2}", solution, BOXED) == solution
+    assert formats.target("\\frac{1}{2}", solution, BOXED) == solution
 
 
 def test_prompts_chat_and_plain():
-    assert answer_format.prompt("What is 2+2?", BOXED) == [
+    assert formats.prompt("What is 2+2?", BOXED) == [
         {"role": "system", "content": "Please reason step by step, and put your final answer within \\boxed{}."},
         {"role": "user", "content": "What is 2+2?"},
     ]
     appended = FormatParams(style="boxed", system_message=False)
-    assert answer_format.prompt("What is 2+2?", appended) == [
+    assert formats.prompt("What is 2+2?", appended) == [
         {"role": "user", "content": "What is 2+2?\nPlease reason step by step, and put your final answer within \\boxed{}."}
     ]
     r1_zero = FormatParams(style="tags", template="plain")
-    text = answer_format.prompt("What is 2+2?", r1_zero)
+    text = formats.prompt("What is 2+2?", r1_zero)
     assert text.startswith("A conversation between User and Assistant.") and text.endswith("\nUser: What is 2+2?\nAssistant:")
     custom = FormatParams(template="plain", instruction="", plain_template="Q: {prompt}\nA:")
-    assert answer_format.prompt("What is 2+2?", custom) == "Q: What is 2+2?\nA:"
+    assert formats.prompt("What is 2+2?", custom) == "Q: What is 2+2?\nA:"
 
 
 def test_solution_targets_that_break_the_style_are_refused_naming_the_source():
@@ -155,11 +157,11 @@ def test_a_sample_is_kept_as_a_trace_only_if_it_ends_in_the_format():
 
 def test_chat_prompts_need_a_chat_template_plain_ones_do_not(tiny_model):
     from rung import models
-    from rung.generation import render
+    from rung.generate.api import render
 
     tok = models.load_tokenizer(tiny_model)
     tok.chat_template = None  # a base model's tokenizer
-    plain = answer_format.prompt("1+1?", FormatParams(style="tags", template="plain"))
+    plain = formats.prompt("1+1?", FormatParams(style="tags", template="plain"))
     assert render(tok, [plain]) == [plain]
     with pytest.raises(InputError, match="^format.template: chat, but the model's tokenizer has no chat template"):
-        render(tok, [answer_format.prompt("1+1?", TAGS)])
+        render(tok, [formats.prompt("1+1?", TAGS)])

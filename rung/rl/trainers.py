@@ -19,25 +19,33 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
 from trl.trainer.utils import nanstd, pad
 
-from rung import answer_format, compat, curriculum, io, models, placement, rewards
+from rung import compat, models, placement
+
+from rung.answers import formats
+
+from rung.rl import curricula
+
+from rung import files
+
+from rung.rl import rewards
 from rung.config import DynamicSamplingParams, FormatParams, RLStageParams, SamplingParams
 from rung.errors import InputError
-from rung.evaluate import grade
-from rung.generation import generate, render
-from rung.jobs import JobResult, RLJob, main
-from rung.rollouts import Rollouts
-from rung.trainer import CURRICULUM_STATE, common_args, finalize, fit, train_loss
+from rung.eval.evaluate import grade
+from rung.generate.api import generate, render
+from rung.train.jobs import JobResult, RLJob, main
+from rung.rl.rollouts import Rollouts
+from rung.train.checkpoints import CURRICULUM_STATE, common_args, finalize, fit, train_loss
 
 def prompts(rows: list[dict[str, Any]], fmt: FormatParams) -> Dataset:
     """Conversational prompts plus the columns the reward functions read."""
     return Dataset.from_list(
         [
             {
-                "prompt": answer_format.prompt(r["prompt"], fmt),
+                "prompt": formats.prompt(r["prompt"], fmt),
                 "prompt_text": r["prompt"],
                 "answer": r["answer"],
                 "task": r["task"],
-                "meta": io.dumps(r["meta"]),
+                "meta": files.dumps(r["meta"]),
             }
             for r in rows
         ]
@@ -76,7 +84,7 @@ def trl_config(stage: RLStageParams, weights: list[float], seed: int, work_dir: 
 
 
 class CurriculumMixin:
-    """Prompt selection by a rung.curriculum scheduler and DAPO dynamic sampling for a TRL
+    """Prompt selection by a rung.rl.curricula scheduler and DAPO dynamic sampling for a TRL
     GRPO-family trainer.
 
     TRL's sampler still paces the steps, but each generation batch's prompts are drawn from the
@@ -91,7 +99,7 @@ class CurriculumMixin:
     (their share of what was generated) and the extra completions the refills cost.
     """
 
-    def setup_curriculum(self, scheduler: curriculum.Scheduler, rows: list[dict[str, Any]], dynamic: DynamicSamplingParams | None) -> None:
+    def setup_curriculum(self, scheduler: curricula.Scheduler, rows: list[dict[str, Any]], dynamic: DynamicSamplingParams | None) -> None:
         self.curriculum, self.rows, self.dynamic = scheduler, rows, dynamic
         self._last_rewards: torch.Tensor | None = None
 
@@ -134,7 +142,7 @@ class CurriculumMixin:
             metrics[f"rewards/{name}/std"].append(nanstd(trained[:, i]).item())
             metrics[f"rewards_generated/{name}/mean"].append(torch.nanmean(generated[:, i]).item())
 
-    def _score_groups(self, global_idx: list[int], out: dict[str, Any]) -> tuple[list[curriculum.GroupResult], torch.Tensor]:
+    def _score_groups(self, global_idx: list[int], out: dict[str, Any]) -> tuple[list[curricula.GroupResult], torch.Tensor]:
         """Per-group results of the last generation (all processes) and a zero-variance flag per group."""
         g = self.num_generations
         r = self._last_rewards
@@ -145,7 +153,7 @@ class CurriculumMixin:
         std = total.std(dim=1)
         zero = torch.isclose(total.max(dim=1).values, total.min(dim=1).values)
         results = [
-            curriculum.GroupResult(index=i, accuracy=float(a), reward_std=float(s), abs_advantage=float(v))
+            curricula.GroupResult(index=i, accuracy=float(a), reward_std=float(s), abs_advantage=float(v))
             for i, a, s, v in zip(global_idx, acc.nanmean(dim=1).tolist(), std.tolist(), adv.abs().mean(dim=1).tolist(), strict=True)
         ]
         return results, zero
@@ -222,7 +230,7 @@ class CurriculumMixin:
             merged["num_items_in_batch"] = self.accelerator.gather(mask.sum()).sum()
         return merged
 
-    def _log_buckets(self, results: list[curriculum.GroupResult]) -> None:
+    def _log_buckets(self, results: list[curricula.GroupResult]) -> None:
         by_bucket: dict[str, list[float]] = defaultdict(list)
         for r in results:
             by_bucket[self.rows[r.index].get("bucket", "unknown")].append(r.accuracy)
@@ -231,15 +239,15 @@ class CurriculumMixin:
 
     def _save_checkpoint(self, model, trial):  # type: ignore[no-untyped-def]
         # The curriculum state first: TRL writes trainer_state.json last and then deletes the previous
-        # checkpoint, so wherever a kill lands a complete checkpoint (rung.trainer) is left.
+        # checkpoint, so wherever a kill lands a complete checkpoint (rung.train.checkpoints) is left.
         if self.args.should_save:
-            io.write_json(Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}" / CURRICULUM_STATE, self.curriculum.state_dict())
+            files.write_json(Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}" / CURRICULUM_STATE, self.curriculum.state_dict())
         super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):  # type: ignore[no-untyped-def]
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is not None and (Path(checkpoint) / CURRICULUM_STATE).exists():
-            self.curriculum.load_state_dict(io.read_json(Path(checkpoint) / CURRICULUM_STATE))
+            self.curriculum.load_state_dict(files.read_json(Path(checkpoint) / CURRICULUM_STATE))
 
 
 class GRPO(CurriculumMixin, Rollouts, GRPOTrainer):
@@ -253,12 +261,12 @@ class RLOO(CurriculumMixin, Rollouts, RLOOTrainer):
 class HeldOut(TrainerCallback):
     """Greedy accuracy of the policy on the held-out split every `every` steps and at the last one,
     logged with that step's metrics as `heldout/accuracy`: a learning curve on data the stage never
-    trains on, graded as the eval stage grades (rung.evaluate). Every process generates the same
+    trains on, graded as the eval stage grades (rung.eval.evaluate). Every process generates the same
     greedy completions (so sharded models work); the main process logs them."""
 
     def __init__(self, trainer: Any, rows: list[dict[str, Any]], fmt: FormatParams, sampling: SamplingParams, every: int, tok: Any):
         self.trainer, self.rows, self.fmt, self.sampling, self.every, self.tok = trainer, rows, fmt, sampling, every, tok
-        self.prompts = render(tok, [answer_format.prompt(r["prompt"], fmt) for r in rows])
+        self.prompts = render(tok, [formats.prompt(r["prompt"], fmt) for r in rows])
 
     def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **_: Any) -> None:
         if state.global_step % self.every and state.global_step != state.max_steps:
@@ -305,16 +313,16 @@ def trainer_for(job: RLJob, callbacks: list[Any] | None = None) -> GRPO | RLOO:
     """The stage's trainer, ready to fit: model, rewards, TRL config, curriculum, held-out callback."""
     compat.check()
     stage, model_dir = job.params, job.init
-    rows = select(io.read_jsonl(job.data), stage, job.key)
+    rows = select(files.read_jsonl(job.data), stage, job.key)
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=placement.resolve(job.device, job.dtype)[1])
     funcs, weights = rewards.build(stage, job.format, f"{job.key}.rewards")
     cls = RLOO if stage.algorithm == "rloo" else GRPO
     trainer = cls(model=model, reward_funcs=funcs, args=trl_config(stage, weights, job.seed, job.work_dir, job.dtype, job.key, job.device), train_dataset=prompts(rows, job.format),
                   processing_class=tok, callbacks=[*job.trainer_callbacks(), *(callbacks or [])])
-    trainer.setup_curriculum(curriculum.build(rows, stage.curriculum, buckets=job.buckets, max_steps=stage.max_steps, seed=job.seed), rows, stage.dynamic_sampling)
+    trainer.setup_curriculum(curricula.build(rows, stage.curriculum, buckets=job.buckets, max_steps=stage.max_steps, seed=job.seed), rows, stage.dynamic_sampling)
     if stage.eval_every is not None and job.heldout is not None:
-        trainer.add_callback(HeldOut(trainer, io.read_jsonl(job.heldout), job.format, job.heldout_sampling, stage.eval_every,
+        trainer.add_callback(HeldOut(trainer, files.read_jsonl(job.heldout), job.format, job.heldout_sampling, stage.eval_every,
                                      models.load_tokenizer(model_dir)))
     return trainer
 
@@ -339,7 +347,7 @@ def train(job: RLJob, callbacks: list[Any] | None = None) -> JobResult:
         summary["extra_generations"] = sum(c.get("extra_generations", 0.0) for c in curves)
     finalize(trainer, tok, job.work_dir)
     if trainer.args.should_save:
-        io.write_json(job.curves, curves)
+        files.write_json(job.curves, curves)
     return JobResult(metrics=summary)
 
 

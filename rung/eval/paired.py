@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import binomtest, norm
 
-from rung import metrics
+from rung.eval import metrics
 from rung.errors import InputError
 
 Record = dict[str, Any]

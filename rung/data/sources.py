@@ -22,13 +22,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from datasets.exceptions import DatasetNotFoundError, DatasetsError
 
-from rung import io
+from rung import files
 from rung.config import FileSource, HFSource, _TabularSource
 from rung.errors import InputError
-from rung.latex import last_boxed
-from rung.rows import Row, plain_json, row_id
+from rung.answers.latex import last_boxed
+from rung.data.rows import Row, plain_json, row_id
 from rung.seeding import derive
-from rung.verify import is_known_task
+from rung.answers.verify import is_known_task
 
 
 _SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
@@ -120,7 +120,7 @@ def _csv_records(lines: Any, src: FileSource, path: Path) -> list[dict[str, Any]
 
 def _read_hf(src: HFSource) -> tuple[list[dict[str, Any]], list[str], str]:
     local = Path(src.dataset).expanduser()
-    is_local = io.is_local_path(src.dataset)
+    is_local = files.is_local_path(src.dataset)
     if is_local and not local.is_dir():
         raise InputError(f"{_key(src, 'dataset')}: directory not found: {src.dataset}")
     if is_local and src.revision is not None:

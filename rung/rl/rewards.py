@@ -1,6 +1,6 @@
 """Reward functions with TRL's signature: (completions, **dataset_columns) -> list[float | None].
 
-`rung.verify` decides correctness; this module turns it into scores. Each reward is a picklable
+`rung.answers.verify` decides correctness; this module turns it into scores. Each reward is a picklable
 callable whose __name__ is its params.yaml name and its metric key (rewards/<name>/mean).
 """
 from __future__ import annotations
@@ -9,10 +9,10 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from rung import answer_format
+from rung.answers import formats
 from rung.config import BUILTIN_REWARDS, FormatParams, RewardParams, RLStageParams
 from rung.errors import InputError
-from rung.verify import is_correct
+from rung.answers.verify import is_correct
 
 RewardFunc = Callable[..., list[float | None]]
 
@@ -25,7 +25,7 @@ def _text(completion: Any) -> str:
 def correct(completions: list[Any], answer: list[str], task: list[str], prompt_text: list[str], meta: list[str], fmt: FormatParams) -> list[bool]:
     """Whether each completion's formatted final answer passes its task's verifier."""
     return [
-        is_correct(answer_format.extract(_text(c), fmt), dict(answer=a, task=t, prompt=p, meta=m))
+        is_correct(formats.extract(_text(c), fmt), dict(answer=a, task=t, prompt=p, meta=m))
         for c, a, t, p, m in zip(completions, answer, task, prompt_text, meta, strict=True)
     ]
 
@@ -43,12 +43,12 @@ class Accuracy:
 
 
 class Format:
-    """1.0 when the completion passes the style's strict format check (rung.answer_format), else 0.0."""
+    """1.0 when the completion passes the style's strict format check (rung.answers.formats), else 0.0."""
 
     __name__ = "format"
 
     def __init__(self, fmt: FormatParams, stage: RLStageParams):
-        self.style = answer_format.style(fmt)
+        self.style = formats.style(fmt)
 
     def __call__(self, completions: list[Any], **_: Any) -> list[float | None]:
         return [float(self.style.follows(_text(c))) for c in completions]

@@ -1,11 +1,11 @@
 """Generation on CUDA: `model.generate` with a static KV cache and a compiled decode step.
 
 On a GPU a 135M model's decode step is a few hundred small kernel launches, so rung's eager loop
-(rung.decode) runs no faster than dynamic-cache `generate` there; a static cache with a
+(rung.generate.decode) runs no faster than dynamic-cache `generate` there; a static cache with a
 torch.compile'd step (CUDA graphs) ran 3.5-5.9x faster on an H100 (shared/GPU_RUNS.md). Shapes come
 from fixed buckets (rows, cache length) so each bucket compiles once per process, not per batch.
 rung's per-row seeded sampling is kept: a logits processor picks each row's token from that row's
-own stream (rung.decode.pick), and generate's greedy step then takes exactly that token.
+own stream (rung.generate.decode.pick), and generate's greedy step then takes exactly that token.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 from transformers import CompileConfig, GenerationConfig, LogitsProcessor, LogitsProcessorList, PreTrainedModel
 
 from rung.config import SamplingParams
-from rung.decode import Row, draws_for, pick
+from rung.generate.decode import Row, draws_for, pick
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 WIDTH_STEP = 64
@@ -33,7 +33,7 @@ def round_up(x: int, step: int = WIDTH_STEP) -> int:
 
 class SeededPick(LogitsProcessor):
     """Leaves only the token each row's own seeded draw picks (inverse-CDF over the temperature /
-    top-p warped distribution, as rung.decode does), so generate's greedy argmax takes it."""
+    top-p warped distribution, as rung.generate.decode does), so generate's greedy argmax takes it."""
 
     def __init__(self, draws: torch.Tensor, width: int, sampling: SamplingParams) -> None:
         self.draws, self.width, self.sampling = draws, width, sampling
@@ -56,7 +56,7 @@ def generation_config(sampling: SamplingParams, eos_ids: list[int], cache_len: i
 @torch.inference_mode()
 def decode(model: PreTrainedModel, ids: list[list[int]], order: list[int], sampling: SamplingParams, n: int, seed: int,
            eos_ids: list[int], capacity: int, compile_config: CompileConfig | None = None) -> Iterator[Row]:
-    """The contract of rung.decode.decode (n samples of each prompt in `order`, each Row as it is
+    """The contract of rung.generate.decode.decode (n samples of each prompt in `order`, each Row as it is
     known), through compiled static-cache `generate` in batches of at most `capacity` rows."""
     compile_config = compile_config or CompileConfig()
     pairs = [(i, j) for i in sorted(order, key=lambda i: (len(ids[i]), i)) for j in range(n)]

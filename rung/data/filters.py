@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rung.verify import parse_math
+from rung.answers.verify import parse_math
 
 Row = dict[str, Any]
 
@@ -166,7 +166,7 @@ def near_duplicates(
     """
     if not 0 < threshold <= 1:
         raise ValueError(f"near_duplicates: threshold must be in (0, 1], got {threshold}")
-    from datasketch import MinHash, MinHashLSH  # here: only curate deduplicates, every stage's preflight imports rung.data
+    from datasketch import MinHash, MinHashLSH  # here: only curate deduplicates, every stage's preflight imports rung.data.curate
 
     groups: dict[tuple[str, ...], list[int]] = defaultdict(list)
     for i, r in enumerate(rows):

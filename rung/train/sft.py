@@ -9,16 +9,20 @@ from peft import LoraConfig
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import SFTConfig, SFTTrainer
 
-from rung import answer_format, io, placement
+from rung import placement
+
+from rung.answers import formats
+
+from rung import files
 from rung.config import FormatParams
-from rung.jobs import JobResult, SFTJob, main
-from rung.trainer import common_args, finalize, fit, train_loss
+from rung.train.jobs import JobResult, SFTJob, main
+from rung.train.checkpoints import common_args, finalize, fit, train_loss
 
 
 def examples(traces: list[dict[str, Any]], fmt: FormatParams) -> Dataset:
     """Prompt/completion pairs, conversations for a chat template or plain text (TRL appends EOS):
     TRL masks the prompt, so only the response is learned."""
-    return Dataset.from_list([{"prompt": answer_format.prompt(t["prompt"], fmt), "completion": _completion(t["target"], fmt)} for t in traces])
+    return Dataset.from_list([{"prompt": formats.prompt(t["prompt"], fmt), "completion": _completion(t["target"], fmt)} for t in traces])
 
 
 def _completion(target: str, fmt: FormatParams) -> list[dict[str, str]] | str:
@@ -28,7 +32,7 @@ def _completion(target: str, fmt: FormatParams) -> list[dict[str, str]] | str:
 def train(job: SFTJob) -> JobResult:
     """Fine-tune the job's init model on its traces; the result lands in work_dir/final. Per-step
     metrics go to the active MLflow run through TRL's MLflowCallback."""
-    params, model_dir, traces = job.params, job.init, io.read_jsonl(job.data)
+    params, model_dir, traces = job.params, job.init, files.read_jsonl(job.data)
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=placement.resolve(job.device, job.dtype)[1])
     config = SFTConfig(
@@ -59,7 +63,7 @@ def truncated_fraction(traces: list[dict[str, Any]], fmt: FormatParams, tok: Any
     if not traces:
         return 0.0
     texts = [
-        f"{p}{t['target']}{tok.eos_token}" if isinstance(p := answer_format.prompt(t["prompt"], fmt), str)
+        f"{p}{t['target']}{tok.eos_token}" if isinstance(p := formats.prompt(t["prompt"], fmt), str)
         else tok.apply_chat_template([*p, {"role": "assistant", "content": t["target"]}], tokenize=False)
         for t in traces
     ]

@@ -1,6 +1,6 @@
 """The job a training process runs, typed: one pydantic model per kind, written once as job.json
-(`model_dump_json`) and read once by the kind's entry point (`python -m rung.sft JOB.json`,
-`python -m rung.rl JOB.json`, started on every rank by rung.launch) or handed over in-process."""
+(`model_dump_json`) and read once by the kind's entry point (`python -m rung.train.sft JOB.json`,
+`python -m rung.rl.trainers JOB.json`, started on every rank by rung.train.launch) or handed over in-process."""
 from __future__ import annotations
 
 import importlib
@@ -52,13 +52,13 @@ class TrainJob(BaseModel):
 
 
 class SFTJob(TrainJob):
-    entry: ClassVar[str] = "rung.sft"
+    entry: ClassVar[str] = "rung.train.sft"
     kind: Literal["sft"] = "sft"
     params: SFTParams
 
 
 class RLJob(TrainJob):
-    entry: ClassVar[str] = "rung.rl"
+    entry: ClassVar[str] = "rung.rl.trainers"
     kind: Literal["rl"] = "rl"
     params: RLStageParams
     buckets: dict[str, float]

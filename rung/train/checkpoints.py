@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from rung import io
+from rung import files
 
 FINGERPRINT = "fingerprint.json"  # the inputs the checkpoints were written for
 FINAL = "final"
@@ -19,7 +19,7 @@ def common_args(seed: int, work_dir: Path, dtype: str, save_steps: int, device: 
     `device` and `dtype` are params `model.device` / `model.dtype` (rung.placement resolves them)."""
     import importlib.util
 
-    import torch  # here and below, not at the top: rung.launch (and so preflight) uses the scratch-directory helpers only
+    import torch  # here and below, not at the top: rung.train.launch (and so preflight) uses the scratch-directory helpers only
 
     from rung import placement
 
@@ -75,12 +75,12 @@ def resume_point(work_dir: Path, fingerprint: dict[str, Any], complete: tuple[st
     """
     stamp = work_dir / FINGERPRINT
     # Compare through JSON so tuples, paths and key order do not count as changes.
-    if stamp.exists() and io.read_json(stamp) == json.loads(io.dumps(fingerprint)):
+    if stamp.exists() and files.read_json(stamp) == json.loads(files.dumps(fingerprint)):
         done = complete_checkpoints(work_dir, complete)
         return str(done[-1]) if done else None
     shutil.rmtree(work_dir, ignore_errors=True)
     work_dir.mkdir(parents=True)
-    io.write_json(stamp, fingerprint)
+    files.write_json(stamp, fingerprint)
     return None
 
 

@@ -19,12 +19,18 @@ import reasoning_gym
 import reasoning_gym.factory
 from reasoning_gym.composite import DatasetSpec
 
-from rung import filters, io, layout, verify
+from rung.data import filters
+
+from rung import files
+
+from rung import paths
+
+from rung.answers import verify
 from rung.config import CurateParams, EvalParams, ReasoningGymSource, Source
 from rung.errors import InputError
-from rung.rows import Row, difficulty_label, plain_json, row_id
+from rung.data.rows import Row, difficulty_label, plain_json, row_id
 from rung.seeding import derive
-from rung.solutions import arithmetic_steps
+from rung.data.solutions import arithmetic_steps
 
 
 
@@ -83,7 +89,7 @@ def load_source(src: Source, seed: int) -> tuple[list[Row], dict[str, int]]:
     if isinstance(src, ReasoningGymSource):
         rows = from_reasoning_gym(src, seed)
         return rows, {"read": len(rows), "rows": len(rows)}
-    from rung import sources  # here: datasets and pyarrow, which a reasoning-gym source (and each stage's preflight of one) needs not
+    from rung.data import sources  # here: datasets and pyarrow, which a reasoning-gym source (and each stage's preflight of one) needs not
 
     loaded = sources.load(src, seed)
     if not loaded.rows:
@@ -153,7 +159,7 @@ def curate(params: CurateParams, evals: dict[str, list[Row]], seed: int) -> tupl
         groups: dict[str, list[Row]] = {}
         for r in rows:
             groups.setdefault(r["source"], []).append(r)
-        from rung import sources
+        from rung.data import sources
 
         rows = sources.mix(groups, params.mix.weights, params.mix.total, derive(seed, "curate", "mix"))
     train, test = split(rows, params.test_fraction, params.max_test)
@@ -188,13 +194,13 @@ def run(params: CurateParams, eval_params: EvalParams, seed: int) -> dict[str, A
     evals, eval_counts = eval_sets(eval_params, seed)
     train, test, stats = curate(params, evals, seed)
     stats["eval_sets"] = eval_counts
-    io.write_jsonl(layout.TRAIN, train)
-    io.write_jsonl(layout.TEST, test)
+    files.write_jsonl(paths.TRAIN, train)
+    files.write_jsonl(paths.TEST, test)
     lengths, levels = histograms(train)
-    io.write_json(layout.plot("curate", "prompt_length"), lengths)
-    io.write_json(layout.plot("curate", "difficulty"), levels)
-    with io.atomic_path(layout.EVAL_SETS) as tmp:
+    files.write_json(paths.plot("curate", "prompt_length"), lengths)
+    files.write_json(paths.plot("curate", "difficulty"), levels)
+    with files.atomic_path(paths.EVAL_SETS) as tmp:
         tmp.mkdir()
         for name, rows in evals.items():
-            io.write_jsonl(tmp / f"{name}.jsonl", rows)
+            files.write_jsonl(tmp / f"{name}.jsonl", rows)
     return stats

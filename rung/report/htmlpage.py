@@ -18,7 +18,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator
 
-from rung.io import atomic_path
+from rung.files import atomic_path
 
 # Applied while plots are built and saved. A fixed hash salt makes matplotlib's SVG ids the same
 # on every render (they are random otherwise); fonttype "none" writes text as <text>, not paths.
@@ -286,7 +286,7 @@ def render(evals: Mapping[str, Mapping[str, Any]], reward_curves: Mapping[str, S
     truncation_rate, n; optionally accuracy_lenient, accuracy_ci [lo, hi], pass_at_k {"k": v},
     accuracy_by_source {source: v}, sampling {name: value}), in the order the rows should have;
     reward_curves maps RL stage name to (step, mean reward) points; settings is shown as a table;
-    extra tables (e.g. the paired comparisons) follow the headline table; warnings (rung.health)
+    extra tables (e.g. the paired comparisons) follow the headline table; warnings (rung.report.health)
     are listed above everything else.
     """
     colors = {name: f"C{i % 10}" for i, name in enumerate(evals)}  # one colour per checkpoint in every plot

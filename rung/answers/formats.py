@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 from functools import cache
 
 from rung.config import FormatParams
-from rung.latex import last_boxed
+from rung.answers.latex import last_boxed
 
 Prompt = list[dict[str, str]] | str
 """A conversation for a chat template, or the finished text of a plain template."""

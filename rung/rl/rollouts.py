@@ -1,7 +1,7 @@
 """Where rung's RL steps do less work than TRL's on the same rollouts, as a mixin for TRL 1.16's
 GRPOTrainer and RLOOTrainer (rung.compat lists the private methods it overrides):
 
-- rollouts through rung.generation instead of batched `model.generate`;
+- rollouts through rung.generate.api instead of batched `model.generate`;
 - log-probabilities that encode the prompts' shared prefix (chat template and system prompt) once
   per batch instead of once per completion, in the forward and the backward pass.
 
@@ -18,8 +18,8 @@ from trl import RLOOTrainer
 from trl.models import unwrap_model_for_generation
 
 from rung.config import SamplingParams
-from rung.decode import shared_prefix
-from rung.generation import generate_ids
+from rung.generate.decode import shared_prefix
+from rung.generate.api import generate_ids
 from rung.seeding import derive
 
 # Below this many shared tokens, encoding them once saves less than the extra forward costs.
@@ -31,7 +31,7 @@ class Rollouts:
     """(step, generation calls in it): with the seed, where each rollout's sampling stream starts."""
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, *args, **kwargs):  # type: ignore[no-untyped-def]
-        """Rollouts through rung's decode loop (rung.generation: finished rows leave the batch, the
+        """Rollouts through rung's decode loop (rung.generate.api: finished rows leave the batch, the
         group's prompt is encoded once for its samples, oneDNN-prepacked weights) where TRL would call
         batched `model.generate`: text prompts, no tools, sampling rung implements (temperature, top_p).
         Each completion draws from its own stream seeded by (seed, step, call of the step, process,
@@ -44,7 +44,7 @@ class Rollouts:
         # TRL repeats each prompt for its group: generate the group's samples from one prompt encoding
         g = self.num_generations
         n = g if len(prompt_ids) % g == 0 and all(prompt_ids[i] == prompt_ids[i - i % g] for i in range(len(prompt_ids))) else 1
-        # every rollout of the step in one batch where memory allows (rung.generation sizes it on CUDA)
+        # every rollout of the step in one batch where memory allows (rung.generate.api sizes it on CUDA)
         sampling = SamplingParams(temperature=self.temperature, top_p=self.top_p, max_new_tokens=self.max_completion_length, batch_size=len(prompt_ids))
         with unwrap_model_for_generation(self.model_wrapped, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation,
                                          gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs) as unwrapped:
@@ -63,7 +63,7 @@ class Rollouts:
         prefix run once and its keys and values broadcast to every row (gradients flow back through
         the broadcast). Rows are laid out as in generation: [prefix][left padding][rest of the prompt]
         [completion], positions counted over real tokens (TRL's forward counts left pads as
-        positions; rung.generation, like `model.generate`, does not)."""
+        positions; rung.generate.api, like `model.generate`, does not)."""
         prompt_len = input_ids.shape[1] - logits_to_keep
         rows = [ids[mask.bool()].tolist() for ids, mask in zip(input_ids[:, :prompt_len], attention_mask[:, :prompt_len])]
         prefix = shared_prefix(rows) if len(rows) > 1 else []

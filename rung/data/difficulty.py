@@ -9,13 +9,17 @@ from collections import Counter
 from statistics import mean
 from typing import TYPE_CHECKING, Any
 
-from rung import answer_format, io, layout
+from rung.answers import formats
+
+from rung import files
+
+from rung import paths
 from rung.config import DifficultyParams, FormatParams
 from rung.errors import InputError
-from rung.verify import is_correct
+from rung.answers.verify import is_correct
 
 if TYPE_CHECKING:  # a type only: torch is imported by whoever loads the model (tasks.generation), after the preflight
-    from rung.generation import Generator
+    from rung.generate.api import Generator
 
 
 def pass_rates(gen: Generator, rows: list[dict[str, Any]], fmt: FormatParams, params: DifficultyParams, seed: int) -> list[dict[str, Any]]:
@@ -24,11 +28,11 @@ def pass_rates(gen: Generator, rows: list[dict[str, Any]], fmt: FormatParams, pa
     Correctness here ignores the answer format (last number counts): difficulty measures whether
     the reference model can solve the problem, not whether it already follows rung's format.
     """
-    prompts = gen.render([answer_format.prompt(r["prompt"], fmt) for r in rows])
+    prompts = gen.render([formats.prompt(r["prompt"], fmt) for r in rows])
     samples = gen.generate(prompts, params.sampling, n=params.num_generations, seed=seed, desc="difficulty")
     out = []
     for row, completions in zip(rows, samples, strict=True):
-        scores = [float(is_correct(answer_format.extract_lenient(c.text, fmt), row)) for c in completions]
+        scores = [float(is_correct(formats.extract_lenient(c.text, fmt), row)) for c in completions]
         rate = mean(scores)
         out.append({"id": row["id"], "source": row["source"], "pass_rate": rate, "bucket": bucket(rate, params.buckets), "scores": scores})
     return out
@@ -71,8 +75,8 @@ def run(gen: Generator, rows: list[dict[str, Any]], fmt: FormatParams, params: D
     kept = keep(scores, params)
     if not kept:
         raise InputError(f"difficulty: no prompt has a pass rate in [{params.pass_rate_min}, {params.pass_rate_max}]; widen the window")
-    io.write_jsonl(layout.SCORES, scores)
+    files.write_jsonl(paths.SCORES, scores)
     by_id = {s["id"]: {"pass_rate": s["pass_rate"], "bucket": s["bucket"]} for s in scores}
-    io.write_jsonl(layout.FILTERED, [{**r, **by_id[r["id"]]} for r in rows if r["id"] in kept])
-    io.write_json(layout.plot("difficulty", "pass_rate"), histogram(scores))
+    files.write_jsonl(paths.FILTERED, [{**r, **by_id[r["id"]]} for r in rows if r["id"] in kept])
+    files.write_json(paths.plot("difficulty", "pass_rate"), histogram(scores))
     return summarize(scores, len(kept))

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from rung.config import Curriculum
-from rung.difficulty import bucket
+from rung.data.difficulty import bucket
 
 UNKNOWN_PASS_RATE = 0.5
 

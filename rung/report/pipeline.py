@@ -1,15 +1,23 @@
 """The comparison of every evaluated checkpoint: headline rows, paired comparisons of
-checkpoints (rung.paired on the per-prompt eval records), markdown and HTML reports."""
+checkpoints (rung.eval.paired on the per-prompt eval records), markdown and HTML reports."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from rung import answer_format, html_report, io, layout, paired
+from rung.answers import formats
 
 # The paired comparisons: a DVC metrics file of the report stage (next to report.md, outside
+
+from rung.report import htmlpage
+
+from rung import files
+
+from rung import paths
+
+from rung.eval import paired
 # data/metrics, which the stage depends on).
-COMPARISONS = layout.REPORTS / "comparisons.json"
+COMPARISONS = paths.REPORTS / "comparisons.json"
 
 COLUMNS = [
     ("accuracy", "held-out accuracy"),
@@ -63,8 +71,8 @@ def pairs(rl_inits: dict[str, str]) -> list[tuple[str, str]]:
 
 
 def _records(checkpoint: str, name: str) -> list[dict[str, Any]] | None:
-    path = layout.EVAL / layout.checkpoint_slug(checkpoint) / name
-    return io.read_jsonl(path) if path.is_file() else None
+    path = paths.EVAL / paths.checkpoint_slug(checkpoint) / name
+    return files.read_jsonl(path) if path.is_file() else None
 
 
 def comparisons(pairs: list[tuple[str, str]], confidence: float, resamples: int, seed: int) -> dict[str, Any]:
@@ -74,7 +82,7 @@ def comparisons(pairs: list[tuple[str, str]], confidence: float, resamples: int,
     out: dict[str, Any] = {}
     for new, old in pairs:
         sets: dict[str, Any] = {}
-        names = sorted(p.stem for p in (layout.EVAL / layout.checkpoint_slug(new)).glob("*.jsonl") if not p.stem.endswith(".samples"))
+        names = sorted(p.stem for p in (paths.EVAL / paths.checkpoint_slug(new)).glob("*.jsonl") if not p.stem.endswith(".samples"))
         for name in sorted(names, key=lambda n: (n != "test", n)):  # the held-out split first
             greedy_old, greedy_new = _records(old, f"{name}.jsonl"), _records(new, f"{name}.jsonl")
             if greedy_old is None or greedy_new is None:
@@ -134,7 +142,7 @@ def explanation(result: dict[str, Any]) -> list[str]:
         f"\"Not significant at {alpha:g}\" means these prompts do not establish a difference either way; "
         "it does not mean the checkpoints are equal. \"Needs about N prompts\": the number of prompts at which the exact "
         f"McNemar test would find the observed effect significant at {alpha:g} with 80% power, taking these flip rates as "
-        "the truth (Connor 1987; rung.paired.mcnemar_prompts_needed).",
+        "the truth (Connor 1987; rung.eval.paired.mcnemar_prompts_needed).",
     ]
 
 
@@ -170,7 +178,7 @@ def markdown(evals: dict[str, dict[str, Any]], rl: dict[str, dict[str, str]] | N
     notes = [f"Held-out split: {n} prompts; headline decoding: {sampling}; accuracy with its {100 * confidence:.0f}% bootstrap interval "
              "(of that checkpoint alone: whether two checkpoints differ is read from the paired comparisons, not from overlapping intervals)."]
     if "format" in first:  # metrics written before format.style existed have none
-        notes.append(f"Answer format: style {first['format']['style']} ({answer_format.STYLES[first['format']['style']].description}), {first['format']['template']} template; "
+        notes.append(f"Answer format: style {first['format']['style']} ({formats.STYLES[first['format']['style']].description}), {first['format']['template']} template; "
                      "accuracy reads the answer only where the style puts it, 'any format' also the last number, format rate is the style's strict check.")
     if first.get("samples"):
         s = first["samples"]
@@ -196,10 +204,10 @@ def html(evals: dict[str, dict[str, Any]], reward_curves: dict[str, list[dict[st
     if compared and compared["comparisons"]:
         greedy, sampled = comparison_rows(compared)
         greedy_header, sampled_header = headers(compared)
-        tables.append(html_report.Extra("paired", "Paired comparisons: greedy accuracy (same prompts)", greedy_header, greedy, explanation(compared)))
+        tables.append(htmlpage.Extra("paired", "Paired comparisons: greedy accuracy (same prompts)", greedy_header, greedy, explanation(compared)))
         if sampled:
-            tables.append(html_report.Extra("paired-sampled", "Paired comparisons: avg@n and pass@n (same prompts)", sampled_header, sampled, []))
-    html_report.write(path, {name: headline(m) for name, m in evals.items()}, curves, title="rung results", settings=settings, extra=tables,
+            tables.append(htmlpage.Extra("paired-sampled", "Paired comparisons: avg@n and pass@n (same prompts)", sampled_header, sampled, []))
+    htmlpage.write(path, {name: headline(m) for name, m in evals.items()}, curves, title="rung results", settings=settings, extra=tables,
                       warnings=warnings or ())
 
 
@@ -208,11 +216,11 @@ def run(evals: dict[str, dict[str, Any]], curves: dict[str, list[dict[str, float
     """The report stage: write the paired comparisons (DVC metrics file), the markdown and the HTML
     report at their layout paths; returns the markdown."""
     if compared is not None:
-        io.write_json(COMPARISONS, compared)
+        files.write_json(COMPARISONS, compared)
     text = markdown(evals, rl, compared, warnings)
     settings = {**settings, **{f"rl/{name}": "; ".join(row.values()) for name, row in rl.items()}}
-    with io.atomic_path(layout.REPORT) as tmp:
+    with files.atomic_path(paths.REPORT) as tmp:
         tmp.write_text(text)
-    with io.atomic_path(layout.HTML_REPORT) as tmp:
+    with files.atomic_path(paths.HTML_REPORT) as tmp:
         html(evals, curves, settings, tmp, compared, warnings)
     return text

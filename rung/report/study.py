@@ -22,7 +22,7 @@ prompt when every seed answered the same prompts (a seed of RL alone), with its 
 seeds together, and the (seed, prompt) pair otherwise (the seed also changed the data); then
 - the difference in greedy accuracy (new - old, over all seeds and prompts) with a paired
   bootstrap interval: units resampled, stratified by seed when the unit is a (seed, prompt) pair
-  (rung.paired.paired_bootstrap);
+  (rung.eval.paired.paired_bootstrap);
 - an exact sign test over units (units where new does better against units where old does):
   with one seed it is the exact McNemar test of the report, and with shared prompts it does not
   count one prompt's seeds as independent evidence;
@@ -44,7 +44,15 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from scipy.stats import binomtest, ttest_rel
 
-from rung import config, html_report, io, paired, report
+from rung import config
+
+from rung.report import htmlpage
+
+from rung import files
+
+from rung.eval import paired
+
+from rung.report import pipeline
 from rung.errors import InputError
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_.]*$"  # part of a DVC experiment name (a git ref): no '-' so names split cleanly
@@ -94,7 +102,7 @@ def points(study: Study) -> dict[str, dict[str, Any]]:
     """Experiment name -> {arm, seed, point}: every arm for every seed, seeds varying slowest. A
     nested mapping is set key by key (merged into params.yaml, as `dvc exp run -S` merges; DVC's
     Hydra overrides cannot take a JSON mapping as one value)."""
-    return {f"{study.name}-{arm}-{seed}": {"arm": arm, "seed": seed, "point": {**io.flatten({**study.params, **overrides}), study.seed_key: seed}}
+    return {f"{study.name}-{arm}-{seed}": {"arm": arm, "seed": seed, "point": {**files.flatten({**study.params, **overrides}), study.seed_key: seed}}
             for seed in study.seeds for arm, overrides in study.arms.items()}
 
 
@@ -258,12 +266,12 @@ def comparison_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]
     rows = []
     for c in result["comparisons"].values():
         for name, g in c["sets"].items():
-            t = "—" if g["seed_t_test_p"] is None else report.p_text(g["seed_t_test_p"])
+            t = "—" if g["seed_t_test_p"] is None else pipeline.p_text(g["seed_t_test_p"])
             rows.append([f"{c['new']} vs {c['old']}", name, str(len(g["seeds"])), f"{g['units']} ({g['unit']})",
                          f"{100 * g['accuracy_old']:.1f}% → {100 * g['accuracy_new']:.1f}%",
-                         f"{report.signed_points(g['difference'])} [{report.signed_points(g['ci_low'])}, {report.signed_points(g['ci_high'])}]",
-                         ", ".join(report.signed_points(v) for v in g["per_seed_difference"].values()), f"{g['units_better']} / {g['units_worse']}",
-                         report.p_text(g["sign_test_p"]), g["verdict"] + paired.power_note(g, "units"), t])
+                         f"{pipeline.signed_points(g['difference'])} [{pipeline.signed_points(g['ci_low'])}, {pipeline.signed_points(g['ci_high'])}]",
+                         ", ".join(pipeline.signed_points(v) for v in g["per_seed_difference"].values()), f"{g['units_better']} / {g['units_worse']}",
+                         pipeline.p_text(g["sign_test_p"]), g["verdict"] + paired.power_note(g, "units"), t])
     return header, rows
 
 
@@ -280,7 +288,7 @@ def explanation(result: dict[str, Any]) -> list[str]:
         "units where it does worse (with one seed: exact McNemar) and gives the verdict; it is conditional on these seeds. "
         "The t-test over seeds compares the per-seed accuracies (scipy ttest_rel) and asks whether the arm wins across "
         f"training runs. \"Not significant at {alpha:g}\" does not mean the arms are equal; \"needs about N units\": the units at "
-        f"which the sign test would find this effect significant with 80% power (rung.paired.mcnemar_prompts_needed).",
+        f"which the sign test would find this effect significant with 80% power (rung.eval.paired.mcnemar_prompts_needed).",
     ]
 
 
@@ -289,23 +297,23 @@ def markdown(result: dict[str, Any], settings: dict[str, Any]) -> str:
     cmp_header, cmps = comparison_rows(result)
     first, second = explanation(result)
     lines = [f"# Study {result['name']}", "", ", ".join(f"{k}: {v}" for k, v in settings.items()), "", first, "",
-             *report.md_table(arms_header, arms)]
+             *pipeline.md_table(arms_header, arms)]
     if cmps:
-        lines += ["", "## Paired comparisons between arms", "", second, "", *report.md_table(cmp_header, cmps)]
+        lines += ["", "## Paired comparisons between arms", "", second, "", *pipeline.md_table(cmp_header, cmps)]
     return "\n".join([*lines, ""])
 
 
-def plots(result: dict[str, Any]) -> list[html_report.Plot]:
+def plots(result: dict[str, Any]) -> list[htmlpage.Plot]:
     """The study's learning curves per arm (mean over seeds, band from min to max)."""
     c = result["curves"]
     pick = lambda key: {arm: v[key] for arm, v in c.items()}  # noqa: E731
     pct = lambda key: {arm: [(x, 100 * m, 100 * lo, 100 * hi) for x, m, lo, hi in pts] for arm, pts in pick(key).items()}  # noqa: E731
     return [
-        ("plot-held-out", lambda: html_report.band_plot(pct("held_out_accuracy"), "training step", "held-out accuracy (%)"),
+        ("plot-held-out", lambda: htmlpage.band_plot(pct("held_out_accuracy"), "training step", "held-out accuracy (%)"),
          "Held-out greedy accuracy per arm at step 0 (the init checkpoint), every eval_every steps and after the last step: mean over seeds, band from min to max."),
-        ("plot-reward", lambda: html_report.band_plot(pick("reward"), "training step", "mean reward"),
+        ("plot-reward", lambda: htmlpage.band_plot(pick("reward"), "training step", "mean reward"),
          "Training reward per step (of the groups trained on): mean over seeds, band from min to max."),
-        ("plot-train-accuracy", lambda: html_report.band_plot(pct("train_accuracy"), "training step", "training-batch accuracy (%)"),
+        ("plot-train-accuracy", lambda: htmlpage.band_plot(pct("train_accuracy"), "training step", "training-batch accuracy (%)"),
          "Accuracy of the training batch per step: mean over seeds, band from min to max."),
     ]
 
@@ -314,12 +322,12 @@ def html(result: dict[str, Any], settings: dict[str, Any]) -> str:
     arms_header, arms = arm_rows(result)
     cmp_header, cmps = comparison_rows(result)
     first, second = explanation(result)
-    figures = html_report.figures(plots(result))
-    tables = [html_report.extra_table(html_report.Extra("arms", "Per arm: mean ± sd over seeds", arms_header, arms, [first]))]
+    figures = htmlpage.figures(plots(result))
+    tables = [htmlpage.extra_table(htmlpage.Extra("arms", "Per arm: mean ± sd over seeds", arms_header, arms, [first]))]
     if cmps:
-        tables.append(html_report.extra_table(html_report.Extra("paired", "Paired comparisons between arms: greedy accuracy", cmp_header, cmps, [second])))
-    tables.append(html_report.settings_table(settings))
-    return html_report.page(f"Study {result['name']}", tables, figures)
+        tables.append(htmlpage.extra_table(htmlpage.Extra("paired", "Paired comparisons between arms: greedy accuracy", cmp_header, cmps, [second])))
+    tables.append(htmlpage.settings_table(settings))
+    return htmlpage.page(f"Study {result['name']}", tables, figures)
 
 
 def write(result: dict[str, Any], settings: dict[str, Any], root: Path = STUDIES) -> dict[str, Path]:
@@ -327,9 +335,9 @@ def write(result: dict[str, Any], settings: dict[str, Any], root: Path = STUDIES
     atomically; returns the paths of the three study files."""
     folder = root / result["name"]
     paths = {"json": folder / "study.json", "md": folder / "study.md", "html": folder / "study.html"}
-    io.write_json(paths["json"], {**result, "settings": settings})
+    files.write_json(paths["json"], {**result, "settings": settings})
     for kind, text in (("md", markdown(result, settings)), ("html", html(result, settings))):
-        with io.atomic_path(paths[kind]) as tmp:
+        with files.atomic_path(paths[kind]) as tmp:
             tmp.write_text(text, encoding="utf-8")
-    html_report.save_figures(plots(result), folder)
+    htmlpage.save_figures(plots(result), folder)
     return paths

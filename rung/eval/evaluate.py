@@ -9,13 +9,19 @@ from pathlib import Path
 from statistics import mean, median
 from typing import TYPE_CHECKING, Any
 
-from rung import answer_format, io, layout, metrics
+from rung.answers import formats
+
+from rung import files
+
+from rung import paths
+
+from rung.eval import metrics
 from rung.config import EvalParams, FormatParams
-from rung.rows import difficulty_label
-from rung.verify import is_correct
+from rung.data.rows import difficulty_label
+from rung.answers.verify import is_correct
 
 if TYPE_CHECKING:  # a type only: torch is imported by whoever loads the model (tasks.generation), after the preflight
-    from rung.generation import Completion, Generator
+    from rung.generate.api import Completion, Generator
 
 Record = dict[str, Any]
 
@@ -26,10 +32,10 @@ def grade(rows: list[dict[str, Any]], samples: list[list[Completion]], fmt: Form
     for row, completions in zip(rows, samples, strict=True):
         graded = []
         for c in completions:
-            strict = answer_format.extract(c.text, fmt)
+            strict = formats.extract(c.text, fmt)
             graded.append(dict(
                 completion=c.text, extracted=strict, correct=is_correct(strict, row),
-                correct_lenient=is_correct(answer_format.extract_lenient(c.text, fmt), row),
+                correct_lenient=is_correct(formats.extract_lenient(c.text, fmt), row),
                 tokens=c.tokens, truncated=c.truncated,
             ))
         records.append(dict(id=row["id"], source=row["source"], task=row["task"], difficulty=difficulty_label(row),
@@ -84,7 +90,7 @@ def evaluate(
 
     Returns (greedy records, sampled records, metrics).
     """
-    prompts = gen.render([answer_format.prompt(r["prompt"], fmt) for r in rows])
+    prompts = gen.render([formats.prompt(r["prompt"], fmt) for r in rows])
     greedy = grade(rows, gen.generate(prompts, params.sampling, n=1, seed=seed, desc="eval greedy"), fmt)
     result = summarize_greedy(greedy, params, seed)
     progress(f"greedy accuracy {result['accuracy']:.3f} on {len(rows)} prompts")
@@ -102,20 +108,20 @@ def run(checkpoint: str, results: dict[str, tuple[list[Record], list[Record], di
     """The eval stage's outputs for one checkpoint: per-sample records of every set (one directory,
     written atomically), the DVC plots of the held-out split (accuracy by difficulty, pass@k and
     maj@k), and the metrics, which record format, sampling, seed and the md5 of the model and of every set."""
-    slug = layout.checkpoint_slug(checkpoint)
-    with io.atomic_path(layout.EVAL / slug) as tmp:
+    slug = paths.checkpoint_slug(checkpoint)
+    with files.atomic_path(paths.EVAL / slug) as tmp:
         tmp.mkdir()
         for name, (greedy, sampled, _) in results.items():
-            io.write_jsonl(tmp / f"{name}.jsonl", greedy)
+            files.write_jsonl(tmp / f"{name}.jsonl", greedy)
             if sampled:
-                io.write_jsonl(tmp / f"{name}.samples.jsonl", sampled)
+                files.write_jsonl(tmp / f"{name}.samples.jsonl", sampled)
     test = results["test"][2]
-    io.write_json(layout.plot("accuracy_by_difficulty", slug), [{"difficulty": d, "accuracy": a} for d, a in test["accuracy_by_difficulty"].items()])
+    files.write_json(paths.plot("accuracy_by_difficulty", slug), [{"difficulty": d, "accuracy": a} for d, a in test["accuracy_by_difficulty"].items()])
     curve = [{"k": int(k), "pass_at_k": v, "maj_at_k": test["maj_at_k"][k]} for k, v in test.get("pass_at_k", {}).items()]
-    io.write_json(layout.plot("pass_at_k", slug), curve)  # empty without eval.samples
+    files.write_json(paths.plot("pass_at_k", slug), curve)  # empty without eval.samples
     return {
-        "checkpoint": checkpoint, "seed": seed, "model_md5": io.md5(layout.checkpoint(checkpoint)),
-        "data_md5": {n: io.md5(p) for n, p in set_paths.items()},
+        "checkpoint": checkpoint, "seed": seed, "model_md5": files.md5(paths.checkpoint(checkpoint)),
+        "data_md5": {n: files.md5(p) for n, p in set_paths.items()},
         "format": {"style": fmt.style, "template": fmt.template},
         "sampling": params.sampling.model_dump(),
         "samples": params.samples.model_dump() if params.samples else None,

@@ -1,7 +1,7 @@
 """SFT targets ("traces"): worked solutions from the data, or verified samples of a model
 (rejection sampling / STaR from the base model; distillation from a teacher).
 
-Every target goes through rung.answer_format, so SFT teaches exactly the format that the rewards
+Every target goes through rung.answers.formats, so SFT teaches exactly the format that the rewards
 and the evaluation read.
 """
 from __future__ import annotations
@@ -10,13 +10,17 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from rung import answer_format, io, layout
+from rung.answers import formats
+
+from rung import files
+
+from rung import paths
 from rung.config import FormatParams, SampledTraces, SolutionTraces, TraceSource
 from rung.errors import InputError
-from rung.verify import is_correct
+from rung.answers.verify import is_correct
 
 if TYPE_CHECKING:  # solution traces need no model: torch is imported by whoever loads one
-    from rung.generation import Generator
+    from rung.generate.api import Generator
 
 Trace = dict[str, Any]  # id, prompt, target, origin
 
@@ -28,9 +32,9 @@ def from_solutions(rows: list[dict[str, Any]], src: SolutionTraces, fmt: FormatP
     (e.g. solutions that carry their own <answer> tags, or a MATH solution whose last box is not
     its answer column): training on them would teach a format the rewards do not read."""
     used = [r for r in rows if r.get("solution") or src.answer_only]
-    targets = [answer_format.target(r["answer"], r.get("solution"), fmt) for r in used]
+    targets = [formats.target(r["answer"], r.get("solution"), fmt) for r in used]
     bad = [r["id"] for r, t in zip(used, targets, strict=True)
-           if not answer_format.follows_format(t, fmt) or not is_correct(answer_format.extract(t, fmt), r)]
+           if not formats.follows_format(t, fmt) or not is_correct(formats.extract(t, fmt), r)]
     if bad:
         raise InputError(f"{key}: {len(bad)} of {len(used)} solution targets do not state the row's answer in format.style "
                          f"{fmt.style} (first: id {bad[0]}); fix the solutions or use another style")
@@ -41,19 +45,19 @@ def in_format(text: str, row: dict[str, Any], fmt: FormatParams) -> str | None:
     """The completion as a target if its answer is correct: unchanged when it already follows the
     format, else with the answer added in the format; None when it is wrong."""
     text = text.strip()
-    if answer_format.follows_format(text, fmt):
-        return text if is_correct(answer_format.extract(text, fmt), row) else None
-    answer = answer_format.extract_lenient(text, fmt)
+    if formats.follows_format(text, fmt):
+        return text if is_correct(formats.extract(text, fmt), row) else None
+    answer = formats.extract_lenient(text, fmt)
     if answer is None or not is_correct(answer, row):
         return None
-    fixed = answer_format.style(fmt).appended(text, answer)
-    return fixed if answer_format.follows_format(fixed, fmt) else None  # e.g. stray tags of its own
+    fixed = formats.style(fmt).appended(text, answer)
+    return fixed if formats.follows_format(fixed, fmt) else None  # e.g. stray tags of its own
 
 
 def sampled(gen: Generator, rows: list[dict[str, Any]], src: SampledTraces, fmt: FormatParams, seed: int) -> tuple[list[Trace], dict[str, Any]]:
     """Verified-correct samples, at most `max_per_prompt` distinct ones per prompt; with counts."""
     rows = rows[: src.max_prompts]
-    prompts = gen.render([answer_format.prompt(r["prompt"], fmt) for r in rows])
+    prompts = gen.render([formats.prompt(r["prompt"], fmt) for r in rows])
     samples = gen.generate(prompts, src.sampling, n=src.num_samples, seed=seed, desc=f"{src.type} traces")
     traces, kept_per_prompt = [], Counter()
     correct = 0
@@ -100,11 +104,11 @@ def run(rows: list[dict[str, Any]], sources: list[TraceSource], fmt: FormatParam
     counts. With SFT disabled (zero-RL) nothing is built or sampled and the file is empty; with SFT
     enabled and no target at all, refused (one line) instead of failing inside the trainer."""
     if not enabled:
-        io.write_jsonl(layout.TRACES, [])
+        files.write_jsonl(paths.TRACES, [])
         return {"skipped": 1}
     traces, stats = build(rows, sources, fmt, seed, load)
     if not traces:
         raise InputError(f"sft.traces: no SFT target from any source ({stats}); add a `solutions` source, "
                          "sample more, or set sft.enabled: false")
-    io.write_jsonl(layout.TRACES, traces)
+    files.write_jsonl(paths.TRACES, traces)
     return stats

@@ -1,8 +1,8 @@
 """Batched rollouts, shared by difficulty scoring, rejection sampling, evaluation and RL.
 
 Two backends behind one `Generator`: transformers and vLLM (optional, selected by params
-`generation.backend`). The transformers backend runs rung's decode loop (rung.decode) on the CPU
-and a compiled static-cache `generate` (rung.compiled) on CUDA, with the batch sized for the device.
+`generation.backend`). The transformers backend runs rung's decode loop (rung.generate.decode) on the CPU
+and a compiled static-cache `generate` (rung.generate.compiled) on CUDA, with the batch sized for the device.
 """
 from __future__ import annotations
 
@@ -20,11 +20,15 @@ import torch
 from tqdm.auto import tqdm
 from transformers import CompileConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from rung import compiled, decode, models, placement
-from rung.answer_format import Prompt
+from rung import models, placement
+
+from rung.generate import compiled
+
+from rung.generate import decode
+from rung.answers.formats import Prompt
 from rung.config import SamplingParams
 from rung.errors import InputError
-from rung.prepacked import prepacked
+from rung.generate.prepacked import prepacked
 
 log = logging.getLogger(__name__)
 

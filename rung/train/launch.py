@@ -1,9 +1,9 @@
-"""Run a training job (rung.jobs) in this process, or distributed: torchrun (DDP over gloo) on CPU,
+"""Run a training job (rung.train.jobs) in this process, or distributed: torchrun (DDP over gloo) on CPU,
 `accelerate launch` with a DDP / FSDP / DeepSpeed config on GPUs; resume it from its last complete
 checkpoint, and publish the trained model at the stage's output directory.
 
 A distributed job is written once as job.json and read by its kind's entry point on every rank
-(`python -m rung.sft|rung.rl job.json`); rank 0 writes the result into the work directory.
+(`python -m rung.train.sft|rung.rl.trainers job.json`); rank 0 writes the result into the work directory.
 """
 from __future__ import annotations
 
@@ -16,11 +16,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rung import io, models
+from rung import models
+
+from rung import files
 from rung.config import LaunchParams
 from rung.errors import InputError
-from rung.jobs import RESULT, JobResult, RLJob, TrainJob
-from rung.trainer import CURRICULUM_STATE, FINAL, discard, resume_point
+from rung.train.jobs import RESULT, JobResult, RLJob, TrainJob
+from rung.train.checkpoints import CURRICULUM_STATE, FINAL, discard, resume_point
 
 log = logging.getLogger(__name__)
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "accelerate"
@@ -75,7 +77,7 @@ def train(job: TrainJob, launch: LaunchParams, out_dir: Path) -> dict[str, float
     check(launch, key)
     # An RL checkpoint is complete with the curriculum state (written before TRL's files) and TRL's trainer_state.json (written last).
     complete = ("trainer_state.json", CURRICULUM_STATE) if isinstance(job, RLJob) else ("trainer_state.json",)
-    resume = resume_point(job.work_dir, {**job.fingerprint(), "init": io.md5(job.init), "data": io.md5(job.data)}, complete)
+    resume = resume_point(job.work_dir, {**job.fingerprint(), "init": files.md5(job.init), "data": files.md5(job.data)}, complete)
     if resume:
         log.info("resuming from %s", resume)
     job = job.model_copy(update={"resume": resume})
