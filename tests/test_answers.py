@@ -8,7 +8,7 @@ import pytest
 from rung.answers import formats
 from rung.config import FormatParams
 from rung.data.solutions import arithmetic_steps
-from rung.answers.verify import is_correct, is_known_task
+from rung.answers.verify import bare, is_correct, is_known_task
 
 FMT = FormatParams()
 ROW = {"task": "basic_arithmetic", "prompt": "Calculate 5 - 3.", "answer": "2", "meta": {"expression": "5 - 3"}}
@@ -43,6 +43,26 @@ def test_verify_uses_reasoning_gym_scorer():
     assert not is_correct(None, ROW)
     assert not is_correct("12", ROW)  # reasoning-gym would give 0.5 partial credit
     assert is_known_task("chain_sum") and not is_known_task("no_such_task")
+
+
+GOLD_FORMS = ["{}", "${}$", "$${}$$", "\\({}\\)", "\\[{}\\]", "\\boxed{{{}}}", " $ {} $ "]
+
+
+@pytest.mark.parametrize("form", GOLD_FORMS)
+@pytest.mark.parametrize(("value", "right", "wrong"), [("12\\%", "12\\%", "13\\%"), ("\\frac{1}{2}", "0.5", "\\frac{1}{3}"),
+                                                      ("\\sqrt{2}", "\\sqrt{2}", "2"), ("7", "7", "8")])
+def test_math_golds_grade_the_same_in_every_delimiter(form, value, right, wrong):
+    # a gold written with its delimiters ($12\%$) once parsed to nothing, grading every answer wrong
+    row = {"task": "math", "answer": form.format(value), "prompt": "?", "meta": {}}
+    assert is_correct(right, row) and is_correct(form.format(right), row)
+    assert not is_correct(wrong, row)
+
+
+@pytest.mark.parametrize(("written", "expected"), [("$12\\%$", "12\\%"), ("\\(x^2\\)", "x^2"), ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
+                                                   ("$\\boxed{7}$", "7"), ("$5$ and $6$", "$5$ and $6$"), ("\\boxed{1} or \\boxed{2}", "\\boxed{1} or \\boxed{2}"),
+                                                   ("\\boxed{a} b}", "\\boxed{a} b}"), ("$", "$"), ("", "")])
+def test_bare_strips_only_delimiters_around_the_whole_answer(written, expected):
+    assert bare(written) == expected
 
 
 @pytest.mark.parametrize("expr", ["5 - 3", "2 - -1", "( -9 / 9 )", "3 + 4 * 2 - 6 / 3", "-(3 + 4) * 2", "1 - 4 - 8"])

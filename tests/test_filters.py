@@ -5,12 +5,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from rung.answers.verify import parse_math
 from rung.data.filters import (
     decontaminate,
     exact_duplicates,
     jaccard,
     length_bounds,
-    math_answer_is_parseable,
     near_duplicates,
     normalise,
     shingles,
@@ -53,23 +53,23 @@ def test_report_is_json_ready_and_counts_by_source():
 
 @pytest.mark.parametrize("answer", ["42", "-4", "1,000", "3.5", "\\frac{1}{2}", "\\sqrt{2}", "x^2+1", "(1, 2)", "\\boxed{7}", "$5$"])
 def test_parseable_math_answers(answer):
-    assert math_answer_is_parseable(answer)
+    assert parse_math(answer)
 
 
 @pytest.mark.parametrize("answer", ["", "   ", "See the proof above.", "---", "?", "\\frac{1}{"])
 def test_unparseable_math_answers(answer):
-    assert not math_answer_is_parseable(answer)
+    assert not parse_math(answer)
 
 
 def test_parsing_works_outside_the_main_thread():
     # math-verify's SIGALRM timeout raises in other threads (as in a Prefect task runner).
     with ThreadPoolExecutor(1) as pool:
-        assert pool.submit(math_answer_is_parseable, "\\sqrt{2}").result()
+        assert pool.submit(parse_math, "\\sqrt{2}").result()
 
 
 def test_unverifiable_drops_rows_failing_the_check():
     rows = [row("p1", "42"), row("p2", "See the proof above.", source="t"), row("p3", "\\sqrt{2}"), row("p4", "")]
-    kept, report = unverifiable(rows, lambda r: math_answer_is_parseable(r["answer"]))
+    kept, report = unverifiable(rows, lambda r: bool(parse_math(r["answer"])))
     assert prompts(kept) == ["p1", "p3"] and report.removed == 2 and report.by_source == {"s": 1, "t": 1}
 
 

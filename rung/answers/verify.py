@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from functools import cache
 from typing import Any, Callable
 
 import math_verify
+
+from rung.answers.latex import last_boxed
 
 MATH = "math"
 """Task name of rows whose answers are checked by math-verify rather than a reasoning-gym scorer."""
@@ -27,15 +30,39 @@ def _timeout() -> int | None:
     return 5 if threading.current_thread() is threading.main_thread() else None
 
 
+# An answer's own math delimiters, outermost first: `$$…$$` before `$…$`.
+_DELIMITERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
+
+
+def bare(answer: str) -> str:
+    """The answer without the delimiters it was written in: `$12\\%$`, `\\(12\\%\\)`, `\\[…\\]` and a
+    `\\boxed{…}` around the whole answer all give `12\\%`."""
+    text = answer.strip()
+    while True:
+        whole = re.fullmatch(r"\\boxed\s*\{(.*)\}", text, re.S)
+        if whole and text.count("\\boxed") == 1 and last_boxed(text) == whole.group(1).strip():
+            text = whole.group(1).strip()
+            continue
+        for left, right in _DELIMITERS:
+            inner = text[len(left) : -len(right)]
+            if len(text) > len(left) + len(right) and text.startswith(left) and text.endswith(right) and left not in inner and right not in inner:
+                text = inner.strip()
+                break
+        else:
+            return text
+
+
 def parse_math(answer: str) -> list[Any]:
     """Parse an answer with math-verify, the same way for references and model answers.
 
-    The answer is wrapped in `$...$`: bare, math-verify's LaTeX extractor needs delimiters, so
+    The bare answer is wrapped in `$...$`: math-verify's LaTeX extractor needs delimiters, so
     `parse("\\sqrt{2}")` gives [] and `parse("10^{10}")` gives [10]; wrapped they parse to sqrt(2)
-    and 10**10. `no_fallback` makes an answer that yields no expression ("See the proof above.")
-    come back as [] instead of as its raw string.
+    and 10**10. An answer written with its own delimiters (`$12\\%$`) is unwrapped first: wrapped
+    twice it parses to nothing, and every answer to it would be graded wrong. `no_fallback` makes
+    an answer that yields no expression ("See the proof above.") come back as [] instead of as its
+    raw string.
     """
-    return math_verify.parse(f"${answer}$", fallback_mode="no_fallback", parsing_timeout=_timeout())
+    return math_verify.parse(f"${bare(answer)}$", fallback_mode="no_fallback", parsing_timeout=_timeout())
 
 
 def is_known_task(task: str) -> bool:

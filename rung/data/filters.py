@@ -13,9 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rung.answers.verify import parse_math
-
-Row = dict[str, Any]
+from rung.data.rows import Row
 
 # Sentence punctuation only: math symbols at the ends carry meaning ("-5 + 3" is not "5 + 3",
 # "(2 + 3) * 4" must keep its bracket), while "Calculate 5 - 3." and "Calculate 5 - 3?" are the
@@ -68,15 +66,6 @@ def words(text: str) -> list[str]:
 
 
 # --- unverifiable -----------------------------------------------------------------------------
-
-
-def math_answer_is_parseable(answer: str) -> bool:
-    """Whether math-verify can turn a reference answer into an expression to compare against.
-
-    Free text that happens to be valid LaTeX math still parses ("yes" becomes the product
-    e*s*y): this filter catches answers math-verify cannot use at all, not wrongly-typed ones.
-    """
-    return bool(parse_math(answer))
 
 
 def unverifiable(rows: list[Row], check: Callable[[Row], bool]) -> tuple[list[Row], FilterReport]:
