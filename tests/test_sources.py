@@ -12,10 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 from pydantic import ValidationError
 
-from rung.data.curate import row_id
+from rung.data.rows import row_id
 from rung.errors import InputError
 from rung.config import BenchmarkSource
-from rung.data.sources import FileSource, HFSource, load, mix
+from rung.data.tabular import FileSource, HFSource, load, mix
 
 RECORDS = [
     {"q": "What is 40 + 2?", "a": 42, "why": "40 + 2 = 42", "level": 1},

@@ -15,11 +15,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-import reasoning_gym
-import reasoning_gym.factory
-from reasoning_gym.composite import DatasetSpec
-
-from rung.data import filters
+from rung.data import filters, generators
 
 from rung import files
 
@@ -28,46 +24,9 @@ from rung import paths
 from rung.answers import verify
 from rung.config import CurateParams, EvalParams, ReasoningGymSource, Source
 from rung.errors import InputError
-from rung.data.rows import Row, difficulty_label, plain_json, row_id
+from rung.data.rows import Row, difficulty_label
 from rung.seeding import derive
-from rung.data.solutions import arithmetic_steps
 
-
-
-def _rg_config(src: ReasoningGymSource, seed: int) -> dict[str, Any]:
-    """Keyword arguments of reasoning_gym.create_dataset: curriculum level, then `config`, then seed/size."""
-    config: dict[str, Any] = {}
-    if src.level is not None:
-        curriculum = reasoning_gym.factory.create_curriculum(src.task)
-        curriculum.set_global_level(src.level)
-        generated = curriculum.generate_configuration({"seed": seed, "size": src.size})
-        config = {k: v for k, v in vars(generated).items() if k not in ("seed", "size")}
-    config.update(src.config)
-    if src.task == "composite":
-        config["datasets"] = [DatasetSpec(**spec) for spec in config.get("datasets", [])]
-    return {**config, "seed": seed, "size": src.size}
-
-
-def from_reasoning_gym(src: ReasoningGymSource, seed: int) -> list[Row]:
-    """Generate `src.size` rows of a reasoning-gym task, seeded per source."""
-    if not verify.is_known_task(src.task):
-        raise InputError(f"curate.sources.{src.name}.task: unknown reasoning-gym task {src.task!r}")
-    kwargs = _rg_config(src, derive(seed, "curate", src.name))
-    try:
-        dataset = reasoning_gym.create_dataset(src.task, **kwargs)
-    except (TypeError, ValueError, AssertionError, KeyError) as e:
-        raise InputError(f"curate.sources.{src.name}.config: {e}") from None
-    rows = []
-    for entry in dataset:
-        meta = plain_json(entry["metadata"])
-        answer = str(entry["answer"])
-        solution = meta.get("answer_cot") or (arithmetic_steps(meta["expression"]) if "expression" in meta else None)
-        task = meta.get("source_dataset", src.task)  # a composite's rows keep their own task's verifier
-        rows.append(
-            dict(id=row_id(task, entry["question"], answer), source=src.name, task=task,
-                 prompt=entry["question"], answer=answer, solution=solution, meta=meta)
-        )
-    return rows
 
 
 def _unit(row: Row) -> float:
@@ -87,11 +46,11 @@ def split(rows: list[Row], test_fraction: float, max_test: int) -> tuple[list[Ro
 def load_source(src: Source, seed: int) -> tuple[list[Row], dict[str, int]]:
     """Rows of one source and its loading stats."""
     if isinstance(src, ReasoningGymSource):
-        rows = from_reasoning_gym(src, seed)
+        rows = generators.load(src, seed)
         return rows, {"read": len(rows), "rows": len(rows)}
-    from rung.data import sources  # here: datasets and pyarrow, which a reasoning-gym source (and each stage's preflight of one) needs not
+    from rung.data import tabular  # here: datasets and pyarrow, which a reasoning-gym source (and each stage's preflight of one) needs not
 
-    loaded = sources.load(src, seed)
+    loaded = tabular.load(src, seed)
     if not loaded.rows:
         raise InputError(f"curate.sources.{src.name}: no usable rows (read {loaded.stats['read']})")
     return loaded.rows, loaded.stats
@@ -159,9 +118,9 @@ def curate(params: CurateParams, evals: dict[str, list[Row]], seed: int) -> tupl
         groups: dict[str, list[Row]] = {}
         for r in rows:
             groups.setdefault(r["source"], []).append(r)
-        from rung.data import sources
+        from rung.data import tabular
 
-        rows = sources.mix(groups, params.mix.weights, params.mix.total, derive(seed, "curate", "mix"))
+        rows = tabular.mix(groups, params.mix.weights, params.mix.total, derive(seed, "curate", "mix"))
     train, test = split(rows, params.test_fraction, params.max_test)
     if not train or not test:
         raise InputError(f"curate: split left train={len(train)} test={len(test)} rows; raise sources.size or test_fraction")
