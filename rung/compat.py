@@ -1,5 +1,5 @@
 """The trainer versions rung is tested with. rung overrides private methods of TRL's trainers
-(rung/rl/trainers.py), which may change in any release: outside the tested minor versions it stops with
+(in the modules OVERRIDDEN_IN names), which may change in any release: outside the tested minor versions it stops with
 one line naming them rather than training with hooks that silently no longer apply."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import importlib.metadata
 from rung.errors import InputError
 
 TESTED = {"trl": "1.16", "transformers": "5.23"}  # minor versions; pyproject.toml pins the same
-# Private methods rung/rl/trainers.py and rung/rl/rollouts.py override, with the leading parameters they rely on (the
+# Private methods rung overrides, with the leading parameters they rely on (the
 # rest pass through; tests/test_compat.py checks them on both trainers).
 OVERRIDDEN = {
     "_calculate_rewards": ["self", "inputs", "prompts", "completions", "completion_ids_list"],
@@ -20,6 +20,15 @@ OVERRIDDEN = {
                                            "compute_entropy", "compute_aux_loss"],
 }
 
+# The one module that overrides each (tests/test_layers.py checks that no other does).
+OVERRIDDEN_IN = {
+    "_calculate_rewards": "rung/rl/sampling.py",
+    "_generate_and_score_completions": "rung/rl/sampling.py",
+    "_save_checkpoint": "rung/rl/sampling.py",
+    "_load_optimizer_and_scheduler": "rung/rl/sampling.py",
+    "_generate_single_turn": "rung/rl/rollouts.py",
+    "_get_per_token_logps_and_entropies": "rung/rl/rollouts.py",
+}
 
 def check(installed: dict[str, str] | None = None) -> None:
     """Raise InputError when an installed trainer library is outside its tested minor version."""

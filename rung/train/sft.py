@@ -16,7 +16,7 @@ from rung.answers import formats
 from rung import files
 from rung.config import FormatParams
 from rung.train.jobs import JobResult, SFTJob, main
-from rung.train.checkpoints import common_args, finalize, fit, train_loss
+from rung.train.harness import common_args, finalize, fit, train_loss
 
 
 def examples(traces: list[dict[str, Any]], fmt: FormatParams) -> Dataset:
