@@ -33,7 +33,8 @@ from rung.answers import formats
 from rung import files
 from rung.config import CurateParams, FormatParams, SamplingParams
 from rung.data.curate import curate
-from rung.generate.api import Completion, generate, render
+from rung.generate.api import generate
+from rung.generate.completion import Completion, render
 
 SHAPES = {
     "difficulty": (SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=40, batch_size=32), 4),

@@ -42,7 +42,8 @@ from rung import files
 
 from rung.rl import trainers
 from rung.config import DifficultyParams, FormatParams, RLStageParams, SamplingParams
-from rung.generate.api import batch_rows, generate_ids, render
+from rung.generate.api import batch_rows, generate_ids
+from rung.generate.completion import render
 from rung.train.jobs import RLJob
 
 from phases import PHASES, run  # bench/phases.py

@@ -21,7 +21,7 @@ def rl(stage_name: str, params_file: str = str(paths.PARAMS)) -> None:
         raise InputError(f"rl.stages: no stage named {stage_name!r} (have {list(params.rl.stages)})")
     stage = params.rl.stages[stage_name]
     if stage.use_vllm:
-        from rung.generate.api import require_vllm  # here: rung.generate.api imports torch before the preflight could run
+        from rung.generate.vllm import require_vllm  # here: rung.generate.vllm imports torch before the preflight could run
 
         require_vllm(f"rl.stages.{stage_name}.use_vllm")
     seed = derive(params.seed if stage.seed is None else stage.seed, "rl", stage_name)

@@ -16,7 +16,7 @@ from rung.seeding import derive
 from tasks import generation
 
 if TYPE_CHECKING:  # solution traces load no model, so this stage imports torch only when it samples
-    from rung.generate.api import Generator
+    from rung.generate.completion import Generator
 
 
 @flow(name="traces")

@@ -99,14 +99,14 @@ def _has_chat_template(source: str) -> bool | None:
 
     cached = try_to_load_from_cache(source, "tokenizer_config.json")
     if not isinstance(cached, str):
-        return None  # not downloaded yet: the stage that loads it checks (rung.generate.api.render)
+        return None  # not downloaded yet: the stage that loads it checks (rung.generate.completion.render)
     jinja = try_to_load_from_cache(source, "chat_template.jinja")
     return isinstance(jinja, str) or bool(json.loads(Path(cached).read_text()).get("chat_template"))
 
 
 def _require_vllm(key: str) -> None:
-    """rung.generate.api.require_vllm, imported only when a vLLM setting asks for it (rung.generate.api imports torch)."""
-    from rung.generate.api import require_vllm
+    """rung.generate.vllm.require_vllm, imported only when a vLLM setting asks for it (it imports torch)."""
+    from rung.generate.vllm import require_vllm
 
     require_vllm(key)
 

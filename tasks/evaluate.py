@@ -10,7 +10,7 @@ from rung.eval import evaluate
 from rung.config import EvalParams, FormatParams
 
 if TYPE_CHECKING:  # a type only: torch is imported by whoever loads the model (tasks.generation), after the preflight
-    from rung.generate.api import Generator
+    from rung.generate.completion import Generator
 
 
 @task(cache_policy=NO_CACHE, task_run_name="eval {name}")

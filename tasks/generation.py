@@ -11,7 +11,7 @@ from tasks.retry import unless_input_error
 
 if TYPE_CHECKING:
     from rung.config import ModelParams
-    from rung.generate.api import Generator
+    from rung.generate.completion import Generator
 
 
 @task(cache_policy=NO_CACHE, task_run_name="load {model_dir}", retries=2, retry_delay_seconds=20, retry_condition_fn=unless_input_error)

@@ -15,7 +15,8 @@ from rung import models
 
 from rung.answers import formats
 from rung.config import SamplingParams
-from rung.generate.api import generate, generate_ids, render
+from rung.generate.api import generate, generate_ids
+from rung.generate.completion import render
 from rung.rl import trainers
 from tests.conftest import ROOT
 from tests.test_rl import FMT, ROWS, _job, _rollout_batch, _stage

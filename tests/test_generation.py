@@ -18,7 +18,8 @@ from rung.data.difficulty import bucket, histogram, keep, pass_rates, summarize
 from rung.errors import InputError
 from rung.eval.evaluate import evaluate
 from rung.data.curate import curate
-from rung.generate.api import generate, render
+from rung.generate.api import generate
+from rung.generate.completion import Completion, Generator, render
 from tests.conftest import ROOT
 
 FMT = FormatParams()
@@ -58,7 +59,7 @@ def _reference(model, tok, prompts, max_new_tokens):
     out = []
     for ids in seqs[:, enc["input_ids"].shape[1]:].tolist():
         kept = ids[: ids.index(eos)] if eos in ids else ids
-        out.append([api.Completion(tok.decode(kept, skip_special_tokens=True), len(kept), eos not in ids)])
+        out.append([Completion(tok.decode(kept, skip_special_tokens=True), len(kept), eos not in ids)])
     return out
 
 
@@ -122,7 +123,7 @@ def test_greedy_with_several_samples_is_refused(loaded):
 
 
 def test_difficulty_and_eval_records(loaded):
-    gen = api.Generator(loaded[1], lambda *a, **k: api.generate(*loaded, *a, **k))
+    gen = Generator(loaded[1], lambda *a, **k: api.generate(*loaded, *a, **k))
     params = DifficultyParams(num_generations=2, sampling=SamplingParams(max_new_tokens=4))
     scores = pass_rates(gen, ROWS, FMT, params, seed=0)
     assert [s["id"] for s in scores] == [r["id"] for r in ROWS] and all(len(s["scores"]) == 2 for s in scores)
@@ -159,7 +160,7 @@ def test_generator_loads_the_transformers_backend(tiny_model):
 def test_vllm_backend_fails_with_a_clear_error_where_unavailable(tiny_model):
     if importlib.util.find_spec("vllm") and torch.cuda.is_available():
         pytest.skip("vLLM and a GPU are present: the backend would really run")
-    with pytest.raises(InputError, match=r"^api.backend: vllm"):
+    with pytest.raises(InputError, match=r"^generation.backend: vllm"):
         api.load(tiny_model, "float32", backend="vllm")
 
 

@@ -19,6 +19,7 @@ from rung import models
 from rung.answers import formats
 
 from rung.generate import api
+from rung.generate.completion import render
 
 from rung import files
 
@@ -52,7 +53,7 @@ def small_model(tmp_path_factory) -> Path:
 
 
 def _prompts(tok) -> list[str]:
-    return api.render(tok, [formats.prompt(r["prompt"], FMT) for r in ROWS])
+    return render(tok, [formats.prompt(r["prompt"], FMT) for r in ROWS])
 
 
 def test_fp32_greedy_on_the_device_equals_the_cpu(small_model):

@@ -21,7 +21,8 @@ from rung.rl import trainers
 from rung.config import DifficultyParams, FormatParams, LaunchParams, RLStageParams, SamplingParams
 from rung.eval.evaluate import grade
 from rung.generate.decode import shared_prefix
-from rung.generate.api import generate, render
+from rung.generate.api import generate
+from rung.generate.completion import render
 from rung.train.jobs import RLJob
 from rung.train.checkpoints import FINAL
 

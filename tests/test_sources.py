@@ -391,7 +391,7 @@ def test_curate_writes_benchmark_eval_sets_and_counts_skipped_golds(offline, tmp
     # The eval stage grades these rows as any other: the model's "1,200" is GSM8K's "1200".
     from rung.config import FormatParams
     from rung.eval.evaluate import grade
-    from rung.generate.api import Completion
+    from rung.generate.completion import Completion
 
     by_answer = {r["answer"]: r for rows in written.values() for r in rows}
     rows = [by_answer["1200"], by_answer["\\frac{14}{3}"], by_answer["180"]]

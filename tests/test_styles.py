@@ -157,7 +157,7 @@ def test_a_sample_is_kept_as_a_trace_only_if_it_ends_in_the_format():
 
 def test_chat_prompts_need_a_chat_template_plain_ones_do_not(tiny_model):
     from rung import models
-    from rung.generate.api import render
+    from rung.generate.completion import render
 
     tok = models.load_tokenizer(tiny_model)
     tok.chat_template = None  # a base model's tokenizer

@@ -19,7 +19,7 @@ from rung.errors import InputError
 from rung.answers.verify import is_correct
 
 if TYPE_CHECKING:  # a type only: torch is imported by whoever loads the model (tasks.generation), after the preflight
-    from rung.generate.api import Generator
+    from rung.generate.completion import Generator
 
 
 def pass_rates(gen: Generator, rows: list[dict[str, Any]], fmt: FormatParams, params: DifficultyParams, seed: int) -> list[dict[str, Any]]:

@@ -20,7 +20,7 @@ from rung.errors import InputError
 from rung.answers.verify import is_correct
 
 if TYPE_CHECKING:  # solution traces need no model: torch is imported by whoever loads one
-    from rung.generate.api import Generator
+    from rung.generate.completion import Generator
 
 Trace = dict[str, Any]  # id, prompt, target, origin
 

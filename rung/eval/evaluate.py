@@ -21,7 +21,7 @@ from rung.data.rows import difficulty_label
 from rung.answers.verify import is_correct
 
 if TYPE_CHECKING:  # a type only: torch is imported by whoever loads the model (tasks.generation), after the preflight
-    from rung.generate.api import Completion, Generator
+    from rung.generate.completion import Completion, Generator
 
 Record = dict[str, Any]
 

@@ -6,11 +6,8 @@ and a compiled static-cache `generate` (rung.generate.compiled) on CUDA, with th
 """
 from __future__ import annotations
 
-import importlib.util
 import logging
-from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Literal
@@ -22,12 +19,9 @@ from transformers import CompileConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from rung import models, placement
 
-from rung.generate import compiled
-
-from rung.generate import decode
-from rung.answers.formats import Prompt
+from rung.generate import compiled, decode, vllm
+from rung.generate.completion import Completion, Generator
 from rung.config import SamplingParams
-from rung.errors import InputError
 from rung.generate.prepacked import prepacked
 
 log = logging.getLogger(__name__)
@@ -38,67 +32,14 @@ KV_SHARE = 0.5
 """Share of the GPU's free memory the KV cache and logits of one batch may take (the rest: activations)."""
 Engine = Literal["auto", "loop", "compiled"]
 
-@dataclass(frozen=True)
-class Completion:
-    text: str
-    tokens: int
-    truncated: bool
-    """True when generation stopped at max_new_tokens instead of an end-of-sequence token."""
-
-
-def render(tok: PreTrainedTokenizerBase, prompts: list[Prompt]) -> list[str]:
-    """Chat-template each conversation with the assistant turn opened; a plain-template prompt
-    (already a string) is used as it is."""
-    if any(not isinstance(p, str) for p in prompts) and tok.chat_template is None:
-        raise InputError("format.template: chat, but the model's tokenizer has no chat template (use template: plain)")
-    return [p if isinstance(p, str) else tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
-
-
-@dataclass(frozen=True)
-class Generator:
-    """A loaded model that samples: `generate(prompts, sampling, n, seed, desc)` -> n completions
-    per rendered prompt, in input order; `device` and `dtype` say where it runs."""
-
-    tok: PreTrainedTokenizerBase
-    generate: Callable[..., list[list[Completion]]]
-    device: str = "cpu"
-    dtype: str = "float32"
-
-    def render(self, prompts: list[Prompt]) -> list[str]:
-        return render(self.tok, prompts)
-
-
 def load(model_dir: Path | str, dtype: str = "auto", backend: str = "transformers", device: str = "auto") -> Generator:
     """A Generator for the model directory on the given backend ('transformers' or 'vllm'), placed
     by params `model.device` / `model.dtype` (rung.placement)."""
     where, dtype = placement.resolve(device, dtype)
     if backend == "vllm":
-        return _load_vllm(model_dir, dtype)
+        return vllm.load(model_dir, dtype)
     model, tok = models.load(model_dir, dtype, where)
     return Generator(tok, partial(generate, model, tok), str(where), dtype)
-
-
-def require_vllm(key: str) -> None:
-    """Stop before any work when vLLM is asked for where it cannot run."""
-    if importlib.util.find_spec("vllm") is None:
-        raise InputError(f"{key}: vllm is not installed (pip install 'rung[vllm]', on a CUDA machine)")
-    if not torch.cuda.is_available():
-        raise InputError(f"{key}: vllm needs a CUDA GPU and none is visible")
-
-
-def _load_vllm(model_dir: Path, dtype: str) -> Generator:
-    require_vllm("generation.backend")
-    import vllm
-
-    llm = vllm.LLM(model=str(model_dir), dtype=dtype, seed=0)
-    tok = models.load_tokenizer(model_dir)
-
-    def sample(prompts: list[str], sampling: SamplingParams, n: int = 1, seed: int = 0, desc: str = "generate") -> list[list[Completion]]:
-        params = vllm.SamplingParams(n=n, temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_new_tokens, seed=seed)
-        outputs = llm.generate(prompts, params, use_tqdm=True)
-        return [[Completion(o.text, len(o.token_ids), o.finish_reason == "length") for o in out.outputs] for out in outputs]
-
-    return Generator(tok, sample, "cuda", dtype)
 
 
 def generate(

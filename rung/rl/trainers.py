@@ -26,7 +26,8 @@ from rung.rl import rewards
 from rung.config import FormatParams, RLStageParams, SamplingParams
 from rung.errors import InputError
 from rung.eval.evaluate import grade
-from rung.generate.api import generate, render
+from rung.generate.api import generate
+from rung.generate.completion import render
 from rung.train.jobs import JobResult, RLJob, main
 from rung.rl.reward_logs import RewardLogs
 from rung.rl.rollouts import Rollouts
