@@ -32,6 +32,9 @@ class SFTParams(Section):
     max_length: int = Field(256, gt=0)
     """Token cap of prompt + target."""
     warmup_ratio: float = Field(0.1, ge=0, lt=1)
+    """Share of the training steps over which the learning rate rises linearly from 0 (a cosine decay
+    follows). Passed as TRL's `warmup_steps`: transformers 5 has no warmup_ratio and reads a float in
+    [0, 1) as this ratio (TrainingArguments.get_warmup_steps: ceil(ratio * total steps))."""
     packing: bool = False
     """Pack several examples per sequence (TRL best-fit packing); saves padding on long targets."""
     lora: LoraParams | None = None
