@@ -11,6 +11,8 @@ from rung.config.base import Section
 from rung.config.common import LaunchParams
 
 
+# The names of rung.rl.rewards.REGISTRY (tests/test_rewards.py checks it), here so that params validate
+# without importing the rewards and their verifiers.
 BUILTIN_REWARDS = ("accuracy", "format", "format_partial", "overlong", "conditional_length")
 
 
