@@ -96,3 +96,18 @@ def test_prompts_per_step_must_split_evenly_across_processes(default_params):
     default_params["rl"]["stages"]["main"].update(prompts_per_step=3, launch={"num_processes": 2})
     with pytest.raises(config.ConfigError, match=r"rl.stages.main.*prompts_per_step: 3 is not divisible by launch.num_processes 2"):
         config.parse(default_params)
+
+
+def _warnings(caplog, data: dict) -> tuple[config.Params, list[str]]:
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="rung.config"):
+        params = config.parse(data)
+    return params, [r.getMessage() for r in caplog.records]
+
+
+def test_sft_eval_every_is_ignored_with_a_warning(default_params, caplog):
+    """SFT never read eval_every (the RL stage's held-out curve); a file that sets it still validates."""
+    default_params["sft"]["eval_every"] = 5
+    params, warned = _warnings(caplog, default_params)
+    assert "eval_every" not in params.sft.model_dump()
+    assert warned == ["params.yaml: sft.eval_every: deprecated and has no effect; ignored (remove it)"]

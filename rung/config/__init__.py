@@ -124,11 +124,12 @@ def _one_line(err: ValidationError) -> str:
 
 
 def parse(data: Any, source: str = str(paths.PARAMS)) -> Params:
-    """Validate a params mapping; raise ConfigError with one line naming the dotted key."""
+    """Validate a params mapping; raise ConfigError with one line naming the dotted key. A deprecated
+    key is read with a warning line naming `source` and the key (logger rung.config)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level")
     try:
-        return Params.model_validate(data)
+        return Params.model_validate(data, context={"source": source})
     except ValidationError as e:
         raise ConfigError(f"{source}: {_one_line(e)}") from None
 

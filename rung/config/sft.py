@@ -1,9 +1,11 @@
 """The SFT stage's schema: the warm-start on the traces, with optional LoRA."""
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from typing import Any
 
-from rung.config.base import Section
+from pydantic import Field, ValidationInfo, model_validator
+
+from rung.config.base import Section, deprecated
 from rung.config.common import LaunchParams
 from rung.config.data import SolutionTraces, TraceSource
 
@@ -40,13 +42,13 @@ class SFTParams(Section):
     lora: LoraParams | None = None
     save_steps: int = Field(10, gt=0)
     """Checkpoint interval; rerunning an interrupted stage resumes from the last checkpoint."""
-    eval_every: int | None = Field(None, gt=0)
-    """Greedy accuracy on the held-out split (decoded as eval.sampling) every N steps and at the last
-    step, logged as `heldout/accuracy` and kept in the stage's curves: a learning curve (seed studies
-    plot it). None: off. Each costs one greedy pass over the held-out split. A diagnostic: the
-    held-out split and eval.sampling are not deps of the RL stage in dvc.yaml, so changing them
-    reruns the evaluations, not RL (whose curve keeps the values it was graded with)."""
     launch: LaunchParams = LaunchParams()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _deprecated(cls, data: Any, info: ValidationInfo) -> Any:
+        # eval_every was never read here (a copy of the RL stage's); files that set it still validate.
+        return deprecated(data, "eval_every", None, info, label="sft")
 
     @model_validator(mode="after")
     def _length(self) -> SFTParams:
