@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BeforeValidator, ConfigDict, Field, ValidationInfo, model_validator
 
-from rung.config.base import Section
+from rung.config.base import Section, deprecated
 from rung.config.common import LaunchParams
 
 
@@ -99,14 +99,21 @@ class BanditCurriculum(Section):
     signal: Literal["abs_advantage", "learning_progress"] = "abs_advantage"
     """Arm reward: mean |advantage| of its groups (SEC, DUMP), or the absolute change of its
     accuracy between its last two pulls (learning progress)."""
-    learning_rate: float = Field(0.5, gt=0, le=1)
-    """sec: TD(0) step size."""
+    step_size: float = Field(0.5, gt=0, le=1)
+    """sec: TD(0) step size (SEC's learning rate alpha; called learning_rate before, which still
+    validates with a warning)."""
     temperature: float = Field(1.0, gt=0)
     """sec: Boltzmann temperature."""
     exploration: float = Field(1.0, ge=0)
     """ucb: weight c of the bonus c * sqrt(2 ln N / n_arm)."""
     window: int = Field(50, gt=0)
     """ucb: recent pulls per arm averaged."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any, info: ValidationInfo) -> Any:
+        # Renamed: `learning_rate` is the RL stage's optimizer rate. RLParams renames it first, naming the stage.
+        return deprecated(data, "learning_rate", "step_size", info, label="curriculum")
 
 
 class PoolParams(Section):
@@ -256,6 +263,20 @@ class RLParams(Section):
     stages: dict[str, RLStageParams] = Field(min_length=1)
     """RL stages by name, run in this order; each is its own DVC stage (rl@<name>), so changing
     one stage reruns only it and the stages that start from it."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any, info: ValidationInfo) -> Any:
+        """A bandit curriculum's `learning_rate` read as `step_size`, the warning naming its stage."""
+        if not isinstance(data, dict) or not isinstance(data.get("stages"), dict):
+            return data
+        stages = dict(data["stages"])
+        for name, stage in stages.items():
+            cur = stage.get("curriculum") if isinstance(stage, dict) else None
+            if isinstance(cur, dict) and cur.get("type") == "bandit":
+                path = f"stages.{name}.curriculum"
+                stages[name] = {**stage, "curriculum": deprecated(cur, "learning_rate", "step_size", info, path, f"rl.{path}")}
+        return {**data, "stages": stages}
 
     @model_validator(mode="after")
     def _chain(self) -> RLParams:
