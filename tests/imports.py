@@ -16,9 +16,26 @@ PACKAGES = ("rung", "flows", "tasks")
 DVC = ROOT / "dvc.yaml"
 
 
+def _holds_code(init: Path) -> bool:
+    """Whether a package's `__init__.py` defines functions or classes or imports project modules (as
+    rung.config does), rather than only naming the package (a docstring, a __version__, settings)."""
+    body = ast.parse(init.read_text()).body
+    return any(isinstance(n, (ast.FunctionDef, ast.ClassDef)) or isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] in PACKAGES
+               for n in body)
+
+
+def _name(path: Path) -> str:
+    """The module's dotted name. A package's `__init__.py` that holds code is the package itself, so
+    `from rung.config import Params` reaches it; any other stays `<package>.__init__`, outside the graph."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    if parts[-1] == "__init__" and _holds_code(path):
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
 @cache
 def modules() -> dict[str, Path]:
-    return {".".join(p.relative_to(ROOT).with_suffix("").parts): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+    return {_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
 
 
 def imports(path: Path) -> set[str]:

@@ -96,3 +96,43 @@ def test_prompts_per_step_must_split_evenly_across_processes(default_params):
     default_params["rl"]["stages"]["main"].update(prompts_per_step=3, launch={"num_processes": 2})
     with pytest.raises(config.ConfigError, match=r"rl.stages.main.*prompts_per_step: 3 is not divisible by launch.num_processes 2"):
         config.parse(default_params)
+
+
+def _warnings(caplog, data: dict) -> tuple[config.Params, list[str]]:
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="rung.config"):
+        params = config.parse(data)
+    return params, [r.getMessage() for r in caplog.records]
+
+
+def test_bandit_step_size_and_its_deprecated_name(default_params, caplog):
+    stage = default_params["rl"]["stages"]["main"]
+    stage["curriculum"] = {"type": "bandit", "step_size": 0.25}
+    params, warned = _warnings(caplog, default_params)
+    assert params.rl.stages["main"].curriculum.step_size == 0.25 and warned == []
+    stage["curriculum"] = {"type": "bandit", "learning_rate": 0.25}
+    params, warned = _warnings(caplog, default_params)
+    assert params.rl.stages["main"].curriculum.step_size == 0.25
+    assert params.rl.stages["main"].learning_rate == 3e-6  # the optimizer's rate is untouched
+    assert warned == ["params.yaml: rl.stages.main.curriculum.learning_rate: deprecated, renamed step_size; read as step_size (rename it)"]
+    stage["curriculum"] = {"type": "bandit", "learning_rate": 0.25, "step_size": 0.5}
+    assert _error(default_params) == "params.yaml: rl.stages.main.curriculum.learning_rate: renamed step_size; set step_size only, not both"
+    stage["curriculum"] = {"type": "adaptive", "learning_rate": 0.25}  # only the bandit had it
+    assert _error(default_params) == "params.yaml: rl.stages.main.curriculum.adaptive.learning_rate: unknown key"
+
+
+def test_sft_eval_every_is_ignored_with_a_warning(default_params, caplog):
+    """SFT never read eval_every (the RL stage's held-out curve); a file that sets it still validates."""
+    default_params["sft"]["eval_every"] = 5
+    params, warned = _warnings(caplog, default_params)
+    assert "eval_every" not in params.sft.model_dump()
+    assert warned == ["params.yaml: sft.eval_every: deprecated and has no effect; ignored (remove it)"]
+
+
+def test_cli_validate_prints_the_deprecation_on_stderr(tmp_path, default_params):
+    default_params["rl"]["stages"]["main"]["curriculum"] = {"type": "bandit", "learning_rate": 0.25}
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(default_params))
+    res = subprocess.run([sys.executable, "-m", "flows.cli", "validate", str(path)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.splitlines() == [f"{path}: rl.stages.main.curriculum.learning_rate: deprecated, renamed step_size; read as step_size (rename it)"]

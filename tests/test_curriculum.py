@@ -157,7 +157,7 @@ def test_adaptive_target_follows_reward() -> None:
 
 
 def test_sec_values_follow_td0_and_favour_large_advantage() -> None:
-    cur = build(BanditCurriculum(type="bandit", learning_rate=0.5, temperature=0.05))
+    cur = build(BanditCurriculum(type="bandit", step_size=0.5, temperature=0.05))
     hard, easy = 1, 25
     cur.update([GroupResult(hard, 0.5, 0.5, 0.8), GroupResult(hard, 0.5, 0.5, 0.4), GroupResult(easy, 1.0, 0.0, 0.0)], 0)
     assert cur.metrics()["q/hard"] == pytest.approx(0.5 * 0.6) and cur.metrics()["q/easy"] == 0.0
@@ -178,7 +178,7 @@ def test_ucb_explores_unpulled_arms_first() -> None:
 
 
 def test_learning_progress_is_the_change_of_accuracy() -> None:
-    cur = build(BanditCurriculum(type="bandit", signal="learning_progress", learning_rate=1.0))
+    cur = build(BanditCurriculum(type="bandit", signal="learning_progress", step_size=1.0))
     cur.update([GroupResult(0, 0.25, 0.4, 0.3)], 0)
     assert cur.metrics()["q/hard"] == 0.0
     cur.update([GroupResult(2, 0.75, 0.4, 0.3), GroupResult(4, 0.25, 0.4, 0.3)], 1)
@@ -205,3 +205,11 @@ def test_pools_keep_drawing_when_every_prompt_is_retired() -> None:
     idx = cur.draw(4, 1)
     assert len(set(idx)) == 4
     assert cur.metrics()["retired"] == 30.0 and cur.metrics()["exhausted"] == 1.0
+
+
+def test_bandit_learning_rate_is_read_as_step_size_with_a_warning(caplog) -> None:
+    """The bandit's TD step size was called learning_rate (the RL stage's optimizer rate has that name)."""
+    with caplog.at_level("WARNING", logger="rung.config"):
+        old = BanditCurriculum.model_validate({"type": "bandit", "learning_rate": 0.25})
+    assert old.step_size == 0.25
+    assert [r.getMessage() for r in caplog.records] == ["curriculum.learning_rate: deprecated, renamed step_size; read as step_size (rename it)"]

@@ -68,3 +68,11 @@ def test_dapo_preset_adds_overlong_and_dynamic_sampling():
     assert stage.dynamic_sampling is not None and "overlong" in stage.rewards
     gspo = RLStageParams.model_validate({"preset": "gspo"})
     assert gspo.importance_sampling_level == "sequence" and gspo.epsilon == 3e-4
+
+
+def test_the_registry_has_exactly_the_names_params_validate_against():
+    """rung.config lists the built-in names so that params validate without importing the rewards."""
+    from rung.config import BUILTIN_REWARDS
+    from rung.rl.rewards import REGISTRY
+
+    assert tuple(REGISTRY) == BUILTIN_REWARDS

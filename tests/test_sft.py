@@ -127,3 +127,16 @@ def test_resume_point_skips_incomplete_checkpoints_and_other_inputs(tmp_path):
     assert resume_point(work, {"lr": 1}) == str(work / "checkpoint-2")
     assert resume_point(work, {"lr": 1}, complete=("trainer_state.json", "curriculum.json")) is None
     assert resume_point(work, {"lr": 2}) is None and not (work / "checkpoint-2").exists()  # other inputs: discarded
+
+
+def test_warmup_ratio_is_a_ratio_of_the_steps_in_transformers(tmp_path):
+    """rung.train.sft passes `warmup_ratio` as SFTConfig(warmup_steps=...): transformers 5 dropped
+    warmup_ratio and reads a float in [0, 1) as a ratio of the total steps (an int >= 1 as steps)."""
+    from trl import SFTConfig
+
+    def warmup(value: float, steps: int) -> int:
+        return SFTConfig(output_dir=str(tmp_path), warmup_steps=value, report_to="none", use_cpu=True, bf16=False).get_warmup_steps(steps)
+
+    assert warmup(SFTParams().warmup_ratio, 40) == 4
+    assert warmup(0.99, 40) == 40 and warmup(0.0, 40) == 0
+    assert not hasattr(SFTConfig, "warmup_ratio")

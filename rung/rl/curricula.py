@@ -259,7 +259,7 @@ class Bandit(Scheduler):
                 signal = 0.0 if previous is None else abs(accuracy - previous)
             self.accuracy[arm] = accuracy
             if p.method == "sec":
-                self.value[arm] = p.learning_rate * signal + (1 - p.learning_rate) * self.value[arm]
+                self.value[arm] = p.step_size * signal + (1 - p.step_size) * self.value[arm]
             else:
                 self.window[arm] = [*self.window[arm], signal][-p.window:]
 

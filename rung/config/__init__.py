@@ -1,0 +1,176 @@
+"""The schema of params.yaml, validated before any compute: `Params` and how a file becomes one.
+
+Top-level keys are the stage names of dvc.yaml (model, curate, difficulty, sft, rl, eval) plus the
+cross-cutting `seed`, `format`, `generation` and `tracking`. Each stage's sections live in their own
+module, and every field is documented once, there:
+
+- `base`: `Section` (unknown keys are errors) and `ConfigError`;
+- `common`: model, format, sampling, generation backend, launch, tracking;
+- `data`: sources, filters, mix and curate; difficulty; the SFT traces;
+- `sft`: LoRA and the SFT stage;
+- `rl`: rewards, curricula, dynamic sampling, presets, an RL stage and the chain of stages;
+- `eval`: decoding, bootstrap and the eval sets.
+
+This module holds `Params`, `parse` / `load` (one-line errors naming the file and the dotted key),
+`read_yaml` and `with_overrides`, and re-exports every section, so `from rung.config import X` works.
+"""
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, ValidationError, model_validator
+
+from rung import paths
+from rung.config.base import ConfigError, Section
+from rung.config.common import FormatParams, GenerationParams, LaunchParams, ModelParams, SamplingParams, TrackingParams
+from rung.config.data import (
+    BenchmarkSource,
+    ColumnMap,
+    CurateParams,
+    DifficultyParams,
+    FileSource,
+    FilterParams,
+    HFSource,
+    MixParams,
+    ReasoningGymSource,
+    SampledTraces,
+    SolutionTraces,
+    Source,
+    TraceSource,
+    _TabularSource,
+)
+from rung.config.eval import BootstrapParams, EvalParams, SampledEvalParams
+from rung.config.rl import (
+    BUILTIN_REWARDS,
+    PRESETS,
+    AdaptiveCurriculum,
+    BanditCurriculum,
+    Curriculum,
+    CurriculumPhase,
+    DynamicSamplingParams,
+    PoolParams,
+    PoolsCurriculum,
+    RewardParams,
+    RLParams,
+    RLStageParams,
+    ScheduledCurriculum,
+    StagedCurriculum,
+    UniformCurriculum,
+)
+from rung.config.sft import LoraParams, SFTParams
+
+__all__ = [
+    "BUILTIN_REWARDS", "PRESETS", "AdaptiveCurriculum", "BanditCurriculum", "BenchmarkSource", "BootstrapParams", "ColumnMap",
+    "ConfigError", "CurateParams", "Curriculum", "CurriculumPhase", "DifficultyParams", "DynamicSamplingParams", "EvalParams",
+    "FileSource", "FilterParams", "FormatParams", "GenerationParams", "HFSource", "LaunchParams", "LoraParams", "MixParams",
+    "ModelParams", "Params", "PoolParams", "PoolsCurriculum", "ReasoningGymSource", "RewardParams", "RLParams", "RLStageParams",
+    "SampledEvalParams", "SampledTraces", "SamplingParams", "ScheduledCurriculum", "Section", "SFTParams", "SolutionTraces",
+    "Source", "StagedCurriculum", "TraceSource", "TrackingParams", "UniformCurriculum", "_TabularSource",
+    "load", "parse", "read_yaml", "with_overrides",
+]
+
+
+class Params(Section):
+    seed: int = Field(42, ge=0)
+    """One seed; each stage derives its own from it (rung.seeding)."""
+    model: ModelParams = ModelParams()
+    format: FormatParams = FormatParams()
+    generation: GenerationParams = GenerationParams()
+    curate: CurateParams
+    difficulty: DifficultyParams = DifficultyParams()
+    sft: SFTParams = SFTParams()
+    rl: RLParams
+    eval: EvalParams = EvalParams()
+    tracking: TrackingParams = TrackingParams()
+
+    @model_validator(mode="after")
+    def _known_buckets(self) -> Params:
+        known = set(self.difficulty.buckets)
+        for name, stage in self.rl.stages.items():
+            used = {*(stage.buckets or [])}
+            if isinstance(stage.curriculum, StagedCurriculum):
+                used |= {b for p in stage.curriculum.phases for b in p.buckets}
+            if used - known:
+                raise ValueError(f"rl.stages.{name}: unknown difficulty buckets {sorted(used - known)} (difficulty.buckets has {sorted(known)})")
+        return self
+
+    @property
+    def checkpoints(self) -> list[str]:
+        """Every checkpoint the pipeline produces, in order: base, sft, rl/<stage>..."""
+        return ["base", "sft", *(f"rl/{name}" for name in self.rl.stages)]
+
+
+_SOURCE_TAGS = {"reasoning_gym", "file", "hf", "benchmark"}
+
+
+def _one_line(err: ValidationError) -> str:
+    first = err.errors()[0]
+    # Drop the tag pydantic inserts for tagged unions (curate.sources.0.file.path -> ...0.path).
+    loc = first["loc"]
+    key = ".".join(str(p) for i, p in enumerate(loc) if not (p in _SOURCE_TAGS and i and isinstance(loc[i - 1], int))) or "<root>"
+    msg = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key"
+    # Cross-field validators name the sub-key at the start of their message.
+    sub = re.match(r"^([\w.-]+): (.*)$", msg)
+    if sub and first["type"] == "value_error":
+        key, msg = f"{key}.{sub.group(1)}" if key != "<root>" else sub.group(1), sub.group(2)
+    more = f" (+{err.error_count() - 1} more)" if err.error_count() > 1 else ""
+    return f"{key}: {msg}{more}"
+
+
+def parse(data: Any, source: str = str(paths.PARAMS)) -> Params:
+    """Validate a params mapping; raise ConfigError with one line naming the dotted key. A deprecated
+    key is read with a warning line naming `source` and the key (logger rung.config)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level")
+    try:
+        return Params.model_validate(data, context={"source": source})
+    except ValidationError as e:
+        raise ConfigError(f"{source}: {_one_line(e)}") from None
+
+
+def with_overrides(data: dict[str, Any], sets: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a params mapping with each dotted key set to its value, as `dvc exp run -S
+    ++key=value` sets it: missing mappings are created, a number indexes a list
+    (`curate.sources.0.size`)."""
+    data = copy.deepcopy(data)
+    for key, value in sets.items():
+        *parents, leaf = key.split(".")
+        node: Any = data
+        for i, p in enumerate([*parents, leaf]):
+            last = i == len(parents)
+            if isinstance(node, list) and p.isdigit() and int(p) < len(node):
+                if last:
+                    node[int(p)] = value
+                else:
+                    node = node[int(p)]
+            elif isinstance(node, dict):
+                if last:
+                    node[p] = value
+                else:
+                    node = node.setdefault(p, {})
+            else:
+                raise ConfigError(f"{key}: no key {p!r} here ({'list index out of range' if isinstance(node, list) else 'not a mapping'})")
+    return data
+
+
+def read_yaml(path: Path | str) -> Any:
+    """A YAML file's content; ConfigError with one line naming the file when it is missing or not YAML."""
+    path = Path(path)
+    try:
+        return yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+
+
+def load(path: Path | str = paths.PARAMS) -> Params:
+    """Read and validate a params file."""
+    return parse(read_yaml(path), str(path))
+

@@ -1,0 +1,45 @@
+"""What every params section shares: unknown keys are errors, values are frozen; the error type; and
+how a deprecated key is still read, with a one-line warning."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationInfo
+
+from rung.errors import InputError
+
+# The core library's logger: the CLI prints its warnings on stderr (Python's last-resort handler, one
+# line) and the flows pass it to Prefect's run logs (flows/__init__.py).
+log = logging.getLogger("rung.config")
+
+
+class ConfigError(InputError):
+    """A params file that cannot be used; its message is one line naming the file and the key."""
+
+
+class Section(BaseModel):
+    # Unknown keys are errors: a typo must not silently fall back to a default.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def deprecated(data: Any, old: str, new: str | None, info: ValidationInfo, path: str = "", label: str | None = None) -> Any:
+    """A section's raw mapping with its deprecated key `old` read as `new`, or dropped when `new` is
+    None (a setting that has no effect), and one warning line naming the key (`<label or path>.<old>`)
+    and the file when `parse` gave it. `path`: the section's dotted key below the model whose validator
+    calls this, for the error when both `old` and `new` are set (a ValueError)."""
+    if not isinstance(data, dict) or old not in data:
+        return data
+    data = dict(data)
+    value = data.pop(old)
+    source = (info.context or {}).get("source")
+    prefix = label or path
+    where = f"{source}: " if source else ""
+    where += f"{prefix}.{old}" if prefix else old
+    if new is None:
+        log.warning(f"{where}: deprecated and has no effect; ignored (remove it)")
+        return data
+    if new in data:
+        raise ValueError(f"{path + '.' if path else ''}{old}: renamed {new}; set {new} only, not both")
+    log.warning(f"{where}: deprecated, renamed {new}; read as {new} (rename it)")
+    return {**data, new: value}

