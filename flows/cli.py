@@ -59,7 +59,7 @@ def compare(
 
     from rung import tracking
 
-    from rung.report import runs_table as cmp
+    from rung.report import runs_table
     from tasks.dvc import experiments
 
     try:
@@ -67,14 +67,14 @@ def compare(
             columns = experiments(ids or None)
         else:
             tracking.setup(config.load(params_file))
-            columns = cmp.mlflow_columns(ids or [], config.load(params_file).tracking.experiment, last, name)
+            columns = runs_table.mlflow_columns(ids or [], config.load(params_file).tracking.experiment, last, name)
     except (InputError, MlflowException, subprocess.CalledProcessError) as e:
         typer.echo(f"error: {str(e).splitlines()[0]}", err=True)
         raise typer.Exit(2) from None
     if not columns:
         typer.echo("error: nothing to compare (no matching runs or experiments)", err=True)
         raise typer.Exit(2)
-    console.print(cmp.table(columns, keys, all_rows))
+    console.print(runs_table.table(columns, keys, all_rows))
 
 
 @app.command()

@@ -1,6 +1,7 @@
 """A seed study: every arm of a study definition for every seed, as DVC experiments run by the
 sweep machinery (flows/sweep.py: checked and preflighted before anything is queued, then DVC's
-queue), aggregated over seeds and compared prompt by prompt (rung/report/study.py) into
+queue), aggregated over seeds and compared prompt by prompt (rung/report/study.py), its page written
+(rung/report/studypage.py) into
 data/studies/<name>/study.{md,html,json}, one MLflow parent run for the study (the experiments'
 pipeline runs become its children) and the Prefect artifact `rung-study`.
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from pathlib import Path
 
 import dvc.api
 import mlflow
@@ -24,9 +25,10 @@ from prefect.artifacts import create_markdown_artifact
 
 from flows import sweep
 from flows.stage import main
-from rung import config, tracking
-from rung import paths
+from rung import config, paths, tracking
+from rung.eval.results import EvalRecord, EvalResult, StudyResult, StudyRun
 from rung.report import study as core
+from rung.report import studypage
 from tasks import dvc as dvc_tasks
 
 
@@ -38,11 +40,11 @@ def _read(path: str, rev: str) -> str | None:
         return None
 
 
-def _jsonl(text: str) -> list[dict[str, Any]]:
+def _jsonl(text: str) -> list[EvalRecord]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def collect(exp: str, arm: str, seed: int, stage: str, init: str) -> dict[str, Any]:
+def collect(exp: str, arm: str, seed: int, stage: str, init: str) -> StudyRun:
     """What the aggregation needs from one experiment: the RL stage's metrics and curve, its
     checkpoint's eval metrics and per-prompt greedy records of every eval set, and the eval of
     the checkpoint it started from (if the DAG evaluates it)."""
@@ -50,28 +52,28 @@ def collect(exp: str, arm: str, seed: int, stage: str, init: str) -> dict[str, A
     metrics = _read(str(paths.metrics(f"eval-{slug}")), exp)
     if metrics is None:
         raise RuntimeError(f"experiment {exp}: no {paths.metrics(f'eval-{slug}')}; the study needs the eval_rl@{stage} stage")
-    evaluated = json.loads(metrics)
+    evaluated = EvalResult.model_validate_json(metrics)
     records = {}
-    for name in evaluated["sets"]:
+    for name in evaluated.sets:
         text = _read(str(paths.EVAL / slug / f"{name}.jsonl"), exp)
         if text is not None:
             records[name] = _jsonl(text)
     init_eval = _read(str(paths.metrics(f"eval-{paths.checkpoint_slug(init)}")), exp)
-    return {"exp": exp, "arm": arm, "seed": seed, "eval": evaluated, "rl": json.loads(_read(str(paths.metrics(f"rl-{stage}")), exp) or "{}"),
-            "init_eval": json.loads(init_eval) if init_eval else None, "records": records,
-            "curve": json.loads(_read(str(paths.plot("rl", stage)), exp) or "[]")}
+    return StudyRun(arm=arm, seed=seed, eval=evaluated, rl=json.loads(_read(str(paths.metrics(f"rl-{stage}")), exp) or "{}"),
+                    init_eval=EvalResult.model_validate_json(init_eval) if init_eval else None, records=records,
+                    curve=json.loads(_read(str(paths.plot("rl", stage)), exp) or "[]"))
 
 
-def _track(params: config.Params, result: dict[str, Any], written: dict[str, Any], exps: dict[str, dict[str, Any]]) -> str:
+def _track(params: config.Params, result: StudyResult, written: dict[str, Path], exps: dict[str, core.Point]) -> str:
     """The study's MLflow parent run: per-arm means and sds, the comparisons, the three files; each
     experiment's pipeline run is made its child. Returns the run id."""
     tracking.setup(params)
-    tags = {"rung.role": "study", "rung.study": result["name"], "git.commit": tracking.git_commit(), **tracking.versions()}
-    with mlflow.start_run(run_name=f"study {result['name']}", tags=tags) as run:
-        mlflow.log_params({"seeds": result["seeds"], "seed_key": result["seed_key"], "arms": list(result["arms"])})
-        tracking.log_metrics({arm: {k: {"mean": v["mean"], **({"sd": v["sd"]} if v["sd"] is not None else {})} for k, v in a["metrics"].items()}
-                              for arm, a in result["arms"].items()}, prefix="study")
-        tracking.log_metrics({k: c["sets"] for k, c in result["comparisons"].items()}, prefix="paired")
+    tags = {"rung.role": "study", "rung.study": result.name, "git.commit": tracking.git_commit(), **tracking.versions()}
+    with mlflow.start_run(run_name=f"study {result.name}", tags=tags) as run:
+        mlflow.log_params({"seeds": result.seeds, "seed_key": result.seed_key, "arms": list(result.arms)})
+        tracking.log_metrics({arm: {k: {"mean": v.mean, **({"sd": v.sd} if v.sd is not None else {})} for k, v in a.metrics.items()}
+                              for arm, a in result.arms.items()}, prefix="study")
+        tracking.log_metrics({k: c.dump()["sets"] for k, c in result.comparisons.items()}, prefix="paired")
         for path in written.values():
             mlflow.log_artifact(str(path))
         client = mlflow.MlflowClient()
@@ -79,13 +81,13 @@ def _track(params: config.Params, result: dict[str, Any], written: dict[str, Any
             found = mlflow.search_runs(experiment_names=[params.tracking.experiment], output_format="list",
                                        filter_string=f"tags.`dvc.exp_name` = '{exp}' and tags.`rung.role` = 'pipeline'")
             for r in found:
-                for key, value in {"mlflow.parentRunId": run.info.run_id, "rung.study": result["name"],
+                for key, value in {"mlflow.parentRunId": run.info.run_id, "rung.study": result.name,
                                    "rung.study.arm": point["arm"], "rung.study.seed": str(point["seed"])}.items():
                     client.set_tag(r.info.run_id, key, value)
         return run.info.run_id
 
 
-def plan(definition: str, params_file: str = str(paths.PARAMS)) -> tuple[core.Study, str, dict[str, dict[str, Any]], dict[str, config.Params]]:
+def plan(definition: str, params_file: str = str(paths.PARAMS)) -> tuple[core.Study, str, dict[str, core.Point], dict[str, config.Params]]:
     """The study, its RL stage, its experiments (name -> arm, seed, point) and their params, every
     point checked against the schema and preflighted: an InputError before anything is queued."""
     spec = core.load(definition)
@@ -95,7 +97,7 @@ def plan(definition: str, params_file: str = str(paths.PARAMS)) -> tuple[core.St
 
 
 @flow(name="study")
-def study(definition: str, jobs: int = 1, params_file: str = str(paths.PARAMS)) -> dict[str, Any]:
+def study(definition: str, jobs: int = 1, params_file: str = str(paths.PARAMS)) -> StudyResult:
     """Run a study definition (a YAML file) through DVC's experiment queue and write its page."""
     log = get_run_logger()
     spec, stage, todo, checked = plan(definition, params_file)
@@ -113,9 +115,9 @@ def study(definition: str, jobs: int = 1, params_file: str = str(paths.PARAMS)) 
     result = core.aggregate(spec, runs, boot.confidence, boot.resamples, params.seed)
     settings = {"definition": definition, "RL stage": f"rl/{stage}", "seed key": spec.seed_key, "seeds": ", ".join(map(str, spec.seeds)),
                 "experiments": ", ".join(todo), "git commit": tracking.git_commit()[:12]}
-    written = core.write(result, settings)
+    written = studypage.write(result, settings)
     run_id = _track(params, result, written, todo)
-    text = core.markdown(result, settings)
+    text = studypage.markdown(result, settings)
     create_markdown_artifact(key="rung-study", description=f"study {spec.name}", markdown=text)
     print(text)
     log.info("study %s: %s (MLflow run %s)", spec.name, written["html"], run_id)

@@ -5,6 +5,7 @@ import pytest
 
 from rung.config import EvalParams
 from rung.eval.evaluate import summarize_greedy, summarize_sampled
+from rung.eval.results import EvalResult, SetMetrics
 from rung.report.pipeline import markdown
 
 
@@ -24,17 +25,21 @@ RECORDS = [
 
 def test_greedy_summary_by_hand():
     m = summarize_greedy(RECORDS, EvalParams(), seed=0)
-    assert m["n"] == 3 and m["accuracy"] == pytest.approx(1 / 3)  # only prompt 1's first sample is right
-    assert m["format_rate"] == pytest.approx(2 / 3) and m["truncation_rate"] == pytest.approx(2 / 3)
-    assert m["mean_tokens"] == pytest.approx(8) and m["median_tokens"] == 8
-    assert m["accuracy_by_source"] == {"s1": 0.5, "s2": 0.0}
-    assert m["accuracy_by_difficulty"] == {"d1": 1.0, "d2": 0.0} and m["accuracy_by_task"] == {"t": 0.5, "u": 0.0}
-    lo, hi = m["accuracy_ci"]
+    assert m.n == 3 and m.accuracy == pytest.approx(1 / 3)  # only prompt 1's first sample is right
+    assert m.format_rate == pytest.approx(2 / 3) and m.truncation_rate == pytest.approx(2 / 3)
+    assert m.mean_tokens == pytest.approx(8) and m.median_tokens == 8
+    assert m.accuracy_by_source == {"s1": 0.5, "s2": 0.0}
+    assert m.accuracy_by_difficulty == {"d1": 1.0, "d2": 0.0} and m.accuracy_by_task == {"t": 0.5, "u": 0.0}
+    assert m.accuracy_ci is not None
+    lo, hi = m.accuracy_ci
+    # the types as computed: statistics.mean of ints is an int, and the metrics file writes it so
+    assert type(m.dump()["mean_tokens"]) is int and type(m.dump()["median_tokens"]) is int
     assert 0 <= lo <= 1 / 3 <= hi <= 1
 
 
 def test_sampled_summary_by_hand():
     m = summarize_sampled(RECORDS)
+    assert SetMetrics(n=3, accuracy=0.0, **m).avg_at_n() == {"avg@3": m["avg@3"]}
     assert m["avg@3"] == pytest.approx((2 / 3 + 1 / 3 + 0) / 3)
     # pass@1 = c/n averaged; pass@2 = 1 - C(n-c,2)/C(3,2): prompt1 1 - 0/3 = 1, prompt2 1 - 1/3, prompt3 0
     assert m["pass_at_k"]["1"] == pytest.approx(1 / 3)
@@ -47,7 +52,7 @@ def test_sampled_summary_by_hand():
 
 def test_markdown_report_shows_interval_and_samples():
     greedy = summarize_greedy(RECORDS, EvalParams(), seed=0)
-    metrics = {"sampling": {"temperature": 0.0}, "samples": {"n": 3, "temperature": 1.0, "top_p": 1.0},
-               "sets": {"test": {**greedy, **summarize_sampled(RECORDS)}, "ood": {**greedy, "accuracy": 0.25}}}
+    metrics = EvalResult.model_validate({"sampling": {"temperature": 0.0}, "samples": {"n": 3, "temperature": 1.0, "top_p": 1.0},
+                                         "sets": {"test": {**greedy.dump(), **summarize_sampled(RECORDS)}, "ood": {**greedy.dump(), "accuracy": 0.25}}})
     text = markdown({"base": metrics, "rl/main": metrics})
     assert "| rl/main | 33.3% [" in text and "avg@3" in text and "3 prompts" in text

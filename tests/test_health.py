@@ -5,8 +5,9 @@ from rung import models
 
 from rung.report import health
 
-from rung.report import pipeline
 from rung.config import FormatParams
+from rung.eval.results import EvalResult
+from rung.report import pipeline
 from rung.train.sft import truncated_fraction
 
 
@@ -27,8 +28,8 @@ def test_sft_truncation_is_measured_on_the_templated_example(tiny_model):
 
 
 def test_the_report_lists_the_warnings(tmp_path):
-    evals = {"base": {"sets": {"test": {"accuracy": 0.0, "accuracy_lenient": 0.1, "format_rate": 0.0, "mean_tokens": 9.0, "truncation_rate": 0.0,
-                                        "n": 4, "accuracy_by_source": {}}}, "sampling": {"temperature": 0.0}}}
+    evals = {"base": EvalResult.model_validate({"sets": {"test": {"accuracy": 0.0, "accuracy_lenient": 0.1, "format_rate": 0.0, "mean_tokens": 9.0,
+                                                             "truncation_rate": 0.0, "n": 4, "accuracy_by_source": {}}}, "sampling": {"temperature": 0.0}})}
     text = pipeline.markdown(evals, warnings=["eval-base: the model never follows the answer format on test (format rate 0%)"])
     assert "Warnings (rung.health):" in text and "- eval-base: the model never follows" in text
     pipeline.html(evals, {}, {}, tmp_path / "r.html", warnings=["rl-main: 64% of generated groups had zero reward variance"])

@@ -1,5 +1,5 @@
-"""Paired comparisons of checkpoints (rung.eval.paired), their place in the report, and how MLflow
-names and marks the runs."""
+"""Paired tests of checkpoints (rung.eval.paired), the report's comparisons (rung.eval.comparisons)
+and their place in the report, and how MLflow names and marks the runs."""
 from __future__ import annotations
 
 import json
@@ -12,14 +12,11 @@ import pytest
 
 from rung import config, tracking
 
-from rung.report import htmlpage
-
 from rung import files
-
-from rung.eval import paired
-
-from rung.report import pipeline
 from rung.errors import InputError
+from rung.eval import comparisons, paired
+from rung.eval.results import Comparisons, EvalResult
+from rung.report import htmlpage, pipeline, tables
 
 
 def _greedy(correct: list[bool], ids: list[str] | None = None) -> list[dict]:
@@ -49,12 +46,13 @@ def test_mcnemar_one_sided_flips(flips, p):
 
 
 def test_verdict_follows_mcnemar_at_the_level_of_the_confidence():
-    six = paired.compare_greedy(_greedy([False] * 6 + [True] * 4), _greedy([True] * 10), 0.95, 500, 0, "x")
-    five = paired.compare_greedy(_greedy([False] * 5 + [True] * 5), _greedy([True] * 10), 0.95, 500, 0, "x")
-    assert (six["mcnemar_p"], six["significant"], six["verdict"]) == (pytest.approx(0.03125), True, "significant at 0.05")
-    assert (five["mcnemar_p"], five["significant"], five["verdict"]) == (pytest.approx(0.0625), False, "not significant at 0.05")
-    assert five["difference"] == pytest.approx(0.5) and five["accuracy_old"] == 0.5 and five["accuracy_new"] == 1.0
-    assert paired.compare_greedy(_greedy([False] * 5 + [True] * 5), _greedy([True] * 10), 0.9, 500, 0, "x")["verdict"] == "significant at 0.1"
+    six = paired.greedy_test(_greedy([False] * 6 + [True] * 4), _greedy([True] * 10), 0.95, 500, 0, "x")
+    five = paired.greedy_test(_greedy([False] * 5 + [True] * 5), _greedy([True] * 10), 0.95, 500, 0, "x")
+    assert (six.mcnemar_p, six.significant, six.verdict) == (pytest.approx(0.03125), True, "significant at 0.05")
+    assert (five.mcnemar_p, five.significant, five.verdict) == (pytest.approx(0.0625), False, "not significant at 0.05")
+    assert five.difference == pytest.approx(0.5) and five.accuracy_old == 0.5 and five.accuracy_new == 1.0
+    assert paired.greedy_test(_greedy([False] * 5 + [True] * 5), _greedy([True] * 10), 0.9, 500, 0, "x").verdict == "significant at 0.1"
+    assert "prompts_needed" not in six.dump() and five.dump()["prompts_needed"] == 14  # on disk only when not significant
 
 
 def _exact_power(right_to_wrong: int, wrong_to_right: int, n_observed: int, n: int, alpha: float = 0.05) -> float:
@@ -78,7 +76,9 @@ def test_prompts_needed_for_80_percent_power():
     assert paired.mcnemar_prompts_needed(4, 4, 95) is None and paired.mcnemar_prompts_needed(0, 0, 95) is None
     with pytest.raises(ValueError, match="do not fit"):
         paired.mcnemar_prompts_needed(50, 50, 95)
-    assert paired.power_note({"prompts_needed": 257}) == " (needs about 257 prompts at this effect)" and paired.power_note({}) == ""
+    five = paired.greedy_test(_greedy([False] * 5 + [True] * 5), _greedy([True] * 10), 0.95, 500, 0, "x")
+    assert tables.verdict(five.model_copy(update={"prompts_needed": 257})) == "not significant at 0.05 (needs about 257 prompts at this effect)"
+    assert tables.verdict(five.model_copy(update={"significant": True, "verdict": "significant at 0.05"})) == "significant at 0.05"
 
 
 def test_paired_bootstrap_is_seeded_and_covers_the_true_difference():
@@ -113,10 +113,10 @@ def test_stratified_bootstrap_resamples_within_each_stratum():
 def test_records_pair_by_id_and_refuse_different_prompts():
     old = _greedy([True, False, False], ids=["a", "b", "c"])
     new = _greedy([False, True, True], ids=["c", "b", "a"])  # same prompts, another order
-    g = paired.compare_greedy(old, new, 0.95, 200, 0, "new vs old on test")
-    assert (g["right_to_wrong"], g["wrong_to_right"], g["both_right"], g["both_wrong"]) == (0, 1, 1, 1)
+    g = paired.greedy_test(old, new, 0.95, 200, 0, "new vs old on test")
+    assert (g.right_to_wrong, g.wrong_to_right, g.both_right, g.both_wrong) == (0, 1, 1, 1)
     with pytest.raises(InputError, match=r"^sft vs base on test: the two checkpoints were evaluated on different prompts \(1 ids only in the first, 1 only in the second, e.g. 'c'\)"):
-        paired.compare_greedy(old, _greedy([True, True, True], ids=["a", "b", "d"]), 0.95, 200, 0, "sft vs base on test")
+        paired.greedy_test(old, _greedy([True, True, True], ids=["a", "b", "d"]), 0.95, 200, 0, "sft vs base on test")
     with pytest.raises(InputError, match="duplicate prompt ids"):
         paired.align(old, _greedy([True, True, True], ids=["a", "a", "b"]), "x")
 
@@ -124,17 +124,19 @@ def test_records_pair_by_id_and_refuse_different_prompts():
 def test_sampled_comparison_of_avg_and_pass_at_k():
     old = _sampled([0, 0, 2, 4], n=4)  # avg@4 = 6/16; pass@4 = 2/4
     new = _sampled([1, 2, 4, 4], n=4)  # avg@4 = 11/16; pass@4 = 1
-    s = paired.compare_sampled(old, new, 0.95, 500, 0, "x")
-    assert s["samples"] == 4 and s["n"] == 4 and set(s) == {"n", "samples", "avg@4", "pass@1", "pass@2", "pass@3", "pass@4"}
-    assert s["avg@4"]["old"] == pytest.approx(6 / 16) and s["avg@4"]["difference"] == pytest.approx(5 / 16)
-    assert s["pass@1"]["difference"] == pytest.approx(s["avg@4"]["difference"])  # pass@1 is avg@n
-    assert s["pass@4"]["old"] == 0.5 and s["pass@4"]["new"] == 1.0
-    assert s["avg@4"]["ci_low"] > 0 and s["avg@4"]["verdict"] == "significant at 0.05"  # every prompt improves or stays
+    s = paired.sampled_test(old, new, 0.95, 500, 0, "x")
+    assert s.samples == 4 and s.n == 4 and set(s.dump()) == {"n", "samples", "avg@4", "pass@1", "pass@2", "pass@3", "pass@4"}  # flat on disk
+    m = s.metrics
+    assert m["avg@4"].old == pytest.approx(6 / 16) and m["avg@4"].difference == pytest.approx(5 / 16)
+    assert m["pass@1"].difference == pytest.approx(m["avg@4"].difference)  # pass@1 is avg@n
+    assert m["pass@4"].old == 0.5 and m["pass@4"].new == 1.0
+    assert m["avg@4"].ci_low > 0 and m["avg@4"].verdict == "significant at 0.05"  # every prompt improves or stays
+    assert type(s).model_validate(s.dump()) == s
 
 
 def test_pairs_compare_each_checkpoint_with_its_init_and_rl_with_base():
-    assert pipeline.pairs({"main": "sft"}) == [("sft", "base"), ("rl/main", "sft"), ("rl/main", "base")]
-    assert pipeline.pairs({"zero": "base", "more": "rl/zero"}) == [("sft", "base"), ("rl/zero", "base"), ("rl/more", "rl/zero"), ("rl/more", "base")]
+    assert comparisons.pairs({"main": "sft"}) == [("sft", "base"), ("rl/main", "sft"), ("rl/main", "base")]
+    assert comparisons.pairs({"zero": "base", "more": "rl/zero"}) == [("sft", "base"), ("rl/zero", "base"), ("rl/more", "rl/zero"), ("rl/more", "base")]
 
 
 @pytest.fixture
@@ -156,27 +158,27 @@ def evaluated(tmp_path, monkeypatch):
 
 
 def test_report_writes_the_comparisons_in_words(evaluated):
-    compared = pipeline.comparisons(pipeline.pairs({"main": "sft"}), 0.95, 1000, 42)
-    assert list(compared["comparisons"]) == ["sft-vs-base", "rl-main-vs-sft", "rl-main-vs-base"]
-    c = compared["comparisons"]["rl-main-vs-sft"]
-    assert (c["new"], c["old"], list(c["sets"])) == ("rl/main", "sft", ["test", "ood"])
-    test = c["sets"]["test"]
-    assert (test["wrong_to_right"], test["right_to_wrong"]) == (12, 5) and test["verdict"] == "not significant at 0.05"
-    assert test["prompts_needed"] == 162  # not significant: the prompts it would need (mcnemar_prompts_needed)
-    assert test["ci_low"] < test["difference"] < test["ci_high"] and set(test["sampled"]) >= {"avg@3", "pass@3"}
-    assert "sampled" not in c["sets"]["ood"]
-    assert pipeline.comparisons(pipeline.pairs({"main": "sft"}), 0.95, 1000, 42) == compared  # seeded
+    compared = comparisons.comparisons(comparisons.pairs({"main": "sft"}), 0.95, 1000, 42)
+    assert list(compared.comparisons) == ["sft-vs-base", "rl-main-vs-sft", "rl-main-vs-base"]
+    c = compared.comparisons["rl-main-vs-sft"]
+    assert (c.new, c.old, list(c.sets)) == ("rl/main", "sft", ["test", "ood"])
+    test = c.sets["test"]
+    assert (test.wrong_to_right, test.right_to_wrong) == (12, 5) and test.verdict == "not significant at 0.05"
+    assert test.prompts_needed == 162  # not significant: the prompts it would need (mcnemar_prompts_needed)
+    assert test.ci_low < test.difference < test.ci_high and test.sampled and set(test.sampled.metrics) >= {"avg@3", "pass@3"}
+    assert "sampled" not in c.sets["ood"].dump()
+    assert comparisons.comparisons(comparisons.pairs({"main": "sft"}), 0.95, 1000, 42) == compared  # seeded
 
-    evals = {c: {"sets": {"test": {"n": 60, "accuracy": 0.3, "accuracy_ci": [0.2, 0.4], "accuracy_lenient": 0.3, "format_rate": 1.0,
+    evals = {c: EvalResult.model_validate({"sets": {"test": {"n": 60, "accuracy": 0.3, "accuracy_ci": [0.2, 0.4], "accuracy_lenient": 0.3, "format_rate": 1.0,
                                    "mean_tokens": 9.0, "truncation_rate": 0.0, "accuracy_by_source": {}}},
-                 "sampling": {"temperature": 0.0}, "bootstrap": {"confidence": 0.95}} for c in ("base", "sft", "rl/main")}
+                 "sampling": {"temperature": 0.0}, "bootstrap": {"confidence": 0.95}}) for c in ("base", "sft", "rl/main")}
     text = pipeline.run(evals, {"rl/main": [{"step": 1, "reward": 0.5}]}, {}, {"seed": 42}, compared)
-    assert json.loads(pipeline.COMPARISONS.read_text()) == json.loads(json.dumps(compared))
+    assert Comparisons.model_validate_json(pipeline.COMPARISONS.read_text()) == compared
     assert "## Paired comparisons" in text and "not significant at 0.05" in text
     row = next(line for line in text.splitlines() if line.startswith("| rl/main vs sft | test |"))
-    p = f"{test['mcnemar_p']:.2f}"
+    p = f"{test.mcnemar_p:.2f}"
     signed = lambda v: f"{100 * v:+.1f}".replace("-", "−")  # noqa: E731
-    assert f"| 60 | {100 * test['accuracy_old']:.1f}% → {100 * test['accuracy_new']:.1f}% | +11.7 [{signed(test['ci_low'])}, {signed(test['ci_high'])}] |" in row
+    assert f"| 60 | {100 * test.accuracy_old:.1f}% → {100 * test.accuracy_new:.1f}% | +11.7 [{signed(test.ci_low)}, {signed(test.ci_high)}] |" in row
     assert row.endswith(f"| 5 | 12 | {p} | not significant at 0.05 (needs about 162 prompts at this effect) |")
     assert "| rl/main vs sft | test | 10 | pass@3 |" in text
     page = (evaluated / "data/reports/report.html").read_text()
@@ -187,7 +189,7 @@ def test_report_writes_the_comparisons_in_words(evaluated):
 def test_report_refuses_checkpoints_evaluated_on_different_prompts(evaluated):
     files.write_jsonl(evaluated / "data/eval/sft/test.jsonl", _greedy([True] * 59))
     with pytest.raises(InputError, match="^sft vs base on test: the two checkpoints were evaluated on different prompts"):
-        pipeline.comparisons([("sft", "base")], 0.95, 100, 0)
+        comparisons.comparisons([("sft", "base")], 0.95, 100, 0)
 
 
 def test_extra_tables_escape_and_align():

@@ -1,5 +1,5 @@
-"""Seed studies: the definition, the aggregation over seeds and the paired tests between arms
-(rung/report/study.py), and `rung study` end to end: two arms x two seeds of the tiny model as DVC
+"""Seed studies: the definition and the aggregation over seeds (rung/report/study.py), the paired
+tests between arms (rung.eval.paired.arms_test), the page (rung/report/studypage.py), and `rung study` end to end: two arms x two seeds of the tiny model as DVC
 experiments in a temporary git + DVC repo, against a Prefect server on loopback."""
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from scipy.stats import ttest_rel
 
-from rung.eval import paired
-
-from rung.report import study
 from rung.errors import InputError
+from rung.eval import paired
+from rung.eval.results import EvalResult, StudyResult
+from rung.report import study, studypage
 from tests.test_pipeline import tiny_params
 from tests.workspace import make_workspace
 
@@ -61,11 +61,11 @@ def test_one_seed_is_exactly_the_mcnemar_test():
     rng = np.random.default_rng(1)
     old = rng.random(80) < 0.4
     new = np.where(rng.random(80) < 0.3, ~old, old)
-    r = study.compare_arms({7: _records(list(old))}, {7: _records(list(new))}, 0.95, 500, 0, "b vs a on test")
+    r = paired.arms_test({7: _records(list(old))}, {7: _records(list(new))}, 0.95, 500, 0, "b vs a on test")
     test = paired.mcnemar(list(old), list(new))
-    assert (r["units_better"], r["units_worse"]) == (test["wrong_to_right"], test["right_to_wrong"])
-    assert r["sign_test_p"] == pytest.approx(test["mcnemar_p"]) and r["unit"] == "prompt" and r["seed_t_test_p"] is None
-    assert r["difference"] == pytest.approx(new.mean() - old.mean())
+    assert (r.units_better, r.units_worse) == (test["wrong_to_right"], test["right_to_wrong"])
+    assert r.sign_test_p == pytest.approx(test["mcnemar_p"]) and r.unit == "prompt" and r.seed_t_test_p is None
+    assert r.difference == pytest.approx(new.mean() - old.mean())
 
 
 def test_shared_prompts_are_one_unit_over_seeds_and_disjoint_prompts_are_stratified():
@@ -74,28 +74,28 @@ def test_shared_prompts_are_one_unit_over_seeds_and_disjoint_prompts_are_stratif
     wins = {1: range(1, 21, 2), 2: range(1, 13, 2)}
     new = {s: _records([c or i in wins[s] for i, c in enumerate(base)]) for s in (1, 2)}
     old = {s: _records(base) for s in (1, 2)}
-    r = study.compare_arms(old, new, 0.95, 1000, 0, "b vs a on test")
-    assert (r["unit"], r["units"], r["units_better"], r["units_worse"]) == ("prompt", 40, 10, 0)  # 6 prompts won in both seeds count once
-    assert r["difference"] == pytest.approx(16 / 80) and r["per_seed_difference"] == {"1": pytest.approx(0.25), "2": pytest.approx(0.15)}
-    assert r["sign_test_p"] == pytest.approx(2 * 0.5**10) and r["verdict"] == "significant at 0.05" and "prompts_needed" not in r
-    assert r["seed_t_test_p"] == pytest.approx(ttest_rel([0.75, 0.65], [0.5, 0.5]).pvalue)
-    assert r["ci_low"] > 0 and r == study.compare_arms(old, new, 0.95, 1000, 0, "b vs a on test")  # seeded
+    r = paired.arms_test(old, new, 0.95, 1000, 0, "b vs a on test")
+    assert (r.unit, r.units, r.units_better, r.units_worse) == ("prompt", 40, 10, 0)  # 6 prompts won in both seeds count once
+    assert r.difference == pytest.approx(16 / 80) and r.per_seed_difference == {"1": pytest.approx(0.25), "2": pytest.approx(0.15)}
+    assert r.sign_test_p == pytest.approx(2 * 0.5**10) and r.verdict == "significant at 0.05" and "prompts_needed" not in r.dump()
+    assert r.seed_t_test_p == pytest.approx(ttest_rel([0.75, 0.65], [0.5, 0.5]).pvalue)
+    assert r.ci_low > 0 and r == paired.arms_test(old, new, 0.95, 1000, 0, "b vs a on test")  # seeded
 
     # Other prompts in each seed (the seed changed the data): (seed, prompt) units, resampled within seeds.
     old2 = {s: _records(base, [f"s{s}p{i}" for i in range(40)]) for s in (1, 2)}
     new2 = {s: _records([r["samples"][0]["correct"] for r in new[s]], [f"s{s}p{i}" for i in range(40)]) for s in (1, 2)}
-    r2 = study.compare_arms(old2, new2, 0.95, 1000, 0, "b vs a on test")
-    assert (r2["unit"], r2["units"], r2["units_better"]) == ("seed, prompt", 80, 16) and r2["difference"] == pytest.approx(0.2)
+    r2 = paired.arms_test(old2, new2, 0.95, 1000, 0, "b vs a on test")
+    assert (r2.unit, r2.units, r2.units_better) == ("seed, prompt", 80, 16) and r2.difference == pytest.approx(0.2)
 
     with pytest.raises(InputError, match="^b vs a on test, seed 2: the two checkpoints were evaluated on different prompts"):
-        study.compare_arms(old, {1: new[1], 2: new[2][:-1]}, 0.95, 100, 0, "b vs a on test")
+        paired.arms_test(old, {1: new[1], 2: new[2][:-1]}, 0.95, 100, 0, "b vs a on test")
 
 
 def _run(arm: str, seed: int, acc: float, correct: list[bool]) -> dict:
     sets = {"test": {"accuracy": acc, "format_rate": 1.0, "mean_tokens": 9.0, "truncation_rate": 0.0, "n": len(correct),
                      "avg@2": acc / 2, "pass_at_k": {"1": acc / 2, "2": acc}, "accuracy_ci": [0, 1], "accuracy_by_source": {"a": acc}}}
-    return {"arm": arm, "seed": seed, "eval": {"sets": sets}, "rl": {"steps": 2.0, "reward_last": acc, "frac_reward_zero_std": 0.5},
-            "init_eval": {"sets": {"test": {"accuracy": 0.25}}}, "records": {"test": _records(correct)},
+    return {"arm": arm, "seed": seed, "eval": EvalResult.model_validate({"sets": sets}), "rl": {"steps": 2.0, "reward_last": acc, "frac_reward_zero_std": 0.5},
+            "init_eval": EvalResult.model_validate({"sets": {"test": {"n": 4, "accuracy": 0.25}}}), "records": {"test": _records(correct)},
             "curve": [{"step": 1, "reward": 0.1 * seed, "accuracy": 0.2, "heldout_accuracy": 0.25 + 0.25 * seed},  # eval_every 1
                       {"step": 2, "reward": 0.2 * seed, "accuracy": 0.3}]}
 
@@ -105,17 +105,17 @@ def test_aggregate_writes_the_study_page(tmp_path):
     runs = [_run("a", 1, 0.25, [True, False, False, False]), _run("a", 2, 0.5, [True, True, False, False]),
             _run("b", 1, 0.5, [True, True, False, False]), _run("b", 2, 0.75, [True, True, True, False])]
     result = study.aggregate(spec, runs, 0.95, 200, 0)
-    m = result["arms"]["a"]["metrics"]
-    assert m["test/accuracy"] == {"mean": 0.375, "sd": pytest.approx(np.std([0.25, 0.5], ddof=1)), "values": [0.25, 0.5]}
+    m = result.arms["a"].metrics
+    assert m["test/accuracy"].dump() == {"mean": 0.375, "sd": pytest.approx(np.std([0.25, 0.5], ddof=1)), "values": [0.25, 0.5]}
     assert set(m) == {"test/accuracy", "test/format_rate", "test/mean_tokens", "test/truncation_rate", "test/avg@2", "test/pass@1",
                       "test/pass@2", "rl/steps", "rl/reward_last", "rl/frac_reward_zero_std"}
-    c = result["comparisons"]["b-vs-a"]["sets"]["test"]
-    assert (c["units_better"], c["units_worse"], c["difference"]) == (2, 0, pytest.approx(0.25)) and c["prompts_needed"] > 4
-    curves = result["curves"]["a"]
+    c = result.comparisons["b-vs-a"].sets["test"]
+    assert (c.units_better, c.units_worse, c.difference) == (2, 0, pytest.approx(0.25)) and c.prompts_needed and c.prompts_needed > 4
+    curves = result.curves["a"]
     assert curves["reward"] == [(1.0, pytest.approx(0.15), 0.1, 0.2), (2.0, pytest.approx(0.3), 0.2, 0.4)]
     assert curves["held_out_accuracy"] == [(0.0, 0.25, 0.25, 0.25), (1.0, 0.625, 0.5, 0.75), (2.0, 0.375, 0.25, 0.5)]
 
-    paths = study.write(result, {"seeds": "1, 2"}, tmp_path)
+    paths = studypage.write(result, {"seeds": "1, 2"}, tmp_path)
     md = paths["md"].read_text()
     assert "| a | 2 | 37.5 ± 17.7 |" in md and "| b vs a | test | 2 | 4 (prompt) | 37.5% → 62.5% | +25.0 [" in md
     assert "not significant at 0.05 (needs about" in md
@@ -124,7 +124,8 @@ def test_aggregate_writes_the_study_page(tmp_path):
         assert f'<figure id="{fig}"' in page
         assert "<svg" in (tmp_path / "t" / f"{fig}.svg").read_text()  # the curves as files too, for a README
     assert not any(tag in page for tag in ("<script", "<link", "src=", "<img"))  # self-contained
-    assert json.loads(paths["json"].read_text())["arms"]["b"]["seeds"] == [1, 2]
+    written = json.loads(paths["json"].read_text())
+    assert written.pop("settings") == {"seeds": "1, 2"} and StudyResult.model_validate(written) == result
 
 
 STUDY = """

@@ -9,21 +9,18 @@ from pathlib import Path
 from statistics import mean, median
 from typing import TYPE_CHECKING, Any
 
+from rung import files, paths
 from rung.answers import formats
-
-from rung import files
-
-from rung import paths
-
-from rung.eval import metrics
+from rung.answers.verify import is_correct
 from rung.config import EvalParams, FormatParams
 from rung.data.rows import difficulty_label
-from rung.answers.verify import is_correct
+from rung.eval import metrics
+from rung.eval.results import EvalRecord, EvalResult, Graded, SetMetrics
 
 if TYPE_CHECKING:  # a type only: torch is imported by whoever loads the model (tasks.generation), after the preflight
     from rung.generate.completion import Completion, Generator
 
-Record = dict[str, Any]
+Record = EvalRecord
 
 
 def grade(rows: list[dict[str, Any]], samples: list[list[Completion]], fmt: FormatParams) -> list[Record]:
@@ -33,12 +30,12 @@ def grade(rows: list[dict[str, Any]], samples: list[list[Completion]], fmt: Form
         graded = []
         for c in completions:
             strict = formats.extract(c.text, fmt)
-            graded.append(dict(
+            graded.append(Graded(
                 completion=c.text, extracted=strict, correct=is_correct(strict, row),
                 correct_lenient=is_correct(formats.extract_lenient(c.text, fmt), row),
                 tokens=c.tokens, truncated=c.truncated,
             ))
-        records.append(dict(id=row["id"], source=row["source"], task=row["task"], difficulty=difficulty_label(row),
+        records.append(EvalRecord(id=row["id"], source=row["source"], task=row["task"], difficulty=difficulty_label(row),
                             prompt=row["prompt"], answer=row["answer"], samples=graded))
     return records
 
@@ -50,27 +47,28 @@ def _by(records: list[Record], key: str) -> dict[str, float]:
     return {k: mean(v) for k, v in sorted(groups.items())}
 
 
-def summarize_greedy(records: list[Record], params: EvalParams, seed: int) -> dict[str, Any]:
+def summarize_greedy(records: list[Record], params: EvalParams, seed: int) -> SetMetrics:
     """Headline metrics of one completion per prompt (the first), with a bootstrap interval."""
     first = [r["samples"][0] for r in records]
     correct = [float(s["correct"]) for s in first]
-    return {
-        "n": len(records),
-        "accuracy": mean(correct),
-        "accuracy_ci": list(metrics.bootstrap_ci(correct, params.bootstrap.confidence, params.bootstrap.resamples, seed)),
-        "accuracy_lenient": mean(float(s["correct_lenient"]) for s in first),
-        "format_rate": mean(float(s["extracted"] is not None) for s in first),
-        "mean_tokens": mean(s["tokens"] for s in first),
-        "median_tokens": median(s["tokens"] for s in first),
-        "truncation_rate": mean(float(s["truncated"]) for s in first),
-        "accuracy_by_source": _by(records, "source"),
-        "accuracy_by_task": _by(records, "task"),
-        "accuracy_by_difficulty": _by(records, "difficulty"),
-    }
+    return SetMetrics(
+        n=len(records),
+        accuracy=mean(correct),
+        accuracy_ci=list(metrics.bootstrap_ci(correct, params.bootstrap.confidence, params.bootstrap.resamples, seed)),
+        accuracy_lenient=mean(float(s["correct_lenient"]) for s in first),
+        format_rate=mean(float(s["extracted"] is not None) for s in first),
+        mean_tokens=mean(s["tokens"] for s in first),
+        median_tokens=median(s["tokens"] for s in first),
+        truncation_rate=mean(float(s["truncated"]) for s in first),
+        accuracy_by_source=_by(records, "source"),
+        accuracy_by_task=_by(records, "task"),
+        accuracy_by_difficulty=_by(records, "difficulty"),
+    )
 
 
 def summarize_sampled(records: list[Record]) -> dict[str, Any]:
-    """avg@n, pass@k and maj@k (k = 1..n) over n sampled completions per prompt."""
+    """avg@n, pass@k and maj@k (k = 1..n) over n sampled completions per prompt: the fields of
+    SetMetrics that need samples, avg@n under a key named for n."""
     n = min(len(r["samples"]) for r in records)
     per_prompt = [[s["correct"] for s in r["samples"][:n]] for r in records]
     votes = [[(s["extracted"], s["correct"]) for s in r["samples"][:n]] for r in records]
@@ -85,7 +83,7 @@ def summarize_sampled(records: list[Record]) -> dict[str, Any]:
 def evaluate(
     gen: Generator, rows: list[dict[str, Any]], fmt: FormatParams, params: EvalParams, seed: int,
     progress: Callable[[str], None] = lambda _: None,
-) -> tuple[list[Record], list[Record], dict[str, Any]]:
+) -> tuple[list[Record], list[Record], SetMetrics]:
     """Greedy (headline) and, when `params.samples` is set, sampled evaluation of `rows`.
 
     Returns (greedy records, sampled records, metrics).
@@ -93,21 +91,22 @@ def evaluate(
     prompts = gen.render([formats.prompt(r["prompt"], fmt) for r in rows])
     greedy = grade(rows, gen.generate(prompts, params.sampling, n=1, seed=seed, desc="eval greedy"), fmt)
     result = summarize_greedy(greedy, params, seed)
-    progress(f"greedy accuracy {result['accuracy']:.3f} on {len(rows)} prompts")
+    progress(f"greedy accuracy {result.accuracy:.3f} on {len(rows)} prompts")
     sampled: list[Record] = []
     if params.samples is not None:
         s = params.samples
         subset = rows[: s.max_prompts]
         sampled = grade(subset, gen.generate(prompts[: len(subset)], s, n=s.n, seed=seed + 1, desc=f"eval x{s.n}"), fmt)
-        result.update(summarize_sampled(sampled))
+        result = SetMetrics(**result.dump(), **summarize_sampled(sampled))
     return greedy, sampled, result
 
 
-def run(checkpoint: str, results: dict[str, tuple[list[Record], list[Record], dict[str, Any]]], set_paths: dict[str, Path], params: EvalParams,
+def run(checkpoint: str, results: dict[str, tuple[list[Record], list[Record], SetMetrics]], set_paths: dict[str, Path], params: EvalParams,
         fmt: FormatParams, seed: int) -> dict[str, Any]:
     """The eval stage's outputs for one checkpoint: per-sample records of every set (one directory,
     written atomically), the DVC plots of the held-out split (accuracy by difficulty, pass@k and
-    maj@k), and the metrics, which record format, sampling, seed and the md5 of the model and of every set."""
+    maj@k), and the metrics (an EvalResult, returned as the dict the metrics file holds), which record
+    format, sampling, seed and the md5 of the model and of every set."""
     slug = paths.checkpoint_slug(checkpoint)
     with files.atomic_path(paths.EVAL / slug) as tmp:
         tmp.mkdir()
@@ -116,15 +115,15 @@ def run(checkpoint: str, results: dict[str, tuple[list[Record], list[Record], di
             if sampled:
                 files.write_jsonl(tmp / f"{name}.samples.jsonl", sampled)
     test = results["test"][2]
-    files.write_json(paths.plot("accuracy_by_difficulty", slug), [{"difficulty": d, "accuracy": a} for d, a in test["accuracy_by_difficulty"].items()])
-    curve = [{"k": int(k), "pass_at_k": v, "maj_at_k": test["maj_at_k"][k]} for k, v in test.get("pass_at_k", {}).items()]
+    files.write_json(paths.plot("accuracy_by_difficulty", slug), [{"difficulty": d, "accuracy": a} for d, a in test.accuracy_by_difficulty.items()])
+    curve = [{"k": int(k), "pass_at_k": v, "maj_at_k": test.maj_at_k[k]} for k, v in test.pass_at_k.items()]
     files.write_json(paths.plot("pass_at_k", slug), curve)  # empty without eval.samples
-    return {
-        "checkpoint": checkpoint, "seed": seed, "model_md5": files.md5(paths.checkpoint(checkpoint)),
-        "data_md5": {n: files.md5(p) for n, p in set_paths.items()},
-        "format": {"style": fmt.style, "template": fmt.template},
-        "sampling": params.sampling.model_dump(),
-        "samples": params.samples.model_dump() if params.samples else None,
-        "bootstrap": params.bootstrap.model_dump(),
-        "sets": {name: m for name, (_, _, m) in results.items()},
-    }
+    return EvalResult(
+        checkpoint=checkpoint, seed=seed, model_md5=files.md5(paths.checkpoint(checkpoint)),
+        data_md5={n: files.md5(p) for n, p in set_paths.items()},
+        format={"style": fmt.style, "template": fmt.template},
+        sampling=params.sampling.model_dump(),
+        samples=params.samples.model_dump() if params.samples else None,
+        bootstrap=params.bootstrap.model_dump(),
+        sets={name: m for name, (_, _, m) in results.items()},
+    ).dump()

@@ -9,20 +9,37 @@ samples, a paired bootstrap interval of the difference.
 
 Plain functions on per-prompt values (numpy and scipy only), reusable by a seed study: the
 bootstrap takes `strata` (e.g. the seed of each row) and then resamples prompts within each
-stratum, so every resample keeps each seed's share of the rows.
+stratum, so every resample keeps each seed's share of the rows. The tests of eval records
+(`greedy_test`, `sampled_test`, and `arms_test` between two arms of a study over seeds) return
+the typed results of rung.eval.results; rendering them is rung.report.tables' work.
+
+Between two arms, on every eval set, `arms_test` takes the unit of resampling to be the prompt
+when every seed answered the same prompts (a seed of RL alone), with its outcomes in all seeds
+together, and the (seed, prompt) pair otherwise (the seed also changed the data); then
+- the difference in greedy accuracy (new - old, over all seeds and prompts) with a paired
+  bootstrap interval: units resampled, stratified by seed when the unit is a (seed, prompt) pair;
+- an exact sign test over units (units where new does better against units where old does):
+  with one seed it is the exact McNemar test of the report, and with shared prompts it does not
+  count one prompt's seeds as independent evidence;
+- the per-seed differences and a paired t-test over seeds (scipy.stats.ttest_rel), which asks
+  whether the arm wins across training runs; with 2-3 seeds it has little power.
+The prompt-level tests are conditional on the seeds run: they say whether these trained models
+differ on this population of prompts; the spread over seeds is reported next to them.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from statistics import mean
 from typing import Any
 
 import numpy as np
-from scipy.stats import binomtest, norm
+from scipy.stats import binomtest, norm, ttest_rel
 
 from rung.eval import metrics
+from rung.eval.results import ArmsTest, EvalRecord, GreedyTest, MetricTest, SampledTest
 from rung.errors import InputError
 
-Record = dict[str, Any]
+Record = EvalRecord
 
 
 def level(confidence: float) -> float:
@@ -82,7 +99,7 @@ def paired_bootstrap(
     return float(d.mean()), float(lo), float(hi)
 
 
-def mcnemar(old: Sequence[bool], new: Sequence[bool]) -> dict[str, Any]:
+def mcnemar(old: Sequence[bool], new: Sequence[bool]) -> dict[str, int | float]:
     """Exact McNemar test of paired right/wrong outcomes: of the prompts whose outcome differs,
     is 'wrong -> right' as likely as 'right -> wrong'? A two-sided binomial test (p = 0.5) on the
     discordant prompts (scipy.stats.binomtest); p = 1 when none differ."""
@@ -114,16 +131,7 @@ def mcnemar_prompts_needed(right_to_wrong: int, wrong_to_right: int, n: int, alp
     return int(np.ceil(root**2 / delta**2))
 
 
-def power_note(result: dict[str, Any], unit: str = "prompts") -> str:
-    """What a comparison that is not significant would need, for its verdict: ' (needs about N
-    prompts at this effect)'; '' for a significant one."""
-    if "prompts_needed" not in result:
-        return ""
-    n = result["prompts_needed"]
-    return f" (needs about {n} {unit} at this effect)" if n else " (the flips balance: no effect to detect)"
-
-
-def compare_greedy(old: Sequence[Record], new: Sequence[Record], confidence: float, resamples: int, seed: int, what: str) -> dict[str, Any]:
+def greedy_test(old: Sequence[Record], new: Sequence[Record], confidence: float, resamples: int, seed: int, what: str) -> GreedyTest:
     """Greedy accuracy of `new` against `old` (records of one eval set, the first sample graded):
     difference with its paired bootstrap interval, flips each way, exact McNemar p and verdict."""
     pairs = align(old, new, what)
@@ -135,12 +143,12 @@ def compare_greedy(old: Sequence[Record], new: Sequence[Record], confidence: flo
     significant = test["mcnemar_p"] < alpha
     # Not significant: how many prompts would make this effect significant (80% power)?
     needed = {} if significant else {"prompts_needed": mcnemar_prompts_needed(test["right_to_wrong"], test["wrong_to_right"], len(pairs), alpha)}
-    return {"n": len(pairs), "accuracy_old": float(np.mean(a)), "accuracy_new": float(np.mean(b)),
-            "difference": diff, "ci_low": lo, "ci_high": hi, **test,
-            "significant": significant, "verdict": verdict(significant, alpha), **needed}
+    return GreedyTest(n=len(pairs), accuracy_old=float(np.mean(a)), accuracy_new=float(np.mean(b)),
+                      difference=diff, ci_low=lo, ci_high=hi, **test,
+                      significant=significant, verdict=verdict(significant, alpha), **needed)
 
 
-def compare_sampled(old: Sequence[Record], new: Sequence[Record], confidence: float, resamples: int, seed: int, what: str) -> dict[str, Any]:
+def sampled_test(old: Sequence[Record], new: Sequence[Record], confidence: float, resamples: int, seed: int, what: str) -> SampledTest:
     """avg@n and pass@k (k = 1..n) of `new` against `old`, from n samples per prompt: per metric
     the difference with a paired bootstrap interval over prompts; significant at 1 - confidence
     when the interval excludes 0."""
@@ -148,15 +156,58 @@ def compare_sampled(old: Sequence[Record], new: Sequence[Record], confidence: fl
     n = min(len(r["samples"]) for pair in pairs for r in pair)
     hits = [([s["correct"] for s in o["samples"][:n]], [s["correct"] for s in m["samples"][:n]]) for o, m in pairs]
     alpha = level(confidence)
-    out: dict[str, Any] = {"n": len(pairs), "samples": n}
+    out: dict[str, MetricTest] = {}
     per_prompt = {f"avg@{n}": lambda c: float(np.mean(c)), **{f"pass@{k}": (lambda c, k=k: metrics.pass_at_k(n, int(sum(c)), k)) for k in range(1, n + 1)}}
     for name, f in per_prompt.items():
         a, b = [f(x) for x, _ in hits], [f(y) for _, y in hits]
         diff, lo, hi = paired_bootstrap(a, b, confidence, resamples, seed)
         significant = lo > 0 or hi < 0
-        out[name] = {"old": float(np.mean(a)), "new": float(np.mean(b)), "difference": diff, "ci_low": lo, "ci_high": hi,
-                     "significant": significant, "verdict": verdict(significant, alpha)}
-    return out
+        out[name] = MetricTest(old=float(np.mean(a)), new=float(np.mean(b)), difference=diff, ci_low=lo, ci_high=hi,
+                               significant=significant, verdict=verdict(significant, alpha))
+    return SampledTest(n=len(pairs), samples=n, metrics=out)
+
+
+def _correct(records: Sequence[Record]) -> dict[str, bool]:
+    return {r["id"]: bool(r["samples"][0]["correct"]) for r in records}
+
+
+def arms_test(old: Mapping[int, Sequence[Record]], new: Mapping[int, Sequence[Record]], confidence: float, resamples: int,
+              seed: int, what: str) -> ArmsTest:
+    """Greedy accuracy of arm `new` against arm `old` on one eval set, from their per-prompt records
+    per seed (seeds both have): see the module docstring for the unit, interval and tests."""
+    seeds = [s for s in old if s in new]
+    if not seeds:
+        raise InputError(f"{what}: no seed that both arms ran")
+    aligned = {s: align(old[s], new[s], f"{what}, seed {s}") for s in seeds}
+    ids = {s: sorted(o["id"] for o, _ in pairs) for s, pairs in aligned.items()}
+    shared = all(ids[s] == ids[seeds[0]] for s in seeds)
+    a = {s: _correct(old[s]) for s in seeds}
+    b = {s: _correct(new[s]) for s in seeds}
+    strata: list[int] | None
+    if shared:  # unit: a prompt, with its outcomes in every seed
+        x_old = np.array([mean(a[s][i] for s in seeds) for i in ids[seeds[0]]])
+        x_new = np.array([mean(b[s][i] for s in seeds) for i in ids[seeds[0]]])
+        strata = None
+    else:  # unit: a (seed, prompt) pair, resampled within its seed
+        x_old = np.array([float(a[s][i]) for s in seeds for i in ids[s]])
+        x_new = np.array([float(b[s][i]) for s in seeds for i in ids[s]])
+        strata = [s for s in seeds for _ in ids[s]]
+    diff, lo, hi = paired_bootstrap(x_old, x_new, confidence, resamples, seed, strata)
+    up, down = int((x_new > x_old).sum()), int((x_new < x_old).sum())
+    p = float(binomtest(up, up + down, 0.5).pvalue) if up + down else 1.0
+    acc_old = [mean(a[s].values()) for s in seeds]
+    acc_new = [mean(b[s].values()) for s in seeds]
+    diffs = [n - o for n, o in zip(acc_new, acc_old)]
+    # the t-test needs differences that vary (scipy gives nan, with a warning, for identical ones)
+    t_p = float(ttest_rel(acc_new, acc_old).pvalue) if len(set(diffs)) > 1 else None
+    alpha = level(confidence)
+    significant = p < alpha
+    needed = {} if significant else {"prompts_needed": mcnemar_prompts_needed(down, up, len(x_old), alpha)}
+    return ArmsTest(seeds=seeds, unit="prompt" if shared else "seed, prompt", units=len(x_old),
+                    accuracy_old=float(np.mean(acc_old)), accuracy_new=float(np.mean(acc_new)),
+                    difference=diff, ci_low=lo, ci_high=hi, units_better=up, units_worse=down, sign_test_p=p,
+                    per_seed_difference={str(s): d for s, d in zip(seeds, diffs)}, seed_t_test_p=t_p,
+                    significant=significant, verdict=verdict(significant, alpha), **needed)
 
 
 def key(new: str, old: str) -> str:

@@ -1,2 +1,4 @@
-"""Reports: the pipeline's report (markdown and HTML), the seed studies' pages, the side-by-side table
-of runs, and the health checks that flag a degenerate experiment."""
+"""Reports: the tables once (tables.py), the pipeline's report (pipeline.py: markdown and HTML), the
+seed studies' definition and aggregation (study.py) and pages (studypage.py), the HTML page and plots
+(htmlpage.py), the side-by-side table of runs behind `rung compare` (runs_table.py), and the health
+checks that flag a degenerate experiment (health.py)."""

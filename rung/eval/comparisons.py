@@ -1,0 +1,46 @@
+"""The pipeline's comparisons of checkpoints: which pairs are compared (sft against base, each RL
+stage against its init and against base) and their paired tests (rung.eval.paired) on the
+per-prompt eval records under data/eval. The report stage writes and renders the result
+(rung.report.pipeline); nothing here formats text."""
+from __future__ import annotations
+
+from typing import cast
+
+from rung import files, paths
+from rung.eval import paired
+from rung.eval.results import Comparison, Comparisons, EvalRecord, GreedyTest
+
+
+def pairs(rl_inits: dict[str, str]) -> list[tuple[str, str]]:
+    """(new, old) checkpoints to compare: sft against base, every RL stage against the checkpoint it
+    started from and against base; each pair once, in pipeline order."""
+    out = [("sft", "base")]
+    for name, init in rl_inits.items():
+        out += [(f"rl/{name}", init), (f"rl/{name}", "base")]
+    return list(dict.fromkeys(out))
+
+
+def _records(checkpoint: str, name: str) -> list[EvalRecord] | None:
+    path = paths.EVAL / paths.checkpoint_slug(checkpoint) / name
+    return cast(list[EvalRecord], files.read_jsonl(path)) if path.is_file() else None
+
+
+def comparisons(pairs: list[tuple[str, str]], confidence: float, resamples: int, seed: int) -> Comparisons:
+    """Paired comparisons of each (new, old) pair on every eval set both were evaluated on, from
+    the per-prompt records under data/eval: greedy accuracy (paired bootstrap, flips, exact
+    McNemar) and, where both have samples, avg@n and pass@k (paired bootstrap)."""
+    out: dict[str, Comparison[GreedyTest]] = {}
+    for new, old in pairs:
+        sets: dict[str, GreedyTest] = {}
+        names = sorted(p.stem for p in (paths.EVAL / paths.checkpoint_slug(new)).glob("*.jsonl") if not p.stem.endswith(".samples"))
+        for name in sorted(names, key=lambda n: (n != "test", n)):  # the held-out split first
+            greedy_old, greedy_new = _records(old, f"{name}.jsonl"), _records(new, f"{name}.jsonl")
+            if greedy_old is None or greedy_new is None:
+                continue
+            what = f"{new} vs {old} on {name}"
+            sets[name] = paired.greedy_test(greedy_old, greedy_new, confidence, resamples, seed, what)
+            sampled_old, sampled_new = _records(old, f"{name}.samples.jsonl"), _records(new, f"{name}.samples.jsonl")
+            if sampled_old and sampled_new:
+                sets[name].sampled = paired.sampled_test(sampled_old, sampled_new, confidence, resamples, seed, f"{what} (samples)")
+        out[paired.key(new, old)] = Comparison[GreedyTest](new=new, old=old, sets=sets)
+    return Comparisons(level=paired.level(confidence), confidence=confidence, resamples=resamples, seed=seed, comparisons=out)

@@ -1,0 +1,246 @@
+"""Typed results: an eval stage's metrics, the paired tests, the report's comparisons and a seed
+study's result. Computed by rung.eval (evaluate, paired, comparisons) and rung.report.study,
+rendered by rung.report (tables, pipeline, studypage), written as JSON by `dump`.
+
+One rule keeps the files the same: a key is written exactly when it was given (`dump` excludes
+unset fields), and a number keeps the type it was computed with (`Number`: an int stays an int),
+so reading a file into its model and dumping it again gives the same JSON, byte for byte.
+"""
+from __future__ import annotations
+
+from typing import Any, Generic, TypedDict, TypeVar
+
+from pydantic import BaseModel, ConfigDict, model_serializer, model_validator
+
+Number = int | float  # as computed: statistics.mean of ints is an int, of floats a float
+
+
+class Result(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    def dump(self) -> dict[str, Any]:
+        """The JSON-ready dict of this result: the keys that were given, nothing added."""
+        return self.model_dump(exclude_unset=True)
+
+
+# ---- eval: what rung.eval.evaluate writes per checkpoint (data/metrics/eval-<ckpt>.json) ----
+
+class Graded(TypedDict, total=False):
+    """One graded completion of an eval record."""
+
+    completion: str
+    extracted: str | None
+    correct: bool
+    correct_lenient: bool
+    tokens: int
+    truncated: bool
+
+
+class EvalRecord(TypedDict, total=False):
+    """One prompt's line of data/eval/<ckpt>/<set>.jsonl: the row and its graded completions
+    (the first is the greedy one in <set>.jsonl; <set>.samples.jsonl holds the n samples)."""
+
+    id: str
+    source: str
+    task: str
+    difficulty: str
+    prompt: str
+    answer: Any
+    samples: list[Graded]
+
+
+class SetMetrics(Result):
+    """Metrics of one checkpoint on one eval set. Greedy (the headline), then with eval.samples:
+    avg@<n> (a key named for n, kept as an extra field), pass@k and maj@k for k = 1..n."""
+
+    model_config = ConfigDict(extra="allow")
+
+    n: int
+    accuracy: Number
+    accuracy_ci: list[Number] | None = None
+    accuracy_lenient: Number | None = None
+    format_rate: Number | None = None
+    mean_tokens: Number | None = None
+    median_tokens: Number | None = None
+    truncation_rate: Number | None = None
+    accuracy_by_source: dict[str, Number] = {}
+    accuracy_by_task: dict[str, Number] = {}
+    accuracy_by_difficulty: dict[str, Number] = {}
+    pass_at_k: dict[str, Number] = {}
+    maj_at_k: dict[str, Number] = {}
+    sampled_mean_tokens: Number | None = None
+
+    @model_validator(mode="after")
+    def _only_avg_extra(self) -> SetMetrics:
+        unknown = [k for k in self.model_extra or {} if not k.startswith("avg@")]
+        if unknown:
+            raise ValueError(f"unknown eval metrics {unknown}")
+        return self
+
+    def avg_at_n(self) -> dict[str, Number]:
+        """{'avg@<n>': value}, empty without samples."""
+        return dict(self.model_extra or {})
+
+
+class EvalResult(Result):
+    """An eval stage's metrics file: every set's metrics and the settings they depend on."""
+
+    checkpoint: str | None = None
+    seed: int | None = None
+    model_md5: str | None = None
+    data_md5: dict[str, str] = {}
+    format: dict[str, str] | None = None  # absent in files written before format.style existed
+    sampling: dict[str, Any] = {}
+    samples: dict[str, Any] | None = None
+    bootstrap: dict[str, Number] | None = None
+    sets: dict[str, SetMetrics]
+    warnings: list[str] = []  # rung.report.health's findings, added by flows.stage.finish
+
+
+# ---- paired tests (rung.eval.paired) and the report's comparisons (rung.eval.comparisons) ----
+
+class MetricTest(Result):
+    """One sampled metric of new against old: per-prompt mean difference and its paired interval."""
+
+    old: Number
+    new: Number
+    difference: Number
+    ci_low: Number
+    ci_high: Number
+    significant: bool
+    verdict: str
+
+
+class SampledTest(Result):
+    """avg@n and pass@k (k = 1..n) of new against old. On disk each metric sits next to n and
+    samples (`"avg@4": {...}, "pass@1": {...}`); here they are under `metrics`."""
+
+    n: int
+    samples: int
+    metrics: dict[str, MetricTest]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nest(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "metrics" not in data:
+            data = {"n": data.get("n"), "samples": data.get("samples"),
+                    "metrics": {k: v for k, v in data.items() if k not in ("n", "samples")}}
+        return data
+
+    @model_serializer(mode="wrap")
+    def _flat(self, handler: Any) -> dict[str, Any]:
+        out = handler(self)
+        return {**{k: v for k, v in out.items() if k != "metrics"}, **out.get("metrics", {})}
+
+
+class GreedyTest(Result):
+    """Greedy accuracy of new against old on one eval set: difference with its paired bootstrap
+    interval, the flips, the exact McNemar test; prompts_needed only when not significant (None
+    when the flips balance); sampled when both checkpoints have samples."""
+
+    n: int
+    accuracy_old: Number
+    accuracy_new: Number
+    difference: Number
+    ci_low: Number
+    ci_high: Number
+    right_to_wrong: int
+    wrong_to_right: int
+    both_right: int
+    both_wrong: int
+    mcnemar_p: Number
+    significant: bool
+    verdict: str
+    prompts_needed: int | None = None
+    sampled: SampledTest | None = None
+
+
+class ArmsTest(Result):
+    """Greedy accuracy of arm new against arm old on one eval set, over seeds (rung.eval.paired.arms_test)."""
+
+    seeds: list[int]
+    unit: str
+    units: int
+    accuracy_old: Number
+    accuracy_new: Number
+    difference: Number
+    ci_low: Number
+    ci_high: Number
+    units_better: int
+    units_worse: int
+    sign_test_p: Number
+    per_seed_difference: dict[str, Number]
+    seed_t_test_p: Number | None
+    significant: bool
+    verdict: str
+    prompts_needed: int | None = None
+
+
+T = TypeVar("T", GreedyTest, ArmsTest)
+
+
+class Comparison(Result, Generic[T]):
+    """new against old, per eval set (the held-out split first)."""
+
+    new: str
+    old: str
+    sets: dict[str, T]
+
+
+class Comparisons(Result):
+    """The report's paired comparisons of checkpoints (data/reports/comparisons.json), keyed by
+    rung.eval.paired.key(new, old)."""
+
+    level: Number
+    confidence: Number
+    resamples: int
+    seed: int
+    comparisons: dict[str, Comparison[GreedyTest]]
+
+
+# ---- seed studies (rung.report.study) ----
+
+Band = tuple[Number, Number, Number, Number]  # (step, mean, min, max) over seeds
+
+
+class Spread(Result):
+    """A metric over seeds: mean, sample sd (None for one seed) and the per-seed values."""
+
+    mean: Number
+    sd: Number | None
+    values: list[Number]
+
+
+class ArmResult(Result):
+    seeds: list[int]
+    metrics: dict[str, Spread]
+    """'<set>/<metric>' and 'rl/<metric>' -> its spread over seeds."""
+
+
+class StudyResult(Result):
+    """A study's result (data/studies/<name>/study.json, with the page's settings added)."""
+
+    name: str
+    seed_key: str
+    seeds: list[int]
+    definition: dict[str, Any]
+    level: Number
+    confidence: Number
+    resamples: int
+    seed: int
+    arms: dict[str, ArmResult]
+    comparisons: dict[str, Comparison[ArmsTest]]
+    curves: dict[str, dict[str, list[Band]]]
+    """Per arm: reward, train_accuracy and held_out_accuracy as (step, mean, min, max)."""
+
+
+class StudyRun(TypedDict):
+    """What the aggregation reads from one experiment of a study (flows.study.collect)."""
+
+    arm: str
+    seed: int
+    eval: EvalResult
+    rl: dict[str, Any]
+    init_eval: EvalResult | None
+    records: dict[str, list[EvalRecord]]
+    curve: list[dict[str, float]]

@@ -1,0 +1,69 @@
+"""A seed study's page: data/studies/<name>/study.{json,md,html} and its learning curves as SVG,
+rendered from the typed StudyResult of rung.report.study (tables from rung.report.tables, HTML
+from rung.report.htmlpage)."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rung import files
+from rung.eval.results import Band, StudyResult
+from rung.report import htmlpage, tables
+
+STUDIES = Path("data/studies")
+
+
+def markdown(result: StudyResult, settings: Mapping[str, Any]) -> str:
+    arms_header, arms = tables.arm_table(result)
+    tests_header, tests = tables.arms_test_table(result)
+    first, second = tables.study_explanation(result)
+    lines = [f"# Study {result.name}", "", ", ".join(f"{k}: {v}" for k, v in settings.items()), "", first, "",
+             *tables.md_table(arms_header, arms)]
+    if tests:
+        lines += ["", "## Paired comparisons between arms", "", second, "", *tables.md_table(tests_header, tests)]
+    return "\n".join([*lines, ""])
+
+
+def plots(result: StudyResult) -> list[htmlpage.Plot]:
+    """The study's learning curves per arm (mean over seeds, band from min to max)."""
+
+    def pick(key: str) -> dict[str, list[Band]]:
+        return {arm: v[key] for arm, v in result.curves.items()}
+
+    def pct(key: str) -> dict[str, list[Band]]:
+        return {arm: [(x, 100 * m, 100 * lo, 100 * hi) for x, m, lo, hi in pts] for arm, pts in pick(key).items()}
+
+    return [
+        ("plot-held-out", lambda: htmlpage.band_plot(pct("held_out_accuracy"), "training step", "held-out accuracy (%)"),
+         "Held-out greedy accuracy per arm at step 0 (the init checkpoint), every eval_every steps and after the last step: mean over seeds, band from min to max."),
+        ("plot-reward", lambda: htmlpage.band_plot(pick("reward"), "training step", "mean reward"),
+         "Training reward per step (of the groups trained on): mean over seeds, band from min to max."),
+        ("plot-train-accuracy", lambda: htmlpage.band_plot(pct("train_accuracy"), "training step", "training-batch accuracy (%)"),
+         "Accuracy of the training batch per step: mean over seeds, band from min to max."),
+    ]
+
+
+def html(result: StudyResult, settings: Mapping[str, Any]) -> str:
+    arms_header, arms = tables.arm_table(result)
+    tests_header, tests = tables.arms_test_table(result)
+    first, second = tables.study_explanation(result)
+    figures = htmlpage.figures(plots(result))
+    parts = [htmlpage.extra_table(htmlpage.Extra("arms", "Per arm: mean ± sd over seeds", arms_header, arms, [first]))]
+    if tests:
+        parts.append(htmlpage.extra_table(htmlpage.Extra("paired", "Paired comparisons between arms: greedy accuracy", tests_header, tests, [second])))
+    parts.append(htmlpage.settings_table(settings))
+    return htmlpage.page(f"Study {result.name}", parts, figures)
+
+
+def write(result: StudyResult, settings: Mapping[str, Any], root: Path = STUDIES) -> dict[str, Path]:
+    """data/studies/<name>/study.{json,md,html} and the curves as <plot id>.svg, each replaced
+    atomically; returns the paths of the three study files."""
+    folder = root / result.name
+    paths = {"json": folder / "study.json", "md": folder / "study.md", "html": folder / "study.html"}
+    files.write_json(paths["json"], {**result.dump(), "settings": settings})
+    for kind, text in (("md", markdown(result, settings)), ("html", html(result, settings))):
+        with files.atomic_path(paths[kind]) as tmp:
+            tmp.write_text(text, encoding="utf-8")
+    htmlpage.save_figures(plots(result), folder)
+    return paths

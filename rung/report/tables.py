@@ -1,0 +1,188 @@
+"""Every table of the reports, in one place: the cells (percentages, signed points, p-values,
+verdicts), the rows and headers of the pipeline report's tables (checkpoints, paired
+comparisons, RL stages) and of a study page's (arms, paired tests between arms), the words under
+them, and markdown tables. rung.report.pipeline and rung.report.studypage lay these out as
+markdown and HTML (rung.report.htmlpage); the numbers come typed from rung.eval.results."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rung.eval.results import ArmsTest, Comparisons, EvalResult, GreedyTest, Spread, StudyResult
+
+Table = tuple[list[str], list[list[str]]]  # (header, rows)
+
+# The checkpoint table: (key of the headline view, header).
+COLUMNS = [
+    ("accuracy", "held-out accuracy"),
+    ("accuracy_lenient", "accuracy (any format)"),
+    ("format_rate", "format rate"),
+    ("mean_tokens", "mean tokens"),
+    ("truncation_rate", "truncated"),
+]
+
+
+def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|", *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def pct(v: float) -> str:
+    return f"{100 * v:.1f}%"
+
+
+def signed_points(v: float) -> str:
+    """A difference of fractions in percentage points, signed, with a true minus sign."""
+    return f"{100 * v:+.1f}".replace("-", "−")
+
+
+def p_text(p: float) -> str:
+    return "< 0.001" if p < 0.001 else f"{p:.3f}" if p < 0.1 else f"{p:.2f}"
+
+
+def interval(difference: float, low: float, high: float) -> str:
+    """'+11.7 [+0.8, +25.0]': a difference in points with its interval."""
+    return f"{signed_points(difference)} [{signed_points(low)}, {signed_points(high)}]"
+
+
+def verdict(test: GreedyTest | ArmsTest, unit: str = "prompts") -> str:
+    """The verdict and, when not significant, what it would need: ' (needs about N prompts at
+    this effect)', or that the flips balance."""
+    if test.significant:
+        return test.verdict
+    n = test.prompts_needed
+    return test.verdict + (f" (needs about {n} {unit} at this effect)" if n else " (the flips balance: no effect to detect)")
+
+
+# ---- the pipeline report ----
+
+def headline(metrics: EvalResult) -> dict[str, Any]:
+    """The report's view of one eval metrics file: the held-out split's numbers, with the other
+    eval sets' accuracy next to the per-source accuracy."""
+    test = metrics.sets["test"]
+    extra = {f"{name} (eval set)": m.accuracy for name, m in metrics.sets.items() if name != "test"}
+    return {**test.dump(), "accuracy_by_source": {**test.accuracy_by_source, **extra}, "sampling": metrics.sampling}
+
+
+def _cell(key: str, m: Mapping[str, Any]) -> str:
+    v = m[key]
+    if key == "mean_tokens":
+        return f"{v:.1f}"
+    text = pct(v)
+    if key == "accuracy" and "accuracy_ci" in m:
+        lo, hi = m["accuracy_ci"]
+        text += f" [{100 * lo:.0f}, {100 * hi:.0f}]"
+    return text
+
+
+def checkpoint_table(views: Mapping[str, Mapping[str, Any]]) -> Table:
+    """Checkpoints in pipeline order: the headline columns and avg@n of each."""
+    sample_cols = sorted({k for v in views.values() for k in v if k.startswith("avg@")})
+    header = ["checkpoint", *(title for _, title in COLUMNS), *sample_cols]
+    rows = [[name, *(_cell(key, v) for key, _ in COLUMNS), *(pct(v[c]) if c in v else "—" for c in sample_cols)] for name, v in views.items()]
+    return header, rows
+
+
+def rl_table(rl: Mapping[str, Mapping[str, str]]) -> Table:
+    """One row per RL stage: its recipe and training signal (rung.report.pipeline.rl_summary)."""
+    keys = list(next(iter(rl.values())))
+    return ["stage", *keys], [[f"rl/{name}", *(row[k] for k in keys)] for name, row in rl.items()]
+
+
+def paired_headers(result: Comparisons) -> tuple[list[str], list[str]]:
+    """Column names of the (greedy, sampled) paired tables."""
+    diff = f"difference, points [{100 * result.confidence:g}% CI]"
+    return (["comparison (new vs old)", "eval set", "prompts", "accuracy old → new", diff, "right → wrong", "wrong → right", "exact McNemar p", "verdict"],
+            ["comparison (new vs old)", "eval set", "prompts", "metric", "old → new", diff, "verdict"])
+
+
+def paired_rows(result: Comparisons) -> tuple[list[list[str]], list[list[str]]]:
+    """Display rows of the paired comparisons: (greedy accuracy rows, avg@n / pass@n rows)."""
+    greedy, sampled = [], []
+    for c in result.comparisons.values():
+        label = f"{c.new} vs {c.old}"
+        for name, g in c.sets.items():
+            greedy.append([label, name, str(g.n), f"{pct(g.accuracy_old)} → {pct(g.accuracy_new)}", interval(g.difference, g.ci_low, g.ci_high),
+                           str(g.right_to_wrong), str(g.wrong_to_right), p_text(g.mcnemar_p), verdict(g)])
+            s = g.sampled
+            if s:
+                for metric in (f"avg@{s.samples}", f"pass@{s.samples}"):
+                    m = s.metrics[metric]
+                    sampled.append([label, name, str(s.n), metric, f"{pct(m.old)} → {pct(m.new)}", interval(m.difference, m.ci_low, m.ci_high), m.verdict])
+    return greedy, sampled
+
+
+def paired_explanation(result: Comparisons) -> list[str]:
+    """What the paired tables mean, in words."""
+    conf, alpha = result.confidence, result.level
+    return [
+        f"Each row compares two checkpoints on the same prompts. Difference: new minus old, in percentage points, with its "
+        f"{100 * conf:g}% paired bootstrap interval ({result.resamples} resamples of the prompts). "
+        "Right → wrong and wrong → right count the prompts whose greedy answer changed grade; the exact McNemar test asks "
+        "whether those flips lean one way more than chance would, and gives the verdict of the accuracy row. "
+        f"For avg@n and pass@n the verdict is whether the {100 * conf:g}% paired interval excludes 0.",
+        f"\"Not significant at {alpha:g}\" means these prompts do not establish a difference either way; "
+        "it does not mean the checkpoints are equal. \"Needs about N prompts\": the number of prompts at which the exact "
+        f"McNemar test would find the observed effect significant at {alpha:g} with 80% power, taking these flip rates as "
+        "the truth (Connor 1987; rung.eval.paired.mcnemar_prompts_needed).",
+    ]
+
+
+# ---- a study page ----
+
+def _pm(s: Spread, as_pct: bool) -> str:
+    """'mean ± sd' (in % for rates, 1 decimal; else 3 decimals); only the mean for one seed."""
+    scale, fmt = (100, ".1f") if as_pct else (1, ".3f")
+    return f"{scale * s.mean:{fmt}}" + (f" ± {scale * s.sd:{fmt}}" if s.sd is not None else "")
+
+
+def arm_table(result: StudyResult) -> Table:
+    """The per-arm table: mean ± sd over seeds (accuracies and rates in %), the per-seed held-out accuracy."""
+    metrics = next(iter(result.arms.values())).metrics
+    sets = list(dict.fromkeys(k.split("/")[0] for k in metrics if not k.startswith("rl/")))
+    samples = sorted(k.split("/", 1)[1] for k in metrics if k.startswith("test/avg@"))
+    cols = [("test/accuracy", "held-out accuracy %", True)]
+    cols += [(f"{s}/accuracy", f"{s} accuracy %", True) for s in sets if s != "test"]
+    cols += [("test/format_rate", "format rate %", True), ("test/mean_tokens", "mean tokens", False)]
+    cols += [(f"test/{k}", f"{k} %", True) for k in samples]
+    cols += [("rl/reward_last", "last reward", False), ("rl/frac_reward_zero_std", "zero-variance groups generated", False),
+             ("rl/frac_zero_std_trained", "zero-variance groups trained", False)]
+    cols = [c for c in cols if c[0] in metrics]
+    header = ["arm", "seeds", *(title for _, title, _ in cols), "held-out accuracy per seed %"]
+    rows = []
+    for arm, a in result.arms.items():
+        m = a.metrics
+        rows.append([arm, str(len(a.seeds)), *(_pm(m[k], as_pct) for k, _, as_pct in cols), ", ".join(f"{100 * v:.1f}" for v in m["test/accuracy"].values)])
+    return header, rows
+
+
+def arms_test_table(result: StudyResult) -> Table:
+    """The paired tests between arms, one row per pair and eval set."""
+    header = ["comparison (new vs old)", "eval set", "seeds", "units", "accuracy old → new",
+              f"difference, points [{100 * result.confidence:g}% CI]", "per-seed differences", "units better / worse",
+              "sign test p", "verdict", "t-test over seeds p"]
+    rows = []
+    for c in result.comparisons.values():
+        for name, g in c.sets.items():
+            t = "—" if g.seed_t_test_p is None else p_text(g.seed_t_test_p)
+            rows.append([f"{c.new} vs {c.old}", name, str(len(g.seeds)), f"{g.units} ({g.unit})", f"{pct(g.accuracy_old)} → {pct(g.accuracy_new)}",
+                         interval(g.difference, g.ci_low, g.ci_high), ", ".join(signed_points(v) for v in g.per_seed_difference.values()),
+                         f"{g.units_better} / {g.units_worse}", p_text(g.sign_test_p), verdict(g, "units"), t])
+    return header, rows
+
+
+def study_explanation(result: StudyResult) -> list[str]:
+    """What the per-arm table and the tests between arms mean, in words."""
+    conf, alpha = result.confidence, result.level
+    return [
+        f"Mean ± sd over seeds (seeds at params key {result.seed_key}). The curves show training reward and training-batch "
+        "accuracy per step, and held-out greedy accuracy at step 0 (the checkpoint RL starts from), every "
+        "rl.stages.<name>.eval_every steps when the stage sets it, and at the last step.",
+        "Paired comparisons: each later arm against each earlier one, on the same prompts in each seed. A unit is a prompt with "
+        "its outcomes in every seed when all seeds answered the same prompts, else a (seed, prompt) pair. Difference: new minus "
+        f"old accuracy in points, with its {100 * conf:g}% paired bootstrap interval ({result.resamples} resamples of the units, "
+        "within each seed for (seed, prompt) units). The exact sign test counts units where the new arm does better against "
+        "units where it does worse (with one seed: exact McNemar) and gives the verdict; it is conditional on these seeds. "
+        "The t-test over seeds compares the per-seed accuracies (scipy ttest_rel) and asks whether the arm wins across "
+        f"training runs. \"Not significant at {alpha:g}\" does not mean the arms are equal; \"needs about N units\": the units at "
+        f"which the sign test would find this effect significant with 80% power (rung.eval.paired.mcnemar_prompts_needed).",
+    ]
