@@ -9,7 +9,7 @@ from pydantic import Discriminator, Field, Tag, model_validator
 
 from rung.config.base import Section
 from rung.config.common import SamplingParams
-from rung.data import benchmarks
+from rung.config.benchmarks import BENCHMARKS, fields
 
 
 class ReasoningGymSource(Section):
@@ -108,7 +108,7 @@ class HFSource(_TabularSource):
 
 
 class BenchmarkSource(HFSource):
-    """A benchmark known by name (rung/data/benchmarks.py: math500, gsm8k, aime24, amc): its hub id,
+    """A benchmark known by name (rung/config/benchmarks.py: math500, gsm8k, aime24, amc): its hub id,
     config, split, columns and answer_from are filled in, and any of them set here wins; `dataset`
     may be a local directory holding a copy in the hub's layout (offline nodes)."""
 
@@ -123,11 +123,11 @@ class BenchmarkSource(HFSource):
         if not isinstance(data, dict):
             return data
         name = data.get("benchmark") or data.get("name")
-        if name not in benchmarks.BENCHMARKS:
-            raise ValueError(f"benchmark: unknown benchmark {name!r}; known: {', '.join(benchmarks.BENCHMARKS)}")
+        if name not in BENCHMARKS:
+            raise ValueError(f"benchmark: unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")
         if isinstance(data.get("columns"), ColumnMap):
             data = {**data, "columns": data["columns"].model_dump(exclude_unset=True)}
-        return benchmarks.fields(name, {"name": name, **data, "benchmark": name})
+        return fields(name, {"name": name, **data, "benchmark": name})
 
 
 def _source_type(value: Any) -> str:

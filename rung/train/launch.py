@@ -25,7 +25,7 @@ from rung.train.jobs import RESULT, JobResult, RLJob, TrainJob
 from rung.train.checkpoints import CURRICULUM_STATE, FINAL, discard, resume_point
 
 log = logging.getLogger(__name__)
-CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "accelerate"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "accelerate"
 
 
 def accelerate_config(name: str, key: str) -> Path:
