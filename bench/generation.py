@@ -15,6 +15,7 @@ cores): compare the ratios of one run, not seconds across runs.
     python bench/generation.py --model data/models/rl --shapes eval   # a trained policy: short answers
     python bench/generation.py --model data/models/sft --rows data/curated/test.jsonl --shapes eval   # the held-out split
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,11 +27,8 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from rung import models
-
+from rung import files, models
 from rung.answers import formats
-
-from rung import files
 from rung.config import CurateParams, FormatParams, SamplingParams
 from rung.data.curate import curate
 from rung.generate.api import generate
@@ -42,8 +40,14 @@ SHAPES = {
 }
 
 
-def peer(model: PreTrainedModel, tok: PreTrainedTokenizerBase, prompts: list[str], sampling: SamplingParams,
-         n: int = 1, seed: int = 0) -> list[list[Completion]]:
+def peer(
+    model: PreTrainedModel,
+    tok: PreTrainedTokenizerBase,
+    prompts: list[str],
+    sampling: SamplingParams,
+    n: int = 1,
+    seed: int = 0,
+) -> list[list[Completion]]:
     """Batched model.generate: prompts sorted by length, left-padded, n samples per prompt."""
     greedy = sampling.temperature == 0
     order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
@@ -52,12 +56,23 @@ def peer(model: PreTrainedModel, tok: PreTrainedTokenizerBase, prompts: list[str
     out: list[list[Completion]] = [[] for _ in prompts]
     for b, start in enumerate(range(0, len(order), per_batch)):
         idx = order[start : start + per_batch]
-        enc = tok([prompts[i] for i in idx], return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+        enc = tok(
+            [prompts[i] for i in idx], return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False
+        )
         torch.manual_seed(seed + b)
-        kwargs = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+        kwargs = (
+            dict(do_sample=False)
+            if greedy
+            else dict(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+        )
         with torch.inference_mode():
-            seqs = model.generate(**enc, max_new_tokens=sampling.max_new_tokens, num_return_sequences=n,
-                                  pad_token_id=tok.pad_token_id, **kwargs)
+            seqs = model.generate(
+                **enc,
+                max_new_tokens=sampling.max_new_tokens,
+                num_return_sequences=n,
+                pad_token_id=tok.pad_token_id,
+                **kwargs,
+            )
         for row, ids in enumerate(seqs[:, enc["input_ids"].shape[1] :].tolist()):
             ended = next((j for j, t in enumerate(ids) if t in eos_ids), None)
             kept = ids if ended is None else ids[:ended]
@@ -104,9 +119,15 @@ def timed(fn: Callable[[], list[list[Completion]]]) -> tuple[list[list[Completio
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="data/models/base", help="HF model directory; 'embedded' converts the default model")
+    ap.add_argument(
+        "--model", default="data/models/base", help="HF model directory; 'embedded' converts the default model"
+    )
     ap.add_argument("--prompts", type=int, default=96)
-    ap.add_argument("--rows", default=None, help="prompts from this jsonl of rows (e.g. data/curated/test.jsonl, the held-out split), all of them")
+    ap.add_argument(
+        "--rows",
+        default=None,
+        help="prompts from this jsonl of rows (e.g. data/curated/test.jsonl, the held-out split), all of them",
+    )
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--threads", type=int, default=None, help="torch threads for both contenders (default: torch's)")
     args = ap.parse_args()
@@ -121,13 +142,17 @@ def main() -> None:
     if args.rows:
         rows = files.read_jsonl(args.rows)
     else:
-        rows = curate(CurateParams(sources=[dict(name="a", task="basic_arithmetic", size=4 * args.prompts)]), {}, seed=0)[0][: args.prompts]
+        rows = curate(
+            CurateParams(sources=[dict(name="a", task="basic_arithmetic", size=4 * args.prompts)]), {}, seed=0
+        )[0][: args.prompts]
     prompts = render(tok, [formats.prompt(r["prompt"], FormatParams()) for r in rows])
     prompt_tokens = sum(len(x) for x in tok(prompts, add_special_tokens=False)["input_ids"]) / len(prompts)
 
     peak = matmul_peak()
-    print(f"{len(prompts)} prompts ({prompt_tokens:.0f} tokens on average), {torch.get_num_threads()} threads, "
-          f"fp32 matmul peak {peak:.0f} GFLOP/s")
+    print(
+        f"{len(prompts)} prompts ({prompt_tokens:.0f} tokens on average), {torch.get_num_threads()} threads, "
+        f"fp32 matmul peak {peak:.0f} GFLOP/s"
+    )
     print(f"{'shape':12}{'contender':18}{'tokens':>8}{'seconds':>9}{'tokens/s':>10}{'roofline':>10}")
     for shape in args.shapes:
         sampling, n = SHAPES[shape]
@@ -139,14 +164,20 @@ def main() -> None:
         rates = {}
         for name, outs, secs in (("model.generate", theirs, t_peer), ("rung", ours, t_rung)):
             rates[name] = tokens(outs) / secs
-            print(f"{shape:12}{name:18}{tokens(outs):>8}{secs:>9.1f}{rates[name]:>10.1f}{flops * rates[name] / 1e9 / peak:>10.1%}")
-        print(f"{shape:12}speed-up {rates['rung'] / rates['model.generate']:.2f}x   "
-              f"({flops / 1e9:.3f} GFLOP per token; mean completion {mean_len:.1f} tokens, "
-              f"peer {tokens(theirs) / (len(prompts) * n):.1f})")
+            print(
+                f"{shape:12}{name:18}{tokens(outs):>8}{secs:>9.1f}{rates[name]:>10.1f}{flops * rates[name] / 1e9 / peak:>10.1%}"
+            )
+        print(
+            f"{shape:12}speed-up {rates['rung'] / rates['model.generate']:.2f}x   "
+            f"({flops / 1e9:.3f} GFLOP per token; mean completion {mean_len:.1f} tokens, "
+            f"peer {tokens(theirs) / (len(prompts) * n):.1f})"
+        )
         if sampling.temperature == 0:
             same = sum(a == b for a, b in zip(ours, theirs))
-            print(f"{shape:12}greedy completions identical to model.generate: {'yes' if same == len(prompts) else 'no'} "
-                  f"({same}/{len(prompts)})")
+            print(
+                f"{shape:12}greedy completions identical to model.generate: {'yes' if same == len(prompts) else 'no'} "
+                f"({same}/{len(prompts)})"
+            )
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ generated, so tokens/s is comparable.
     python bench/gpu.py --out gpu.json         # also the numbers as JSON
     python bench/gpu.py --smoke                # a tiny model and shapes on the CPU, seconds (run by the tests)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,26 +33,35 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, CompileConfig, PreTrainedModel, TrainerCallback
+from phases import PHASES, run  # bench/phases.py
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    CompileConfig,
+    PreTrainedModel,
+    TrainerCallback,
+)
 
-from rung import placement
-
+from rung import files, placement
 from rung.answers import formats
-
-from rung import files
-
-from rung.rl import trainers
 from rung.config import DifficultyParams, FormatParams, RLStageParams, SamplingParams
 from rung.generate.api import batch_rows, generate_ids
 from rung.generate.completion import render
+from rung.rl import trainers
 from rung.train.jobs import RLJob
-
-from phases import PHASES, run  # bench/phases.py
 
 FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "smollm2-135m"
 SHAPES = {"sampled": (128, 8, 256), "rl": (8, 8, 128), "greedy": (512, 1, 64)}  # prompts, samples, new tokens
 SMOKE_SHAPES = {"sampled": (4, 2, 8), "rl": (2, 2, 8), "greedy": (6, 1, 8)}
-SMOKE_CONFIG = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+SMOKE_CONFIG = dict(
+    num_hidden_layers=2,
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+)
 FMT = FormatParams()
 
 
@@ -67,8 +77,17 @@ def random_model(device: torch.device, dtype: str, smoke: bool) -> tuple[PreTrai
 
 
 def math_rows(count: int) -> list[dict[str, Any]]:
-    return [{"id": str(i), "source": "bench", "task": "math", "prompt": f"What is {i % 97} + {(7 * i) % 89}?",
-             "answer": str(i % 97 + (7 * i) % 89), "meta": {}} for i in range(count)]
+    return [
+        {
+            "id": str(i),
+            "source": "bench",
+            "task": "math",
+            "prompt": f"What is {i % 97} + {(7 * i) % 89}?",
+            "answer": str(i % 97 + (7 * i) % 89),
+            "meta": {},
+        }
+        for i in range(count)
+    ]
 
 
 def cpu_compile_config() -> CompileConfig:
@@ -91,26 +110,50 @@ def _timed(fn: Any) -> tuple[Any, float]:
     return out, time.perf_counter() - t0
 
 
-def peer(model: PreTrainedModel, ids: list[list[int]], sampling: SamplingParams, n: int, rows: int, eos: int, static: bool,
-         compile_config: CompileConfig | None) -> list[list[int]]:
+def peer(
+    model: PreTrainedModel,
+    ids: list[list[int]],
+    sampling: SamplingParams,
+    n: int,
+    rows: int,
+    eos: int,
+    static: bool,
+    compile_config: CompileConfig | None,
+) -> list[list[int]]:
     """Batched `model.generate`, left-padded, `rows` sequences a batch, fixed lengths; the tokens of each row."""
     out: list[list[int]] = []
     per_batch = max(1, rows // n)
-    extra: dict[str, Any] = dict(cache_implementation="static", disable_compile=False, compile_config=compile_config) if static else {}
-    sample = dict(do_sample=False) if sampling.temperature == 0 else dict(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+    extra: dict[str, Any] = (
+        dict(cache_implementation="static", disable_compile=False, compile_config=compile_config) if static else {}
+    )
+    sample = (
+        dict(do_sample=False)
+        if sampling.temperature == 0
+        else dict(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+    )
     for start in range(0, len(ids), per_batch):
-        batch = ids[start:start + per_batch]
+        batch = ids[start : start + per_batch]
         width = max(map(len, batch))
         input_ids = torch.tensor([[eos] * (width - len(x)) + x for x in batch], device=model.device)
         mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in batch], device=model.device)
         with torch.inference_mode():
-            seqs = model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=sampling.max_new_tokens,
-                                  min_new_tokens=sampling.max_new_tokens, num_return_sequences=n, pad_token_id=eos, **sample, **extra)
+            seqs = model.generate(
+                input_ids=input_ids,
+                attention_mask=mask,
+                max_new_tokens=sampling.max_new_tokens,
+                min_new_tokens=sampling.max_new_tokens,
+                num_return_sequences=n,
+                pad_token_id=eos,
+                **sample,
+                **extra,
+            )
         out += seqs[:, width:].tolist()
     return out
 
 
-def bench_generation(model: PreTrainedModel, tok: Any, shapes: dict[str, tuple[int, int, int]], smoke: bool) -> list[dict[str, Any]]:
+def bench_generation(
+    model: PreTrainedModel, tok: Any, shapes: dict[str, tuple[int, int, int]], smoke: bool
+) -> list[dict[str, Any]]:
     eos = tok.eos_token_id
     compile_config = cpu_compile_config() if smoke else None
     results = []
@@ -121,9 +164,23 @@ def bench_generation(model: PreTrainedModel, tok: Any, shapes: dict[str, tuple[i
         rows = batch_rows(model, sampling, max(map(len, ids)))
         contenders = {
             "rung (compiled static cache)" if model.device.type == "cuda" or smoke else "rung": lambda: [
-                t for r in generate_ids(model, ids, sampling, [eos], n, seed=0, desc=None, engine="compiled" if smoke else "auto",
-                                        compile_config=compile_config) for t, _ in r],
-            "rung loop": lambda: [t for r in generate_ids(model, ids, sampling, [eos], n, seed=0, desc=None, engine="loop") for t, _ in r],
+                t
+                for r in generate_ids(
+                    model,
+                    ids,
+                    sampling,
+                    [eos],
+                    n,
+                    seed=0,
+                    desc=None,
+                    engine="compiled" if smoke else "auto",
+                    compile_config=compile_config,
+                )
+                for t, _ in r
+            ],
+            "rung loop": lambda: [
+                t for r in generate_ids(model, ids, sampling, [eos], n, seed=0, desc=None, engine="loop") for t, _ in r
+            ],
             "generate, dynamic cache": lambda: peer(model, ids, sampling, n, rows, eos, False, None),
             "generate, static cache compiled": lambda: peer(model, ids, sampling, n, rows, eos, True, compile_config),
         }
@@ -133,11 +190,23 @@ def bench_generation(model: PreTrainedModel, tok: Any, shapes: dict[str, tuple[i
             tokens, steady = _timed(fn)
             seen[name] = tokens
             generated = sum(len(t) for t in tokens)
-            results.append({"shape": shape, "prompts": count, "samples": n, "new_tokens": new, "rows_per_batch": rows, "contender": name,
-                            "tokens": generated, "seconds": steady, "tokens_per_s": generated / steady, "compile_s": max(0.0, first - steady)})
+            results.append(
+                {
+                    "shape": shape,
+                    "prompts": count,
+                    "samples": n,
+                    "new_tokens": new,
+                    "rows_per_batch": rows,
+                    "contender": name,
+                    "tokens": generated,
+                    "seconds": steady,
+                    "tokens_per_s": generated / steady,
+                    "compile_s": max(0.0, first - steady),
+                }
+            )
         if n == 1:  # greedy: rows identical to dynamic-cache generate (cut at the first end token)
             ref = [_cut(t, eos) for t in seen["generate, dynamic cache"]]
-            for r in results[-len(contenders):]:
+            for r in results[-len(contenders) :]:
                 r["greedy_identical"] = sum(_cut(a, eos) == b for a, b in zip(seen[r["contender"]], ref))
     return results
 
@@ -163,11 +232,31 @@ def bench_rl(model: PreTrainedModel, tok: Any, dtype: str, shape: tuple[int, int
     model.save_pretrained(work / "init")
     tok.save_pretrained(work / "init")
     files.write_jsonl(work / "rows.jsonl", math_rows(4 * prompts_per_step))
-    stage = RLStageParams.model_validate({"preset": "dapo", "max_steps": steps, "num_generations": gens, "prompts_per_step": prompts_per_step,
-                                          "max_completion_length": new, "learning_rate": 1e-6, "save_steps": 10_000,
-                                          "rewards": {"accuracy": 1.0, "format": 0.1}})
-    job = RLJob(key="rl.stages.bench", params=stage, init=work / "init", data=work / "rows.jsonl", work_dir=work / "w", format=FMT, seed=0,
-                dtype=dtype, device=str(model.device), buckets=DifficultyParams().buckets, curves=work / "curves.json")
+    stage = RLStageParams.model_validate(
+        {
+            "preset": "dapo",
+            "max_steps": steps,
+            "num_generations": gens,
+            "prompts_per_step": prompts_per_step,
+            "max_completion_length": new,
+            "learning_rate": 1e-6,
+            "save_steps": 10_000,
+            "rewards": {"accuracy": 1.0, "format": 0.1},
+        }
+    )
+    job = RLJob(
+        key="rl.stages.bench",
+        params=stage,
+        init=work / "init",
+        data=work / "rows.jsonl",
+        work_dir=work / "w",
+        format=FMT,
+        seed=0,
+        dtype=dtype,
+        device=str(model.device),
+        buckets=DifficultyParams().buckets,
+        curves=work / "curves.json",
+    )
     clock = StepClock()
     trainer = trainers.trainer_for(job, [clock])
     if torch.cuda.is_available():
@@ -175,41 +264,60 @@ def bench_rl(model: PreTrainedModel, tok: Any, dtype: str, shape: tuple[int, int
     t0 = time.perf_counter()
     result = run("rung", trainer)
     result["step_seconds"] = [b - a for a, b in zip([t0, *clock.ends], clock.ends)]
-    result["peak_gib"] = (torch.cuda.max_memory_allocated() if torch.cuda.is_available() else
-                          resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) / 2**30
+    result["peak_gib"] = (
+        torch.cuda.max_memory_allocated()
+        if torch.cuda.is_available()
+        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    ) / 2**30
     result["shape"] = {"prompts": prompts_per_step, "generations": gens, "new_tokens": new, "preset": "dapo"}
     return result
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--smoke", action="store_true", help="a tiny model and shapes on the CPU (the test suite runs this)")
+    ap.add_argument(
+        "--smoke", action="store_true", help="a tiny model and shapes on the CPU (the test suite runs this)"
+    )
     ap.add_argument("--device", default="auto", help="params model.device: auto | cpu | cuda[:N]")
-    ap.add_argument("--dtype", default="auto", help="params model.dtype: auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16")
+    ap.add_argument(
+        "--dtype", default="auto", help="params model.dtype: auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16"
+    )
     ap.add_argument("--rl-steps", type=int, default=4, help="RL steps (the first includes compilation)")
     ap.add_argument("--out", default=None, help="also write the results here (JSON)")
     args = ap.parse_args()
 
     device, dtype = placement.resolve("cpu" if args.smoke else args.device, args.dtype)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    print(f"{name}, {dtype}, torch {torch.__version__}, {'tiny model (smoke)' if args.smoke else 'SmolLM2-135M architecture, random weights'}")
+    print(
+        f"{name}, {dtype}, torch {torch.__version__}, {'tiny model (smoke)' if args.smoke else 'SmolLM2-135M architecture, random weights'}"
+    )
     model, tok = random_model(device, dtype, args.smoke)
     gen = bench_generation(model, tok, SMOKE_SHAPES if args.smoke else SHAPES, args.smoke)
-    print("\n| shape | rows/batch | contender | tokens/s | compile + warm-up s | greedy identical |\n|---|---|---|---|---|---|")
+    print(
+        "\n| shape | rows/batch | contender | tokens/s | compile + warm-up s | greedy identical |\n|---|---|---|---|---|---|"
+    )
     for r in gen:
         same = f"{r['greedy_identical']}/{r['prompts']}" if "greedy_identical" in r else ""
-        print(f"| {r['shape']} {r['prompts']}x{r['samples']}x{r['new_tokens']} | {r['rows_per_batch']} | {r['contender']} | "
-              f"{r['tokens_per_s']:,.0f} | {r['compile_s']:.1f} | {same} |")
-    rl_result = bench_rl(model, tok, dtype, SMOKE_SHAPES["rl"] if args.smoke else SHAPES["rl"], 2 if args.smoke else args.rl_steps)
+        print(
+            f"| {r['shape']} {r['prompts']}x{r['samples']}x{r['new_tokens']} | {r['rows_per_batch']} | {r['contender']} | "
+            f"{r['tokens_per_s']:,.0f} | {r['compile_s']:.1f} | {same} |"
+        )
+    rl_result = bench_rl(
+        model, tok, dtype, SMOKE_SHAPES["rl"] if args.smoke else SHAPES["rl"], 2 if args.smoke else args.rl_steps
+    )
     steps = rl_result["step_seconds"]
-    print(f"\nRL, dapo, {rl_result['shape']['prompts']} prompts x {rl_result['shape']['generations']} generations x "
-          f"{rl_result['shape']['new_tokens']} tokens: {len(steps)} steps, first {steps[0]:.1f} s, then "
-          f"{sum(steps[1:]) / max(1, len(steps) - 1):.1f} s a step; {rl_result['tokens']} tokens generated; peak {rl_result['peak_gib']:.1f} GiB")
+    print(
+        f"\nRL, dapo, {rl_result['shape']['prompts']} prompts x {rl_result['shape']['generations']} generations x "
+        f"{rl_result['shape']['new_tokens']} tokens: {len(steps)} steps, first {steps[0]:.1f} s, then "
+        f"{sum(steps[1:]) / max(1, len(steps) - 1):.1f} s a step; {rl_result['tokens']} tokens generated; peak {rl_result['peak_gib']:.1f} GiB"
+    )
     print("| phase | seconds (all steps) | share |\n|---|---|---|")
     for p in PHASES:
         print(f"| {p} | {rl_result['phases'][p]:.1f} | {rl_result['phases'][p] / rl_result['seconds']:.0%} |")
     if args.out:
-        Path(args.out).write_text(json.dumps({"device": name, "dtype": dtype, "generation": gen, "rl": rl_result}, indent=2) + "\n")
+        Path(args.out).write_text(
+            json.dumps({"device": name, "dtype": dtype, "generation": gen, "rl": rl_result}, indent=2) + "\n"
+        )
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 own methods and split its training time into generation, reward scoring, the rest of the rollout
 phase (reference / old log-probs, advantages, rung's curriculum and dynamic-sampling bookkeeping),
 the loss forward (log-probs with gradients), backward, and optimizer + logging (the remainder)."""
+
 from __future__ import annotations
 
 import time
@@ -34,10 +35,16 @@ def instrument(trainer: Any) -> dict[str, float]:
             if name == "generation":
                 spent["tokens"] += sum(len(ids) for ids in out[0])
             return out
+
         return wrapper
 
-    for name, method in (("generation", "_generate_single_turn"), ("rewards", "_calculate_rewards"),
-                         ("rollout", "_generate_and_score_completions"), ("loss forward", "compute_loss"), ("step", "training_step")):
+    for name, method in (
+        ("generation", "_generate_single_turn"),
+        ("rewards", "_calculate_rewards"),
+        ("rollout", "_generate_and_score_completions"),
+        ("loss forward", "compute_loss"),
+        ("step", "training_step"),
+    ):
         setattr(trainer, method, timed(name, getattr(trainer, method)))
     return spent
 
@@ -57,5 +64,12 @@ def run(name: str, trainer: Any) -> dict[str, Any]:
         "optimizer + rest": total - spent["step"],
     }
     reward = [h["reward"] for h in trainer.state.log_history if "reward" in h]
-    return {"contender": name, "seconds": total, "tokens": int(spent["tokens"]), "ms_per_token": 1000 * total / spent["tokens"],
-            "phases": phases, "steps": trainer.state.global_step, "mean_reward": sum(reward) / len(reward)}
+    return {
+        "contender": name,
+        "seconds": total,
+        "tokens": int(spent["tokens"]),
+        "ms_per_token": 1000 * total / spent["tokens"],
+        "phases": phases,
+        "steps": trainer.state.global_step,
+        "mean_reward": sum(reward) / len(reward),
+    }

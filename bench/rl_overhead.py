@@ -19,6 +19,7 @@ compare the ratio of one run, not seconds across runs.
     python bench/rl_overhead.py --steps 10 --out bench/results/rl_overhead.json
     python bench/rl_overhead.py --as-configured       # rung alone, the stage as params.yaml has it (curriculum, dynamic sampling)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,21 +27,14 @@ import tempfile
 from pathlib import Path
 
 import torch
+from phases import PHASES, run  # bench/phases.py: the same timers as bench/gpu.py
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOTrainer
 
-from rung import config
-
-from rung import files
-
-from rung import paths
-
-from rung.rl import rewards
-
-from rung.rl import trainers
+from rung import config, files, paths
+from rung.rl import rewards, trainers
 from rung.train.jobs import RLJob
 
-from phases import PHASES, run  # bench/phases.py: the same timers as bench/gpu.py
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -50,40 +44,75 @@ def main() -> None:
     ap.add_argument("--data", default=str(paths.FILTERED), help="the train prompts (jsonl rows)")
     ap.add_argument("--steps", type=int, default=None, help="default: the stage's max_steps")
     ap.add_argument("--out", default=None, help="also write the results here (JSON)")
-    ap.add_argument("--as-configured", action="store_true", help="profile rung alone on the stage as configured (no plain script)")
+    ap.add_argument(
+        "--as-configured", action="store_true", help="profile rung alone on the stage as configured (no plain script)"
+    )
     args = ap.parse_args()
 
     params = config.load(args.params)
     same_work = {} if args.as_configured else {"curriculum": config.UniformCurriculum(), "dynamic_sampling": None}
-    stage = params.rl.stages[args.stage].model_copy(update={**same_work, "eval_every": None, **({"max_steps": args.steps} if args.steps else {})})
+    stage = params.rl.stages[args.stage].model_copy(
+        update={**same_work, "eval_every": None, **({"max_steps": args.steps} if args.steps else {})}
+    )
     key = f"rl.stages.{args.stage}"
     work = Path(tempfile.mkdtemp(prefix="rl-overhead-"))
-    job = RLJob(key=key, params=stage, init=Path(args.model), data=Path(args.data), work_dir=work / "rung", curves=work / "curves.json",
-                format=params.format, seed=params.seed, dtype="float32", buckets=params.difficulty.buckets)
+    job = RLJob(
+        key=key,
+        params=stage,
+        init=Path(args.model),
+        data=Path(args.data),
+        work_dir=work / "rung",
+        curves=work / "curves.json",
+        format=params.format,
+        seed=params.seed,
+        dtype="float32",
+        buckets=params.difficulty.buckets,
+    )
 
     # The plain script: TRL's trainer on the same rows, prompts, rewards and config.
     rows = trainers.select(files.read_jsonl(job.data), stage, key)
     funcs, weights = rewards.build(stage, params.format, f"{key}.rewards")
-    plain = None if args.as_configured else GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32), reward_funcs=funcs,
-                        args=trainers.trl_config(stage, weights, params.seed, work / "plain", "float32", key),
-                        train_dataset=trainers.prompts(rows, params.format), processing_class=AutoTokenizer.from_pretrained(args.model))
-    results = ([] if args.as_configured else [run("plain TRL script", plain)]) + [run("rung", trainers.trainer_for(job))]
+    plain = (
+        None
+        if args.as_configured
+        else GRPOTrainer(
+            model=AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32),
+            reward_funcs=funcs,
+            args=trainers.trl_config(stage, weights, params.seed, work / "plain", "float32", key),
+            train_dataset=trainers.prompts(rows, params.format),
+            processing_class=AutoTokenizer.from_pretrained(args.model),
+        )
+    )
+    results = ([] if args.as_configured else [run("plain TRL script", plain)]) + [
+        run("rung", trainers.trainer_for(job))
+    ]
 
-    print(f"{len(rows)} prompts, {stage.max_steps} steps x {stage.prompts_per_step} prompts x {stage.num_generations} samples, "
-          f"{stage.max_completion_length} new tokens at most, {torch.get_num_threads()} threads, fp32")
-    print(f"{'contender':18}{'seconds':>9}{'tokens':>8}{'ms/token':>10}{'reward':>8}  " + "  ".join(f"{p:>16}" for p in PHASES))
+    print(
+        f"{len(rows)} prompts, {stage.max_steps} steps x {stage.prompts_per_step} prompts x {stage.num_generations} samples, "
+        f"{stage.max_completion_length} new tokens at most, {torch.get_num_threads()} threads, fp32"
+    )
+    print(
+        f"{'contender':18}{'seconds':>9}{'tokens':>8}{'ms/token':>10}{'reward':>8}  "
+        + "  ".join(f"{p:>16}" for p in PHASES)
+    )
     for r in results:
         shares = "  ".join(f"{r['phases'][p]:>8.1f}s {r['phases'][p] / r['seconds']:>5.0%}" for p in PHASES)
-        print(f"{r['contender']:18}{r['seconds']:>9.1f}{r['tokens']:>8}{r['ms_per_token']:>10.1f}{r['mean_reward']:>8.3f}  {shares}")
+        print(
+            f"{r['contender']:18}{r['seconds']:>9.1f}{r['tokens']:>8}{r['ms_per_token']:>10.1f}{r['mean_reward']:>8.3f}  {shares}"
+        )
     if args.as_configured:
-        print(f"(the stage as configured: {stage.curriculum.type} curriculum, dynamic sampling {stage.dynamic_sampling})")
+        print(
+            f"(the stage as configured: {stage.curriculum.type} curriculum, dynamic sampling {stage.dynamic_sampling})"
+        )
         if args.out:
             files.write_json(Path(args.out), {"results": results})
         return
     ratio = results[0]["ms_per_token"] / results[1]["ms_per_token"]
-    print(f"rung is {ratio:.2f}x the plain script's speed per generated token "
-          f"(generation alone: {results[0]['phases']['generation'] / results[0]['tokens'] * 1000:.1f} vs "
-          f"{results[1]['phases']['generation'] / results[1]['tokens'] * 1000:.1f} ms per token)")
+    print(
+        f"rung is {ratio:.2f}x the plain script's speed per generated token "
+        f"(generation alone: {results[0]['phases']['generation'] / results[0]['tokens'] * 1000:.1f} vs "
+        f"{results[1]['phases']['generation'] / results[1]['tokens'] * 1000:.1f} ms per token)"
+    )
     if args.out:
         files.write_json(Path(args.out), {"ratio": ratio, "results": results})
 

@@ -9,6 +9,7 @@ shutdown, and the same stage's wall time as DVC's command line (`python -m`).
 
 Prints numbers only; nothing here asserts a time (tests/test_startup.py checks the imports).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,7 +29,19 @@ sys.path.insert(0, str(ROOT))
 from flows.run import commit, copy_project  # noqa: E402
 
 STAGES = ("model", "curate", "difficulty", "traces", "sft", "rl", "eval", "report")
-HEAVY = ("torch", "transformers", "trl", "peft", "reasoning_gym", "datasets", "math_verify", "mlflow", "prefect", "matplotlib", "pandas")
+HEAVY = (
+    "torch",
+    "transformers",
+    "trl",
+    "peft",
+    "reasoning_gym",
+    "datasets",
+    "math_verify",
+    "mlflow",
+    "prefect",
+    "matplotlib",
+    "pandas",
+)
 
 # Imports flows.<stage> and prints its wall time and the heavy packages it loaded.
 IMPORT = """
@@ -76,16 +89,32 @@ marks["work"] = time.time()
 
 def env(root: Path = ROOT) -> dict[str, str]:
     """This environment with `root`'s code importable and this venv's commands (dvc, git hooks) first on PATH."""
-    return {**os.environ, "PYTHONPATH": str(root), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1"}
+    return {
+        **os.environ,
+        "PYTHONPATH": str(root),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "DO_NOT_TRACK": "1",
+    }
 
 
 def import_times(repeat: int) -> dict[str, dict]:
     """Per stage: the best import time of `repeat` fresh interpreters and what the import loaded."""
     out = {}
     for stage in STAGES:
-        runs = [json.loads(subprocess.run([sys.executable, "-c", IMPORT.format(stage=stage, heavy=HEAVY)], cwd=ROOT, env=env(),
-                                          capture_output=True, text=True, check=True).stdout) for _ in range(repeat)]
+        runs = [
+            json.loads(
+                subprocess.run(
+                    [sys.executable, "-c", IMPORT.format(stage=stage, heavy=HEAVY)],
+                    cwd=ROOT,
+                    env=env(),
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stdout
+            )
+            for _ in range(repeat)
+        ]
         out[stage] = {"s": min(r["s"] for r in runs), "heavy": runs[0]["heavy"]}
     return out
 
@@ -108,8 +137,13 @@ def stage_times(ws: Path, stage: str, stage_env: dict[str, str]) -> dict[str, fl
     """Seconds of each phase of one run of a stage with nothing to do, from just before its process starts."""
     marks_file = ws / "marks.json"
     started = time.time()
-    subprocess.run([sys.executable, "-c", STAGE.format(stage=stage, marks=marks_file)], cwd=ws, env=stage_env,
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-c", STAGE.format(stage=stage, marks=marks_file)],
+        cwd=ws,
+        env=stage_env,
+        check=True,
+        capture_output=True,
+    )
     ended = time.time()
     marks = json.loads(marks_file.read_text())
     order = ["start", "imports", "preflight", "flow run", "mlflow run", "work", "exit handlers"]

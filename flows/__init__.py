@@ -1,4 +1,5 @@
 """Prefect flows: one per DVC stage (`python -m flows.<stage>`), plus the pipeline flow."""
+
 import logging
 import os
 

@@ -1,4 +1,5 @@
 """The `rung` command line (above the flows: it may start them)."""
+
 from __future__ import annotations
 
 import subprocess
@@ -9,9 +10,7 @@ import typer
 from rich.console import Console
 from rich.markdown import Markdown
 
-from rung import config, preflight
-
-from rung import paths
+from rung import config, paths, preflight
 from rung.errors import InputError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="rung: reproducible RL post-training for reasoning.")
@@ -28,7 +27,9 @@ def validate(params_file: Path = typer.Argument(paths.PARAMS, help="params file 
     except InputError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
-    console.print(f"{params_file}: ok ({len(params.curate.sources)} sources, checkpoints: {', '.join(params.checkpoints)})")
+    console.print(
+        f"{params_file}: ok ({len(params.curate.sources)} sources, checkpoints: {', '.join(params.checkpoints)})"
+    )
 
 
 @app.command()
@@ -42,10 +43,16 @@ def table(report: Path = typer.Argument(paths.REPORT, help="report written by th
 
 @app.command()
 def compare(
-    ids: list[str] = typer.Argument(None, help="MLflow run ids, or DVC experiment names with --dvc; none: the most recent"),
+    ids: list[str] = typer.Argument(
+        None, help="MLflow run ids, or DVC experiment names with --dvc; none: the most recent"
+    ),
     dvc: bool = typer.Option(False, "--dvc", help="compare DVC experiments (dvc exp show) instead of MLflow runs"),
     keys: str = typer.Option("*", "--keys", "-k", help="glob over param/metric keys, e.g. '*accuracy*'"),
-    name: str = typer.Option("eval@*", "--name", help="MLflow run-name glob when no ids are given; 'report' for the paired comparisons (keys paired/*)"),
+    name: str = typer.Option(
+        "eval@*",
+        "--name",
+        help="MLflow run-name glob when no ids are given; 'report' for the paired comparisons (keys paired/*)",
+    ),
     last: int = typer.Option(3, "--last", help="how many recent MLflow runs when no ids are given"),
     all_rows: bool = typer.Option(False, "--all", help="show keys whose values are equal too"),
     params_file: Path = typer.Option(paths.PARAMS, "--params", help="params file naming the MLflow store"),
@@ -58,7 +65,6 @@ def compare(
     from mlflow.exceptions import MlflowException
 
     from rung import tracking
-
     from rung.report import runs_table
     from tasks.dvc import experiments
 
@@ -80,8 +86,15 @@ def compare(
 @app.command()
 def run(
     recipe: Annotated[Path, typer.Argument(help="params file of the experiment, e.g. recipes/r1_zero.yaml")],
-    sets: Annotated[list[str] | None, typer.Option("--set", "-S", help="override KEY=VALUE (YAML value), repeatable: --set rl.stages.main.max_steps=50")] = None,
-    workdir: Annotated[Path | None, typer.Option("--dir", help="the run's own workspace (default runs/<recipe name>)")] = None,
+    sets: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set", "-S", help="override KEY=VALUE (YAML value), repeatable: --set rl.stages.main.max_steps=50"
+        ),
+    ] = None,
+    workdir: Annotated[
+        Path | None, typer.Option("--dir", help="the run's own workspace (default runs/<recipe name>)")
+    ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="validate and write the workspace; run nothing")] = False,
 ) -> None:
     """Run an experiment from a params file in a workspace of its own (flows/run.py), then print its
@@ -105,8 +118,15 @@ def run(
 
 @app.command()
 def sweep(
-    grid: Annotated[str, typer.Argument(help='JSON/YAML mapping {params key: list of values} or a .yaml file, e.g. \'{"seed": [1, 2]}\'')],
-    name: Annotated[str | None, typer.Option("--name", help="experiment name prefix (default sweep-<date>-<time>)")] = None,
+    grid: Annotated[
+        str,
+        typer.Argument(
+            help="JSON/YAML mapping {params key: list of values} or a .yaml file, e.g. '{\"seed\": [1, 2]}'"
+        ),
+    ],
+    name: Annotated[
+        str | None, typer.Option("--name", help="experiment name prefix (default sweep-<date>-<time>)")
+    ] = None,
     jobs: Annotated[int, typer.Option("--jobs", "-j", help="experiments at a time (DVC queue workers)")] = 1,
     keys: Annotated[str, typer.Option("--keys", "-k", help="glob over '<file>:<key>' rows of the comparison")] = "*",
 ) -> None:
@@ -119,7 +139,10 @@ def sweep(
 
 @app.command()
 def study(
-    definition: Annotated[Path, typer.Argument(help="study definition (YAML): name, seeds, seed_key, params, arms; e.g. bench/curriculum.yaml")],
+    definition: Annotated[
+        Path,
+        typer.Argument(help="study definition (YAML): name, seeds, seed_key, params, arms; e.g. bench/curriculum.yaml"),
+    ],
     jobs: Annotated[int, typer.Option("--jobs", "-j", help="experiments at a time (DVC queue workers)")] = 1,
 ) -> None:
     """Run every arm for every seed as DVC experiments (flows/study.py), then write the study page

@@ -1,13 +1,12 @@
 """Stage `difficulty`: pass rate of each train prompt under the reference model; the filtered train set."""
+
 from __future__ import annotations
 
 from prefect import flow
 
 from flows.stage import finish, main
-from rung import config, tracking
+from rung import config, files, paths, tracking
 from rung.data import difficulty as diff
-from rung import files
-from rung import paths
 from rung.seeding import derive
 from tasks import generation
 
@@ -17,7 +16,12 @@ def difficulty(params_file: str = str(paths.PARAMS)) -> None:
     params = config.load(params_file)
     p = params.difficulty
     reference = paths.checkpoint(p.reference)
-    logged = {"seed": params.seed, "difficulty": p.model_dump(), "format": params.format.model_dump(), "generation": params.generation.model_dump()}
+    logged = {
+        "seed": params.seed,
+        "difficulty": p.model_dump(),
+        "format": params.format.model_dump(),
+        "generation": params.generation.model_dump(),
+    }
     with tracking.stage_run("difficulty", params, logged, inputs={"model": reference, "train": paths.TRAIN}):
         gen = generation.load(reference, params.model, params.generation.backend)
         tracking.tag_placement(gen.device, gen.dtype)

@@ -4,6 +4,7 @@ Outputs (written by rung.eval.evaluate.run): per-sample records (data/eval/<ckpt
 and maj@k curves, accuracy by difficulty); this flow adds the DVC metrics file
 (data/metrics/eval-<ckpt>.json) and logs the same to the stage's MLflow run.
 """
+
 from __future__ import annotations
 
 import sys
@@ -12,12 +13,11 @@ import mlflow
 from prefect import flow
 
 from flows.stage import finish, main
-from rung import config, tracking
+from rung import config, files, paths, tracking
 from rung.eval import evaluate
-from rung import files
-from rung import paths
 from rung.seeding import derive
-from tasks import evaluate as evaluate_task, generation
+from tasks import evaluate as evaluate_task
+from tasks import generation
 
 
 @flow(name="eval")
@@ -26,12 +26,20 @@ def eval_checkpoint(checkpoint: str, params_file: str = str(paths.PARAMS)) -> No
     slug = paths.checkpoint_slug(checkpoint)
     model_dir = paths.checkpoint(checkpoint)
     set_paths = {name: paths.eval_set(name) for name in ["test", *(s.name for s in params.eval.sets)]}
-    logged = {"seed": params.seed, "eval": params.eval.model_dump(exclude={"sets"}), "format": params.format.model_dump(), "checkpoint": checkpoint}
+    logged = {
+        "seed": params.seed,
+        "eval": params.eval.model_dump(exclude={"sets"}),
+        "format": params.format.model_dump(),
+        "checkpoint": checkpoint,
+    }
     with tracking.stage_run(f"eval@{slug}", params, logged, inputs={"model": model_dir, **set_paths}):
         seed = derive(params.seed, "eval")
         gen = generation.load(model_dir, params.model, params.generation.backend)
         tracking.tag_placement(gen.device, gen.dtype)
-        results = {name: evaluate_task.evaluate_set(gen, name, files.read_jsonl(path), params.format, params.eval, seed) for name, path in set_paths.items()}
+        results = {
+            name: evaluate_task.evaluate_set(gen, name, files.read_jsonl(path), params.format, params.eval, seed)
+            for name, path in set_paths.items()
+        }
         finish(f"eval-{slug}", evaluate.run(checkpoint, results, set_paths, params.eval, params.format, seed))
         mlflow.log_artifacts(str(paths.EVAL / slug), artifact_path="samples")
 

@@ -1,11 +1,11 @@
 """Stage `model`: materialize the base model as an HF directory at data/models/base."""
+
 from __future__ import annotations
 
 from prefect import flow
 
 from flows.stage import finish, main
-from rung import config, tracking
-from rung import paths
+from rung import config, paths, tracking
 from tasks import model as model_tasks
 
 

@@ -5,6 +5,7 @@ run by this execution, and a table of every stage's headline metrics (Prefect ar
 `rung-stages`, MLflow artifact `stages.md` of the parent run). Runs ephemeral, or against a
 Prefect server when PREFECT_API_URL is set; with a server, one pipeline per workspace at a time.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -19,8 +20,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from flows.stage import main
-from rung import config, tracking
-from rung import paths
+from rung import config, paths, tracking
 from rung.errors import InputError
 from tasks import dvc
 
@@ -39,7 +39,10 @@ def stage_summary(metrics_dir: Path = paths.METRICS) -> str:
     """A markdown table with the headline metrics of every stage's metrics file."""
     rows = []
     for path in metrics_dir.glob("*.json"):
-        rank, keys = next(((i, k) for i, (pat, k) in enumerate(HEADLINES.items()) if fnmatch.fnmatch(path.stem, pat)), (len(HEADLINES), []))
+        rank, keys = next(
+            ((i, k) for i, (pat, k) in enumerate(HEADLINES.items()) if fnmatch.fnmatch(path.stem, pat)),
+            (len(HEADLINES), []),
+        )
         metrics = json.loads(path.read_text())
         if not isinstance(metrics, dict):
             continue
@@ -49,7 +52,11 @@ def stage_summary(metrics_dir: Path = paths.METRICS) -> str:
                 value = value.get(part) if isinstance(value, dict) else None
             if value is not None:
                 rows.append((rank, path.stem, key, f"{value:.4g}" if isinstance(value, float) else str(value)))
-    lines = ["| stage | metric | value |", "|---|---|---|", *(f"| {s} | {k} | {v} |" for _, s, k, v in sorted(rows, key=lambda r: r[:2]))]
+    lines = [
+        "| stage | metric | value |",
+        "|---|---|---|",
+        *(f"| {s} | {k} | {v} |" for _, s, k, v in sorted(rows, key=lambda r: r[:2])),
+    ]
     return "\n".join(["# rung stages", "", *lines, ""])
 
 

@@ -1,5 +1,6 @@
 """Stage `report`: every checkpoint side by side, with paired comparisons (markdown, HTML, DVC
 metrics file, Prefect artifact, MLflow: metrics of the report run, a table on the parent run)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -9,8 +10,7 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from flows.stage import main
-from rung import config, tracking
-from rung import files, paths
+from rung import config, files, paths, tracking
 from rung.eval import comparisons
 from rung.eval.results import EvalResult
 from rung.report import pipeline as rep
@@ -28,14 +28,25 @@ def _numeric(tree: Any) -> Any:
 def report(params_file: str = str(paths.PARAMS)) -> str:
     params = config.load(params_file)
     with tracking.stage_run("report", params, logged={"checkpoints": params.checkpoints}, inputs={}) as run:
-        evals = {c: EvalResult.model_validate(files.read_json(paths.metrics(f"eval-{paths.checkpoint_slug(c)}"))) for c in params.checkpoints}
+        evals = {
+            c: EvalResult.model_validate(files.read_json(paths.metrics(f"eval-{paths.checkpoint_slug(c)}")))
+            for c in params.checkpoints
+        }
         curves = {f"rl/{name}": files.read_json(paths.plot("rl", name)) for name in params.rl.stages}
-        rl = {name: rep.rl_summary(s, files.read_json(paths.metrics(f"rl-{name}"))) for name, s in params.rl.stages.items()}
+        rl = {
+            name: rep.rl_summary(s, files.read_json(paths.metrics(f"rl-{name}")))
+            for name, s in params.rl.stages.items()
+        }
         settings = {"seed": params.seed, "model": params.model.source, "git commit": tracking.git_commit()[:12]}
         boot = params.eval.bootstrap
         pairs = comparisons.pairs({n: s.init for n, s in params.rl.stages.items()})
         compared = comparisons.comparisons(pairs, boot.confidence, boot.resamples, params.seed)
-        warnings = [w for path in sorted(paths.METRICS.glob("*.json")) if isinstance(m := files.read_json(path), dict) for w in m.get("warnings", [])]
+        warnings = [
+            w
+            for path in sorted(paths.METRICS.glob("*.json"))
+            if isinstance(m := files.read_json(path), dict)
+            for w in m.get("warnings", [])
+        ]
         text = rep.run(evals, curves, rl, settings, compared, warnings)
         # The comparisons file is the stage's DVC metrics; the same numbers (significance as 0/1) on its MLflow run.
         tracking.log_metrics(_numeric(compared.dump()["comparisons"]), prefix="paired")
@@ -44,10 +55,20 @@ def report(params_file: str = str(paths.PARAMS)) -> str:
         mlflow.log_artifact(str(paths.HTML_REPORT))
         parent = mlflow.get_run(run.info.run_id).data.tags.get("mlflow.parentRunId")
         if parent:
-            (greedy, sampled), (greedy_header, sampled_header) = tables.paired_rows(compared), tables.paired_headers(compared)
-            tracking.log_tables(parent, {"paired_greedy.json": (greedy_header, greedy), "paired_sampled.json": (sampled_header, sampled)})
+            (greedy, sampled), (greedy_header, sampled_header) = (
+                tables.paired_rows(compared),
+                tables.paired_headers(compared),
+            )
+            tracking.log_tables(
+                parent,
+                {"paired_greedy.json": (greedy_header, greedy), "paired_sampled.json": (sampled_header, sampled)},
+            )
             mlflow.MlflowClient().log_text(parent, rep.paired_markdown(compared), "paired_comparisons.md")
-        create_markdown_artifact(markdown=text, key="rung-report", description="held-out results of every checkpoint, with paired comparisons")
+        create_markdown_artifact(
+            markdown=text,
+            key="rung-report",
+            description="held-out results of every checkpoint, with paired comparisons",
+        )
         print(text)
     return text
 

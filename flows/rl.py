@@ -1,4 +1,5 @@
 """Stage `rl@<name>`: one GRPO stage on the difficulty-filtered train set."""
+
 from __future__ import annotations
 
 import sys
@@ -6,12 +7,11 @@ import sys
 from prefect import flow
 
 from flows.stage import finish, main
-from rung import config, tracking
-from rung.train import launch
-from rung import paths
+from rung import config, paths, tracking
 from rung.errors import InputError
-from rung.train.jobs import RLJob
 from rung.seeding import derive
+from rung.train import launch
+from rung.train.jobs import RLJob
 
 
 @flow(name="rl")
@@ -21,16 +21,34 @@ def rl(stage_name: str, params_file: str = str(paths.PARAMS)) -> None:
         raise InputError(f"rl.stages: no stage named {stage_name!r} (have {list(params.rl.stages)})")
     stage = params.rl.stages[stage_name]
     if stage.use_vllm:
-        from rung.generate.vllm import require_vllm  # here: rung.generate.vllm imports torch before the preflight could run
+        from rung.generate.vllm import (
+            require_vllm,
+        )  # here: rung.generate.vllm imports torch before the preflight could run
 
         require_vllm(f"rl.stages.{stage_name}.use_vllm")
     seed = derive(params.seed if stage.seed is None else stage.seed, "rl", stage_name)
-    job = RLJob(key=f"rl.stages.{stage_name}", params=stage, init=paths.checkpoint(stage.init), data=paths.FILTERED,
-                work_dir=paths.WORK / "rl" / stage_name, curves=paths.plot("rl", stage_name), format=params.format,
-                seed=seed, dtype=params.model.dtype, device=params.model.device, buckets=params.difficulty.buckets,
-                heldout=paths.TEST if stage.eval_every else None, heldout_sampling=params.eval.sampling)
+    job = RLJob(
+        key=f"rl.stages.{stage_name}",
+        params=stage,
+        init=paths.checkpoint(stage.init),
+        data=paths.FILTERED,
+        work_dir=paths.WORK / "rl" / stage_name,
+        curves=paths.plot("rl", stage_name),
+        format=params.format,
+        seed=seed,
+        dtype=params.model.dtype,
+        device=params.model.device,
+        buckets=params.difficulty.buckets,
+        heldout=paths.TEST if stage.eval_every else None,
+        heldout_sampling=params.eval.sampling,
+    )
     # "seed" is the trainer's own (TRL logs it too; MLflow refuses a second value for a param).
-    logged = {"global_seed": params.seed, "seed": seed, "rl": {stage_name: stage.model_dump()}, "format": params.format.model_dump()}
+    logged = {
+        "global_seed": params.seed,
+        "seed": seed,
+        "rl": {stage_name: stage.model_dump()},
+        "format": params.format.model_dump(),
+    }
     with tracking.stage_run(f"rl@{stage_name}", params, logged, inputs={"model": job.init, "train": job.data}):
         finish(f"rl-{stage_name}", launch.train(job, stage.launch, paths.checkpoint(f"rl/{stage_name}")))
 

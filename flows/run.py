@@ -9,6 +9,7 @@ workspace is a plain DVC project, so `cd runs/<recipe> && dvc exp run -S key=val
 
     rung run recipes/dapo.yaml --set model.source=Qwen/Qwen2.5-Math-1.5B --set rl.stages.main.max_steps=50
 """
+
 from __future__ import annotations
 
 import json
@@ -22,9 +23,7 @@ from typing import Any
 import yaml
 
 from flows import server
-from rung import config, preflight
-from rung import files
-from rung import paths
+from rung import config, files, paths, preflight
 from rung.config import FileSource, HFSource, Params
 from rung.errors import InputError
 
@@ -64,6 +63,7 @@ def written(params: Params) -> str:
 
 def _absolute_paths(data: dict[str, Any], params: Params) -> None:
     """Rewrite, in place, every local path of `data` (files, dataset and model directories) as absolute."""
+
     def local(path: str) -> bool:  # relative to where `rung run` was started
         return files.is_local_path(path) and not Path(path).is_absolute()
 
@@ -84,8 +84,13 @@ def _absolute_paths(data: dict[str, Any], params: Params) -> None:
 
 def copy_project(root: Path, ws: Path) -> None:
     """Copy the project's code (tracked and untracked-but-not-ignored files, none of SKIPPED) into `ws`."""
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=root,
-                           capture_output=True, text=True, check=True).stdout.split()
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     for f in listed:
         if f.startswith(SKIPPED) or not (root / f).is_file():
             continue
@@ -96,7 +101,11 @@ def copy_project(root: Path, ws: Path) -> None:
 def venv_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """This environment with this interpreter's bin first on PATH (DVC's stage commands `python -m
     flows.<stage>` and `dvc` itself must be the venv's even when it is not activated), plus `extra`."""
-    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}", **(extra or {})}
+    return {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        **(extra or {}),
+    }
 
 
 def commit(ws: Path, message: str, env: dict[str, str] | None = None) -> None:
@@ -117,8 +126,12 @@ def prepare(recipe: Path, sets: dict[str, Any], ws: Path, root: Path | None = No
     params = resolve(recipe, sets)
     ws.mkdir(parents=True, exist_ok=True)
     copy_project((root or Path.cwd()).resolve(), ws)
-    (ws / paths.PARAMS).write_text(f"# rung run {recipe}" + "".join(f" --set {k}={json.dumps(v)}" for k, v in sets.items()) + "\n"
-                                    + written(params))
+    (ws / paths.PARAMS).write_text(
+        f"# rung run {recipe}"
+        + "".join(f" --set {k}={json.dumps(v)}" for k, v in sets.items())
+        + "\n"
+        + written(params)
+    )
     commit(ws, f"rung run {recipe}")
     return ws
 
@@ -130,7 +143,11 @@ def run(recipe: Path, sets: dict[str, Any], ws: Path, dry_run: bool = False, roo
     prepare(recipe, sets, ws, root)
     if dry_run:
         return 0
-    uri = os.environ.get("MLFLOW_TRACKING_URI") or config.load(ws / paths.PARAMS).tracking.uri or f"sqlite:///{root / 'mlflow.db'}"
+    uri = (
+        os.environ.get("MLFLOW_TRACKING_URI")
+        or config.load(ws / paths.PARAMS).tracking.uri
+        or f"sqlite:///{root / 'mlflow.db'}"
+    )
     return server.run(["dvc", "repro"], cwd=ws, env=venv_env({"MLFLOW_TRACKING_URI": uri}))
 
 

@@ -3,6 +3,7 @@ pointing at a private server that lives as long as CMD (or at the server PREFECT
 names). `make demo` and `make pipeline` use it, so the stages DVC starts share one server instead
 of each starting (and, on a new machine, migrating) an ephemeral one.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,7 +26,11 @@ def run(cmd: list[str], cwd: Path | None = None, env: dict[str, str] | None = No
     if get_current_settings().api.url:
         return subprocess.run(cmd, cwd=cwd, env=env, check=False).returncode
     server = SubprocessASGIServer()
-    print("prefect: starting a server for this run (the first start in a new PREFECT_HOME also creates its database)", file=sys.stderr, flush=True)
+    print(
+        "prefect: starting a server for this run (the first start in a new PREFECT_HOME also creates its database)",
+        file=sys.stderr,
+        flush=True,
+    )
     server.start(timeout=STARTUP_TIMEOUT_S)
     try:
         private = {"PREFECT_API_URL": server.api_url, PRIVATE_ENV: server.api_url}

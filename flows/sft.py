@@ -1,15 +1,15 @@
 """Stage `sft`: warm-start the base model on the SFT traces in the response format (or, with
 sft.enabled false, pass the base model through for zero-RL)."""
+
 from __future__ import annotations
 
 from prefect import flow
 
 from flows.stage import finish, main
-from rung import config, models, tracking
-from rung.train import launch
-from rung import paths
-from rung.train.jobs import SFTJob
+from rung import config, models, paths, tracking
 from rung.seeding import derive
+from rung.train import launch
+from rung.train.jobs import SFTJob
 
 
 @flow(name="sft")
@@ -17,14 +17,28 @@ def sft(params_file: str = str(paths.PARAMS)) -> None:
     params = config.load(params_file)
     seed = derive(params.seed, "sft")
     # "seed" is the trainer's own (TRL logs it too; MLflow refuses a second value for a param).
-    logged = {"global_seed": params.seed, "seed": seed, "sft": params.sft.model_dump(), "format": params.format.model_dump()}
+    logged = {
+        "global_seed": params.seed,
+        "seed": seed,
+        "sft": params.sft.model_dump(),
+        "format": params.format.model_dump(),
+    }
     with tracking.stage_run("sft", params, logged, inputs={"model": paths.BASE, "train": paths.TRACES}):
         if not params.sft.enabled:
             models.passthrough(paths.BASE, paths.SFT, stage="sft")
             finish("sft", {"skipped": 1})
             return
-        job = SFTJob(key="sft", params=params.sft, init=paths.BASE, data=paths.TRACES, work_dir=paths.WORK / "sft",
-                     format=params.format, seed=seed, dtype=params.model.dtype, device=params.model.device)
+        job = SFTJob(
+            key="sft",
+            params=params.sft,
+            init=paths.BASE,
+            data=paths.TRACES,
+            work_dir=paths.WORK / "sft",
+            format=params.format,
+            seed=seed,
+            dtype=params.model.dtype,
+            device=params.model.device,
+        )
         finish("sft", launch.train(job, params.sft.launch, paths.SFT))
 
 

@@ -1,4 +1,5 @@
 """What every stage flow shares: the entry point and how a stage finishes."""
+
 from __future__ import annotations
 
 import gc
@@ -9,14 +10,9 @@ from typing import Any
 import mlflow
 from prefect import get_run_logger
 
-from rung import config, preflight, tracking
-
-from rung.report import health
-
-from rung import files
-
-from rung import paths
+from rung import config, files, paths, preflight, tracking
 from rung.errors import InputError
+from rung.report import health
 
 
 def main(flow: Callable[..., Any], *args: str) -> None:

@@ -11,6 +11,7 @@ pipeline runs become its children) and the Prefect artifact `rung-study`.
 An experiment of the study that already succeeded for this commit (same name) is not run again,
 so an interrupted study continues where it stopped.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,7 +52,9 @@ def collect(exp: str, arm: str, seed: int, stage: str, init: str) -> StudyRun:
     slug = paths.checkpoint_slug(f"rl/{stage}")
     metrics = _read(str(paths.metrics(f"eval-{slug}")), exp)
     if metrics is None:
-        raise RuntimeError(f"experiment {exp}: no {paths.metrics(f'eval-{slug}')}; the study needs the eval_rl@{stage} stage")
+        raise RuntimeError(
+            f"experiment {exp}: no {paths.metrics(f'eval-{slug}')}; the study needs the eval_rl@{stage} stage"
+        )
     evaluated = EvalResult.model_validate_json(metrics)
     records = {}
     for name in evaluated.sets:
@@ -59,9 +62,15 @@ def collect(exp: str, arm: str, seed: int, stage: str, init: str) -> StudyRun:
         if text is not None:
             records[name] = _jsonl(text)
     init_eval = _read(str(paths.metrics(f"eval-{paths.checkpoint_slug(init)}")), exp)
-    return StudyRun(arm=arm, seed=seed, eval=evaluated, rl=json.loads(_read(str(paths.metrics(f"rl-{stage}")), exp) or "{}"),
-                    init_eval=EvalResult.model_validate_json(init_eval) if init_eval else None, records=records,
-                    curve=json.loads(_read(str(paths.plot("rl", stage)), exp) or "[]"))
+    return StudyRun(
+        arm=arm,
+        seed=seed,
+        eval=evaluated,
+        rl=json.loads(_read(str(paths.metrics(f"rl-{stage}")), exp) or "{}"),
+        init_eval=EvalResult.model_validate_json(init_eval) if init_eval else None,
+        records=records,
+        curve=json.loads(_read(str(paths.plot("rl", stage)), exp) or "[]"),
+    )
 
 
 def _track(params: config.Params, result: StudyResult, written: dict[str, Path], exps: dict[str, core.Point]) -> str:
@@ -71,23 +80,37 @@ def _track(params: config.Params, result: StudyResult, written: dict[str, Path],
     tags = {"rung.role": "study", "rung.study": result.name, "git.commit": tracking.git_commit(), **tracking.versions()}
     with mlflow.start_run(run_name=f"study {result.name}", tags=tags) as run:
         mlflow.log_params({"seeds": result.seeds, "seed_key": result.seed_key, "arms": list(result.arms)})
-        tracking.log_metrics({arm: {k: {"mean": v.mean, **({"sd": v.sd} if v.sd is not None else {})} for k, v in a.metrics.items()}
-                              for arm, a in result.arms.items()}, prefix="study")
+        tracking.log_metrics(
+            {
+                arm: {k: {"mean": v.mean, **({"sd": v.sd} if v.sd is not None else {})} for k, v in a.metrics.items()}
+                for arm, a in result.arms.items()
+            },
+            prefix="study",
+        )
         tracking.log_metrics({k: c.dump()["sets"] for k, c in result.comparisons.items()}, prefix="paired")
         for path in written.values():
             mlflow.log_artifact(str(path))
         client = mlflow.MlflowClient()
         for exp, point in exps.items():
-            found = mlflow.search_runs(experiment_names=[params.tracking.experiment], output_format="list",
-                                       filter_string=f"tags.`dvc.exp_name` = '{exp}' and tags.`rung.role` = 'pipeline'")
+            found = mlflow.search_runs(
+                experiment_names=[params.tracking.experiment],
+                output_format="list",
+                filter_string=f"tags.`dvc.exp_name` = '{exp}' and tags.`rung.role` = 'pipeline'",
+            )
             for r in found:
-                for key, value in {"mlflow.parentRunId": run.info.run_id, "rung.study": result.name,
-                                   "rung.study.arm": point["arm"], "rung.study.seed": str(point["seed"])}.items():
+                for key, value in {
+                    "mlflow.parentRunId": run.info.run_id,
+                    "rung.study": result.name,
+                    "rung.study.arm": point["arm"],
+                    "rung.study.seed": str(point["seed"]),
+                }.items():
                     client.set_tag(r.info.run_id, key, value)
         return run.info.run_id
 
 
-def plan(definition: str, params_file: str = str(paths.PARAMS)) -> tuple[core.Study, str, dict[str, core.Point], dict[str, config.Params]]:
+def plan(
+    definition: str, params_file: str = str(paths.PARAMS)
+) -> tuple[core.Study, str, dict[str, core.Point], dict[str, config.Params]]:
     """The study, its RL stage, its experiments (name -> arm, seed, point) and their params, every
     point checked against the schema and preflighted: an InputError before anything is queued."""
     spec = core.load(definition)
@@ -104,7 +127,9 @@ def study(definition: str, jobs: int = 1, params_file: str = str(paths.PARAMS)) 
     params = config.load(params_file)
     done = {exp for exp, r in dvc_tasks.experiments(list(todo)).items() if r.get("state") == "success"}
     if done:
-        log.info("study %s: %d experiment(s) already done for this commit: %s", spec.name, len(done), ", ".join(sorted(done)))
+        log.info(
+            "study %s: %d experiment(s) already done for this commit: %s", spec.name, len(done), ", ".join(sorted(done))
+        )
     pending = {exp: t["point"] for exp, t in todo.items() if exp not in done}
     results = sweep.run(pending, jobs) if pending else {}
     failed = [exp for exp in pending if results.get(exp, {}).get("state") != "success"]
@@ -113,8 +138,14 @@ def study(definition: str, jobs: int = 1, params_file: str = str(paths.PARAMS)) 
     runs = [collect(exp, t["arm"], t["seed"], stage, checked[exp].rl.stages[stage].init) for exp, t in todo.items()]
     boot = params.eval.bootstrap
     result = core.aggregate(spec, runs, boot.confidence, boot.resamples, params.seed)
-    settings = {"definition": definition, "RL stage": f"rl/{stage}", "seed key": spec.seed_key, "seeds": ", ".join(map(str, spec.seeds)),
-                "experiments": ", ".join(todo), "git commit": tracking.git_commit()[:12]}
+    settings = {
+        "definition": definition,
+        "RL stage": f"rl/{stage}",
+        "seed key": spec.seed_key,
+        "seeds": ", ".join(map(str, spec.seeds)),
+        "experiments": ", ".join(todo),
+        "git commit": tracking.git_commit()[:12],
+    }
     written = studypage.write(result, settings)
     run_id = _track(params, result, written, todo)
     text = studypage.markdown(result, settings)

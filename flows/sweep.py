@@ -10,6 +10,7 @@ Results: `dvc exp show`, `rung compare --dvc`, and the table this flow prints an
     python -m flows.sweep --grid '{"seed": [1, 2, 3], "rl.stages.main.preset": ["grpo", "dapo"]}'
     python -m flows.sweep --grid grid.yaml --jobs 1
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,10 +26,9 @@ from prefect.artifacts import create_markdown_artifact
 from rich.console import Console
 
 from flows.stage import main
-from rung import config, preflight
-from rung.report import runs_table
-from rung import paths
+from rung import config, paths, preflight
 from rung.errors import InputError
+from rung.report import runs_table
 from tasks import dvc
 
 
@@ -57,7 +57,9 @@ def check(todo: dict[str, dict[str, Any]], params_file: str | Path = paths.PARAM
     return checked
 
 
-def experiments(grid: dict[str, list[Any]], prefix: str, params_file: str | Path = paths.PARAMS) -> dict[str, dict[str, Any]]:
+def experiments(
+    grid: dict[str, list[Any]], prefix: str, params_file: str | Path = paths.PARAMS
+) -> dict[str, dict[str, Any]]:
     """Experiment name -> grid point, each point checked against the params schema (ConfigError naming it)."""
     todo = {f"{prefix}-{i}": point for i, point in enumerate(points(grid), start=1)}
     check(todo, params_file)
@@ -81,8 +83,13 @@ def comparison(results: dict[str, dict[str, Any]], keys: str = "*") -> str:
 
 
 @flow(name="sweep")
-def sweep(grid: dict[str, list[Any]], name: str | None = None, jobs: int = 1, keys: str = "*",
-          params_file: str = str(paths.PARAMS)) -> dict[str, dict[str, Any]]:
+def sweep(
+    grid: dict[str, list[Any]],
+    name: str | None = None,
+    jobs: int = 1,
+    keys: str = "*",
+    params_file: str = str(paths.PARAMS),
+) -> dict[str, dict[str, Any]]:
     """Queue one DVC experiment per grid point, run the queue with `jobs` workers, compare."""
     log = get_run_logger()
     grid = {k: v if isinstance(v, list) else [v] for k, v in grid.items()}
@@ -91,9 +98,14 @@ def sweep(grid: dict[str, list[Any]], name: str | None = None, jobs: int = 1, ke
     results = run(todo, jobs)
     table = comparison(results, keys)
     print(table)
-    rows = "\n".join(f"| {exp} | {results.get(exp, {}).get('state', 'missing')} | {point} |" for exp, point in todo.items())
-    create_markdown_artifact(key="rung-sweep", description=f"sweep {prefix}",
-                             markdown=f"# sweep {prefix}\n\n| experiment | state | point |\n|---|---|---|\n{rows}\n\n```\n{table}\n```\n")
+    rows = "\n".join(
+        f"| {exp} | {results.get(exp, {}).get('state', 'missing')} | {point} |" for exp, point in todo.items()
+    )
+    create_markdown_artifact(
+        key="rung-sweep",
+        description=f"sweep {prefix}",
+        markdown=f"# sweep {prefix}\n\n| experiment | state | point |\n|---|---|---|\n{rows}\n\n```\n{table}\n```\n",
+    )
     failed = [exp for exp in todo if results.get(exp, {}).get("state") != "success"]
     log.info("sweep %s: %d experiment(s), %d failed; table in artifact rung-sweep", prefix, len(todo), len(failed))
     if failed:

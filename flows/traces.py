@@ -1,5 +1,6 @@
 """Stage `traces`: the SFT targets — worked solutions from the data and/or verified samples of
 the base model (rejection sampling / STaR) or of a teacher (distillation)."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -7,11 +8,9 @@ from typing import TYPE_CHECKING
 from prefect import flow, get_run_logger
 
 from flows.stage import finish, main
-from rung import config, tracking
-from rung import files
-from rung import paths
-from rung.data import traces as trace_sources
+from rung import config, files, paths, tracking
 from rung.config import Params
+from rung.data import traces as trace_sources
 from rung.seeding import derive
 from tasks import generation
 
@@ -23,19 +22,31 @@ if TYPE_CHECKING:  # solution traces load no model, so this stage imports torch 
 def traces(params_file: str = str(paths.PARAMS)) -> None:
     params: Params = config.load(params_file)
     sources = params.sft.traces
-    logged = {"seed": params.seed, "sft.traces": [s.model_dump() for s in sources], "format": params.format.model_dump()}
+    logged = {
+        "seed": params.seed,
+        "sft.traces": [s.model_dump() for s in sources],
+        "format": params.format.model_dump(),
+    }
     loaded: dict[str, Generator] = {}
 
     def load(model: str) -> Generator:
         """'base' is the pipeline's base checkpoint; anything else a teacher path or hub id (loaded once)."""
         if model not in loaded:
-            loaded[model] = generation.load(paths.BASE if model == "base" else model, params.model, params.generation.backend)
+            loaded[model] = generation.load(
+                paths.BASE if model == "base" else model, params.model, params.generation.backend
+            )
             tracking.tag_placement(loaded[model].device, loaded[model].dtype)
         return loaded[model]
 
     with tracking.stage_run("traces", params, logged, inputs={"train": paths.TRAIN}):
-        stats = trace_sources.run(files.read_jsonl(paths.TRAIN), sources, params.format, derive(params.seed, "traces"), load,
-                                   params.sft.enabled)
+        stats = trace_sources.run(
+            files.read_jsonl(paths.TRAIN),
+            sources,
+            params.format,
+            derive(params.seed, "traces"),
+            load,
+            params.sft.enabled,
+        )
         get_run_logger().info("SFT traces: %s", stats)
         tracking.log_dataset(paths.TRACES, "sft_traces", context="training")
         finish("traces", stats)

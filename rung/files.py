@@ -1,4 +1,5 @@
 """Atomic, deterministic file outputs and content hashes."""
+
 from __future__ import annotations
 
 import contextlib

@@ -1,4 +1,5 @@
 """Materialize and load models: the embedded SmolLM2 GGUF, an HF hub id, or a local directory."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -65,11 +66,18 @@ def materialize(source: str, out_dir: Path, dtype: str = "auto", revision: str |
     else:
         if source.startswith((".", "/")) and not path.is_dir():
             raise InputError(f"model.source: directory not found: {source}")
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype if dtype == "auto" else getattr(torch, dtype), revision=revision)
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=dtype if dtype == "auto" else getattr(torch, dtype), revision=revision
+        )
         tok = AutoTokenizer.from_pretrained(source, revision=revision)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    save(model, tok, Path(out_dir), {"source": source, "revision": revision, "dtype": str(model.dtype).removeprefix("torch.")})
+    save(
+        model,
+        tok,
+        Path(out_dir),
+        {"source": source, "revision": revision, "dtype": str(model.dtype).removeprefix("torch.")},
+    )
     return model.num_parameters()
 
 
@@ -111,7 +119,9 @@ def load_tokenizer(model_dir: Path | str) -> PreTrainedTokenizerBase:
     return tok
 
 
-def load(model_dir: Path | str, dtype: str = "float32", device: torch.device | str = "cpu") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load(
+    model_dir: Path | str, dtype: str = "float32", device: torch.device | str = "cpu"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a model directory written by `materialize` or a training stage onto `device`, ready for generation."""
     import torch
     from transformers import AutoModelForCausalLM

@@ -1,4 +1,5 @@
 """Where each stage writes, relative to the DVC workspace; dvc.yaml lists the same paths."""
+
 from __future__ import annotations
 
 from pathlib import Path

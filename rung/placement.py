@@ -1,5 +1,6 @@
 """Where a stage's model runs and in which dtype: params `model.device` and `model.dtype` resolved
 on the machine the stage runs on (the stage records the resolved pair with its numbers)."""
+
 from __future__ import annotations
 
 import os

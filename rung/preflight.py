@@ -1,6 +1,7 @@
 """Everything about an experiment that can be checked without training, checked before any compute:
 by `rung validate`, `make demo` / `make pipeline`, the start of every stage, and before a sweep is
 queued. Each failure is one InputError naming the params key (with the stage's real name) or file."""
+
 from __future__ import annotations
 
 import inspect
@@ -8,14 +9,11 @@ import json
 import os
 from pathlib import Path
 
-from rung import compat
-
-from rung import files
-
-from rung.train import launch
+from rung import compat, files
 from rung.config import FileSource, HFSource, Params, ReasoningGymSource, Source
 from rung.errors import InputError
 from rung.models import EMBEDDED
+from rung.train import launch
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 
@@ -79,7 +77,9 @@ def _chat_template(source: str, key: str) -> None:
     """`format.template: chat` needs a tokenizer with a chat template (base models often have none)."""
     found = _has_chat_template(source)
     if found is False:
-        raise InputError(f"format.template: chat, but {key} {source!r} has no chat template (use template: plain with a plain_template)")
+        raise InputError(
+            f"format.template: chat, but {key} {source!r} has no chat template (use template: plain with a plain_template)"
+        )
 
 
 def _has_chat_template(source: str) -> bool | None:
@@ -93,8 +93,11 @@ def _has_chat_template(source: str) -> bool | None:
         return "tokenizer.chat_template" in GGUFReader(path).fields
     if path.is_dir():
         config = path / "tokenizer_config.json"
-        return (path / "chat_template.jinja").is_file() or (path / "chat_template.json").is_file() or (
-            config.is_file() and bool(json.loads(config.read_text()).get("chat_template")))
+        return (
+            (path / "chat_template.jinja").is_file()
+            or (path / "chat_template.json").is_file()
+            or (config.is_file() and bool(json.loads(config.read_text()).get("chat_template")))
+        )
     from huggingface_hub import try_to_load_from_cache
 
     cached = try_to_load_from_cache(source, "tokenizer_config.json")
@@ -132,7 +135,9 @@ def _source(src: Source, key: str, seed: int, eval_set: bool) -> None:
             raise InputError(f"{key}.path: {src.path} is empty")
         _load(src, seed, eval_set)
     elif isinstance(src, HFSource) and files.is_local_path(src.dataset):
-        _load(src, seed, eval_set)  # a local directory (the loader's rule); hub datasets are checked when the stage loads them
+        _load(
+            src, seed, eval_set
+        )  # a local directory (the loader's rule); hub datasets are checked when the stage loads them
 
 
 def _reward(path: str, factory: bool, key: str) -> None:
@@ -149,5 +154,6 @@ def _reward(path: str, factory: bool, key: str) -> None:
     takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params)
     names = {p.name for p in params}
     if not takes_kwargs and not names & {"completions", "completion_ids", "prompts"}:
-        raise InputError(f"{key}.import: {path!r} must accept completions (TRL calls reward(prompts=, completions=, completion_ids=, **columns))")
-
+        raise InputError(
+            f"{key}.import: {path!r} must accept completions (TRL calls reward(prompts=, completions=, completion_ids=, **columns))"
+        )

@@ -4,6 +4,7 @@ The parent is found through RUNG_PIPELINE_RUN_ID (set by `python -m flows.pipeli
 plain `dvc repro`, through a tag keyed on the invoking dvc process, so the stages of one
 `dvc repro` share a parent.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -28,7 +29,19 @@ PARENT_ENV = "RUNG_PIPELINE_RUN_ID"
 # MLflow 3's UI opens an experiment by its kind; without one it shows the GenAI overview (traces).
 # "finetuning" is one of the kinds it opens on the training runs (mlflow/server/js: ExperimentKind).
 EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "finetuning"
-VERSIONED = ("torch", "transformers", "trl", "datasets", "accelerate", "reasoning-gym", "math-verify", "vllm", "prefect", "dvc", "mlflow")
+VERSIONED = (
+    "torch",
+    "transformers",
+    "trl",
+    "datasets",
+    "accelerate",
+    "reasoning-gym",
+    "math-verify",
+    "vllm",
+    "prefect",
+    "dvc",
+    "mlflow",
+)
 
 
 def repo_root() -> Path:
@@ -63,7 +76,9 @@ def changed_params(path: Path | str = "params.yaml", limit: int = 3) -> str:
     """The params that differ from the committed params.yaml, as 'key=value, ...' (at most `limit`,
     then '+N more'); '' when none differ or git cannot tell."""
     try:
-        committed = subprocess.run(["git", "show", f"HEAD:{Path(path).as_posix()}"], capture_output=True, text=True, check=True).stdout
+        committed = subprocess.run(
+            ["git", "show", f"HEAD:{Path(path).as_posix()}"], capture_output=True, text=True, check=True
+        ).stdout
         old, new = flatten(yaml.safe_load(committed) or {}), flatten(yaml.safe_load(Path(path).read_text()) or {})
     except (subprocess.CalledProcessError, FileNotFoundError, OSError, yaml.YAMLError):
         return ""
@@ -141,7 +156,13 @@ def start_parent(params: Params, invocation: str = "pipeline", key: str | None =
     """Start (and leave open) a parent run for one pipeline execution, named by parent_name."""
     experiment_id = setup(params)
     close_orphans(experiment_id)
-    tags = {"rung.role": "pipeline", "rung.invocation": invocation, "git.commit": git_commit(), OWNER_TAG: key or _owner(), **versions()}
+    tags = {
+        "rung.role": "pipeline",
+        "rung.invocation": invocation,
+        "git.commit": git_commit(),
+        OWNER_TAG: key or _owner(),
+        **versions(),
+    }
     if key:
         tags["rung.pipeline_key"] = key
     if os.environ.get("DVC_EXP_NAME"):
@@ -207,7 +228,10 @@ def log_metrics(metrics: dict[str, Any], prefix: str, step: int | None = None) -
     flat = flatten(metrics)
     # MLflow allows only these characters in metric names (difficulty labels have '=' and ',').
     name = lambda k: re.sub(r"[^0-9A-Za-z_\-. :/]", "_", f"{prefix}/{k.replace('.', '/')}")  # noqa: E731
-    mlflow.log_metrics({name(k): float(v) for k, v in flat.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}, step=step)
+    mlflow.log_metrics(
+        {name(k): float(v) for k, v in flat.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
+        step=step,
+    )
 
 
 def log_tables(run_id: str, tables: dict[str, tuple[list[str], list[list[str]]]]) -> None:

@@ -1,5 +1,6 @@
 """DVC as Prefect tasks: DVC decides what is stale and runs stages and experiments; Prefect
 retries, logs and keeps one DVC run per workspace at a time."""
+
 from __future__ import annotations
 
 import collections
@@ -111,8 +112,13 @@ def _run(cmd: list[str]) -> None:
         raise subprocess.CalledProcessError(int(codes[-1]) if codes else proc.returncode, cmd, stderr="".join(tail))
 
 
-@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=exponential_backoff(backoff_factor=30), retry_jitter_factor=0.5,
-      retry_condition_fn=_retryable)
+@task(
+    cache_policy=NO_CACHE,
+    retries=2,
+    retry_delay_seconds=exponential_backoff(backoff_factor=30),
+    retry_jitter_factor=0.5,
+    retry_condition_fn=_retryable,
+)
 def repro(stage: str) -> None:
     """`dvc repro --single-item <stage>`; retried after ~30 s then ~60 s unless the stage rejected its input."""
     get_run_logger().info("dvc repro %s", stage)

@@ -1,4 +1,5 @@
 """Evaluating one eval set as a Prefect task: a task run per set, named for it, its progress in the run's log."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -6,15 +7,17 @@ from typing import TYPE_CHECKING, Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from rung.eval import evaluate
 from rung.config import EvalParams, FormatParams
+from rung.eval import evaluate
 
 if TYPE_CHECKING:  # a type only: torch is imported by whoever loads the model (tasks.generation), after the preflight
     from rung.generate.completion import Generator
 
 
 @task(cache_policy=NO_CACHE, task_run_name="eval {name}")
-def evaluate_set(gen: Generator, name: str, rows: list[dict[str, Any]], fmt: FormatParams, params: EvalParams, seed: int) -> tuple[list[Any], list[Any], dict[str, Any]]:
+def evaluate_set(
+    gen: Generator, name: str, rows: list[dict[str, Any]], fmt: FormatParams, params: EvalParams, seed: int
+) -> tuple[list[Any], list[Any], dict[str, Any]]:
     """(greedy records, sampled records, metrics) of one eval set."""
     log = get_run_logger()
     return evaluate.evaluate(gen, rows, fmt, params, seed, progress=lambda m: log.info("%s: %s", name, m))

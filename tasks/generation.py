@@ -1,4 +1,5 @@
 """Loading a model for generation as a Prefect task: retried, since a teacher may come from the hub."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,7 +15,13 @@ if TYPE_CHECKING:
     from rung.generate.completion import Generator
 
 
-@task(cache_policy=NO_CACHE, task_run_name="load {model_dir}", retries=2, retry_delay_seconds=20, retry_condition_fn=unless_input_error)
+@task(
+    cache_policy=NO_CACHE,
+    task_run_name="load {model_dir}",
+    retries=2,
+    retry_delay_seconds=20,
+    retry_condition_fn=unless_input_error,
+)
 def load(model_dir: Path | str, params: ModelParams, backend: str) -> Generator:
     """A generator for a checkpoint directory or a hub id, placed by params `model` (device, dtype)."""
     from rung.generate import api  # torch and transformers: only for a stage that loads a model (traces may not)

@@ -1,4 +1,5 @@
 """The base model as a Prefect task: a hub download can fail transiently and is retried."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,7 +12,13 @@ from rung.config import ModelParams
 from tasks.retry import unless_input_error
 
 
-@task(cache_policy=NO_CACHE, task_run_name="materialize {params.source}", retries=2, retry_delay_seconds=30, retry_condition_fn=unless_input_error)
+@task(
+    cache_policy=NO_CACHE,
+    task_run_name="materialize {params.source}",
+    retries=2,
+    retry_delay_seconds=30,
+    retry_condition_fn=unless_input_error,
+)
 def materialize(params: ModelParams, out_dir: Path) -> int:
     """Write the base model as an HF directory at `out_dir`; returns its parameter count."""
     return models.materialize(params.source, out_dir, params.dtype, params.revision)

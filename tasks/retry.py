@@ -1,4 +1,5 @@
 """When a Prefect task's failure is worth retrying."""
+
 from __future__ import annotations
 
 from typing import Any

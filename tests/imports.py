@@ -1,5 +1,6 @@
 """The project's static import map: each module's imports, the closure of a DVC stage's flow, and
 `python -m tests.imports` to rewrite dvc.yaml's code deps from it (DVC does not follow imports)."""
+
 from __future__ import annotations
 
 import ast
@@ -20,8 +21,12 @@ def _holds_code(init: Path) -> bool:
     """Whether a package's `__init__.py` defines functions or classes or imports project modules (as
     rung.config does), rather than only naming the package (a docstring, a __version__, settings)."""
     body = ast.parse(init.read_text()).body
-    return any(isinstance(n, (ast.FunctionDef, ast.ClassDef)) or isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] in PACKAGES
-               for n in body)
+    return any(
+        isinstance(n, (ast.FunctionDef, ast.ClassDef))
+        or isinstance(n, ast.ImportFrom)
+        and (n.module or "").split(".")[0] in PACKAGES
+        for n in body
+    )
 
 
 def _name(path: Path) -> str:
@@ -102,7 +107,7 @@ def write_dvc() -> None:
         if name in stages and first:
             indent = first.group(0)[: first.group(0).index("-")]
             listed = "".join(f"{indent}- {dep}\n" for dep in code_deps(stages[name]))
-            block = _CODE.sub("", block[: first.start()]) + listed + _CODE.sub("", block[first.start():])
+            block = _CODE.sub("", block[: first.start()]) + listed + _CODE.sub("", block[first.start() :])
         out.append(block)
     DVC.write_text("".join(out))
 

@@ -1,5 +1,6 @@
 """A TRL callback that notes a digest of every example its process collates (shards/rank<r>.txt in
 the output directory), so a distributed test can show each rank trained on its own shard."""
+
 from __future__ import annotations
 
 import hashlib

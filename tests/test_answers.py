@@ -1,4 +1,5 @@
 """Answer extraction, verification, worked solutions and rewards on literal completions."""
+
 from __future__ import annotations
 
 import ast
@@ -6,9 +7,9 @@ import ast
 import pytest
 
 from rung.answers import formats
+from rung.answers.verify import bare, is_correct, is_known_task
 from rung.config import FormatParams
 from rung.data.solutions import arithmetic_steps
-from rung.answers.verify import bare, is_correct, is_known_task
 
 FMT = FormatParams()
 ROW = {"task": "basic_arithmetic", "prompt": "Calculate 5 - 3.", "answer": "2", "meta": {"expression": "5 - 3"}}
@@ -49,8 +50,15 @@ GOLD_FORMS = ["{}", "${}$", "$${}$$", "\\({}\\)", "\\[{}\\]", "\\boxed{{{}}}", "
 
 
 @pytest.mark.parametrize("form", GOLD_FORMS)
-@pytest.mark.parametrize(("value", "right", "wrong"), [("12\\%", "12\\%", "13\\%"), ("\\frac{1}{2}", "0.5", "\\frac{1}{3}"),
-                                                      ("\\sqrt{2}", "\\sqrt{2}", "2"), ("7", "7", "8")])
+@pytest.mark.parametrize(
+    ("value", "right", "wrong"),
+    [
+        ("12\\%", "12\\%", "13\\%"),
+        ("\\frac{1}{2}", "0.5", "\\frac{1}{3}"),
+        ("\\sqrt{2}", "\\sqrt{2}", "2"),
+        ("7", "7", "8"),
+    ],
+)
 def test_math_golds_grade_the_same_in_every_delimiter(form, value, right, wrong):
     # a gold written with its delimiters ($12\%$) once parsed to nothing, grading every answer wrong
     row = {"task": "math", "answer": form.format(value), "prompt": "?", "meta": {}}
@@ -58,9 +66,20 @@ def test_math_golds_grade_the_same_in_every_delimiter(form, value, right, wrong)
     assert not is_correct(wrong, row)
 
 
-@pytest.mark.parametrize(("written", "expected"), [("$12\\%$", "12\\%"), ("\\(x^2\\)", "x^2"), ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
-                                                   ("$\\boxed{7}$", "7"), ("$5$ and $6$", "$5$ and $6$"), ("\\boxed{1} or \\boxed{2}", "\\boxed{1} or \\boxed{2}"),
-                                                   ("\\boxed{a} b}", "\\boxed{a} b}"), ("$", "$"), ("", "")])
+@pytest.mark.parametrize(
+    ("written", "expected"),
+    [
+        ("$12\\%$", "12\\%"),
+        ("\\(x^2\\)", "x^2"),
+        ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
+        ("$\\boxed{7}$", "7"),
+        ("$5$ and $6$", "$5$ and $6$"),
+        ("\\boxed{1} or \\boxed{2}", "\\boxed{1} or \\boxed{2}"),
+        ("\\boxed{a} b}", "\\boxed{a} b}"),
+        ("$", "$"),
+        ("", ""),
+    ],
+)
 def test_bare_strips_only_delimiters_around_the_whole_answer(written, expected):
     assert bare(written) == expected
 

@@ -1,4 +1,5 @@
 """rung's hooks into TRL's private trainer methods: a TRL release that changes them is caught."""
+
 from __future__ import annotations
 
 import inspect
@@ -7,11 +8,8 @@ import pytest
 from trl import GRPOTrainer, RLOOTrainer
 
 from rung import compat
-
-from rung.rl import trainers
-
-from rung.rl import rollouts
 from rung.errors import InputError
+from rung.rl import rollouts, sampling
 
 
 @pytest.mark.parametrize("trainer", [GRPOTrainer, RLOOTrainer])
@@ -19,7 +17,8 @@ from rung.errors import InputError
 def test_overridden_methods_keep_their_signatures(trainer, method):
     expected = compat.OVERRIDDEN[method]
     assert list(inspect.signature(getattr(trainer, method)).parameters)[: len(expected)] == expected
-    assert any(method in vars(mixin) for mixin in (trainers.CurriculumMixin, rollouts.Rollouts))  # rung really overrides it (the list is not stale)
+    # rung really overrides it (the list is not stale)
+    assert any(method in vars(mixin) for mixin in (sampling.CurriculumSampling, rollouts.Rollouts))
 
 
 def test_installed_versions_are_the_tested_ones():
@@ -29,6 +28,8 @@ def test_installed_versions_are_the_tested_ones():
 def test_an_untested_version_is_refused_in_one_line_naming_the_methods():
     with pytest.raises(InputError) as e:
         compat.check({"trl": "1.17.0", "transformers": "5.23.1"})
-    assert str(e.value).startswith("trl 1.17.0 is outside the tested 1.16.x: rung overrides GRPOTrainer._calculate_rewards")
+    assert str(e.value).startswith(
+        "trl 1.17.0 is outside the tested 1.16.x: rung overrides GRPOTrainer._calculate_rewards"
+    )
     assert "\n" not in str(e.value)
     compat.check({"trl": "1.16.3", "transformers": "5.23.0"})

@@ -24,21 +24,54 @@ def test_default_params_are_valid(default_params):
 @pytest.mark.parametrize(
     "path, value, expected",
     [
-        (("rl", "stages", "main", "learning_rate"), -1.0, "params.yaml: rl.stages.main.learning_rate: Input should be greater than 0"),
+        (
+            ("rl", "stages", "main", "learning_rate"),
+            -1.0,
+            "params.yaml: rl.stages.main.learning_rate: Input should be greater than 0",
+        ),
         (("sft", "max_steps"), "ten", "params.yaml: sft.max_steps: Input should be a valid integer"),
-        (("difficulty", "sampling", "top_p"), 1.5, "params.yaml: difficulty.sampling.top_p: Input should be less than or equal to 1"),
+        (
+            ("difficulty", "sampling", "top_p"),
+            1.5,
+            "params.yaml: difficulty.sampling.top_p: Input should be less than or equal to 1",
+        ),
         (("rl", "stages", "main", "loss_type"), "ppo", "params.yaml: rl.stages.main.loss_type: Input should be"),
-        (("rl", "stages", "main", "init"), "rl/later", "params.yaml: rl.stages.main.init: 'rl/later' is not one of ['base', 'sft']"),
-        (("difficulty", "pass_rate_max"), -0.1, "params.yaml: difficulty.pass_rate_max: Input should be greater than or equal to 0"),
+        (
+            ("rl", "stages", "main", "init"),
+            "rl/later",
+            "params.yaml: rl.stages.main.init: 'rl/later' is not one of ['base', 'sft']",
+        ),
+        (
+            ("difficulty", "pass_rate_max"),
+            -0.1,
+            "params.yaml: difficulty.pass_rate_max: Input should be greater than or equal to 0",
+        ),
         (("sft", "lr"), 1e-5, "params.yaml: sft.lr: unknown key"),
-        (("rl", "stages", "main", "preset"), "ppo", "params.yaml: rl.stages.main.preset: Input should be 'grpo', 'dr_grpo', 'dapo' or 'gspo'"),
-        (("rl", "stages", "main", "curriculum"), {"type": "staged", "phases": [{"buckets": ["tricky"]}]},
-         "params.yaml: rl.stages.main: unknown difficulty buckets ['tricky']"),
-        (("rl", "stages", "main", "curriculum"), {"type": "staged", "phases": [{"buckets": ["easy"]}, {"buckets": ["hard"]}]},
-         "params.yaml: rl.stages.main.curriculum.staged.phases: every phase but the last needs an increasing until_step"),
-        (("rl", "stages", "main", "rewards"), {"brevity": 0.5}, "params.yaml: rl.stages.main.rewards.brevity: not a built-in reward"),
-        (("rl", "stages", "main", "curriculum"), {"type": "pools", "pools": {"a": {"max_pass_rate": 0.5, "weight": 1}}},
-         "params.yaml: rl.stages.main.curriculum.pools.pools: the largest max_pass_rate must be 1.0"),
+        (
+            ("rl", "stages", "main", "preset"),
+            "ppo",
+            "params.yaml: rl.stages.main.preset: Input should be 'grpo', 'dr_grpo', 'dapo' or 'gspo'",
+        ),
+        (
+            ("rl", "stages", "main", "curriculum"),
+            {"type": "staged", "phases": [{"buckets": ["tricky"]}]},
+            "params.yaml: rl.stages.main: unknown difficulty buckets ['tricky']",
+        ),
+        (
+            ("rl", "stages", "main", "curriculum"),
+            {"type": "staged", "phases": [{"buckets": ["easy"]}, {"buckets": ["hard"]}]},
+            "params.yaml: rl.stages.main.curriculum.staged.phases: every phase but the last needs an increasing until_step",
+        ),
+        (
+            ("rl", "stages", "main", "rewards"),
+            {"brevity": 0.5},
+            "params.yaml: rl.stages.main.rewards.brevity: not a built-in reward",
+        ),
+        (
+            ("rl", "stages", "main", "curriculum"),
+            {"type": "pools", "pools": {"a": {"max_pass_rate": 0.5, "weight": 1}}},
+            "params.yaml: rl.stages.main.curriculum.pools.pools: the largest max_pass_rate must be 1.0",
+        ),
         (("sft", "epochs"), 2, "params.yaml: sft.max_steps: set exactly one of max_steps and epochs"),
         (("sft", "traces"), [{"type": "distill"}], "params.yaml: sft.traces.0.distill.model: distill needs a teacher"),
     ],
@@ -94,7 +127,9 @@ def test_missing_and_malformed_files(tmp_path):
 
 def test_prompts_per_step_must_split_evenly_across_processes(default_params):
     default_params["rl"]["stages"]["main"].update(prompts_per_step=3, launch={"num_processes": 2})
-    with pytest.raises(config.ConfigError, match=r"rl.stages.main.*prompts_per_step: 3 is not divisible by launch.num_processes 2"):
+    with pytest.raises(
+        config.ConfigError, match=r"rl.stages.main.*prompts_per_step: 3 is not divisible by launch.num_processes 2"
+    ):
         config.parse(default_params)
 
 
@@ -114,9 +149,14 @@ def test_bandit_step_size_and_its_deprecated_name(default_params, caplog):
     params, warned = _warnings(caplog, default_params)
     assert params.rl.stages["main"].curriculum.step_size == 0.25
     assert params.rl.stages["main"].learning_rate == 3e-6  # the optimizer's rate is untouched
-    assert warned == ["params.yaml: rl.stages.main.curriculum.learning_rate: deprecated, renamed step_size; read as step_size (rename it)"]
+    assert warned == [
+        "params.yaml: rl.stages.main.curriculum.learning_rate: deprecated, renamed step_size; read as step_size (rename it)"
+    ]
     stage["curriculum"] = {"type": "bandit", "learning_rate": 0.25, "step_size": 0.5}
-    assert _error(default_params) == "params.yaml: rl.stages.main.curriculum.learning_rate: renamed step_size; set step_size only, not both"
+    assert (
+        _error(default_params)
+        == "params.yaml: rl.stages.main.curriculum.learning_rate: renamed step_size; set step_size only, not both"
+    )
     stage["curriculum"] = {"type": "adaptive", "learning_rate": 0.25}  # only the bandit had it
     assert _error(default_params) == "params.yaml: rl.stages.main.curriculum.adaptive.learning_rate: unknown key"
 
@@ -135,4 +175,6 @@ def test_cli_validate_prints_the_deprecation_on_stderr(tmp_path, default_params)
     path.write_text(yaml.safe_dump(default_params))
     res = subprocess.run([sys.executable, "-m", "flows.cli", "validate", str(path)], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
-    assert res.stderr.splitlines() == [f"{path}: rl.stages.main.curriculum.learning_rate: deprecated, renamed step_size; read as step_size (rename it)"]
+    assert res.stderr.splitlines() == [
+        f"{path}: rl.stages.main.curriculum.learning_rate: deprecated, renamed step_size; read as step_size (rename it)"
+    ]

@@ -5,7 +5,6 @@ import math
 
 import pytest
 
-from rung.rl import curricula
 from rung.config import (
     AdaptiveCurriculum,
     BanditCurriculum,
@@ -16,6 +15,7 @@ from rung.config import (
     StagedCurriculum,
     UniformCurriculum,
 )
+from rung.rl import curricula
 from rung.rl.curricula import GroupResult
 
 BUCKETS = DifficultyParams().buckets
@@ -32,7 +32,13 @@ def make_rows() -> list[dict]:
     rows = []
     for i in range(30):
         name = ("hard", "medium", "easy")[i // 10]
-        row = {"id": f"p{i}", "task": ("basic_arithmetic", "chain_sum")[i % 2], "source": "rg", "pass_rate": RATES[name][i % 2], "bucket": name}
+        row = {
+            "id": f"p{i}",
+            "task": ("basic_arithmetic", "chain_sum")[i % 2],
+            "source": "rg",
+            "pass_rate": RATES[name][i % 2],
+            "bucket": name,
+        }
         if i % 7 == 0:
             del row["bucket"]
         rows.append(row)
@@ -44,7 +50,10 @@ def make_rows() -> list[dict]:
 ROWS = make_rows()
 CONFIGS = {
     "uniform": UniformCurriculum(),
-    "staged": StagedCurriculum(type="staged", phases=[CurriculumPhase(buckets=["easy"], until_step=3), CurriculumPhase(buckets=["medium", "hard"])]),
+    "staged": StagedCurriculum(
+        type="staged",
+        phases=[CurriculumPhase(buckets=["easy"], until_step=3), CurriculumPhase(buckets=["medium", "hard"])],
+    ),
     "scheduled": ScheduledCurriculum(type="scheduled", shape="cosine"),
     "adaptive": AdaptiveCurriculum(type="adaptive"),
     "sec": BanditCurriculum(type="bandit"),
@@ -87,8 +96,15 @@ def test_draws_valid_distinct_and_seeded(name: str) -> None:
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_more_draws_than_prompts(name: str) -> None:
-    rows = [{"id": "a", "task": "t", "source": "s", "pass_rate": 0.5}, {"id": "b", "task": "t", "source": "s", "pass_rate": 0.9}]
-    params = StagedCurriculum(type="staged", phases=[CurriculumPhase(buckets=["medium", "easy"])]) if name == "staged" else CONFIGS[name]
+    rows = [
+        {"id": "a", "task": "t", "source": "s", "pass_rate": 0.5},
+        {"id": "b", "task": "t", "source": "s", "pass_rate": 0.9},
+    ]
+    params = (
+        StagedCurriculum(type="staged", phases=[CurriculumPhase(buckets=["medium", "easy"])])
+        if name == "staged"
+        else CONFIGS[name]
+    )
     idx = build(params, rows=rows).draw(3, 0)
     assert len(idx) == 3 and set(idx) == {0, 1}
 
@@ -126,7 +142,9 @@ def test_staged_falls_back_to_all_prompts_for_an_empty_phase() -> None:
     assert cur.metrics()["fallback"] == 1.0 and cur.metrics()["prompts"] == 30.0
 
 
-@pytest.mark.parametrize(("shape", "middle"), [("linear", 0.7), ("cosine", 0.1 + 0.8 * (1 + math.cos(math.pi / 4)) / 2)])
+@pytest.mark.parametrize(
+    ("shape", "middle"), [("linear", 0.7), ("cosine", 0.1 + 0.8 * (1 + math.cos(math.pi / 4)) / 2)]
+)
 def test_scheduled_target_moves_and_draws_follow_it(shape: str, middle: float) -> None:
     cur = build(ScheduledCurriculum(type="scheduled", start=0.9, end=0.1, shape=shape, width=0.05), max_steps=8)
     targets = []
@@ -159,7 +177,9 @@ def test_adaptive_target_follows_reward() -> None:
 def test_sec_values_follow_td0_and_favour_large_advantage() -> None:
     cur = build(BanditCurriculum(type="bandit", step_size=0.5, temperature=0.05))
     hard, easy = 1, 25
-    cur.update([GroupResult(hard, 0.5, 0.5, 0.8), GroupResult(hard, 0.5, 0.5, 0.4), GroupResult(easy, 1.0, 0.0, 0.0)], 0)
+    cur.update(
+        [GroupResult(hard, 0.5, 0.5, 0.8), GroupResult(hard, 0.5, 0.5, 0.4), GroupResult(easy, 1.0, 0.0, 0.0)], 0
+    )
     assert cur.metrics()["q/hard"] == pytest.approx(0.5 * 0.6) and cur.metrics()["q/easy"] == 0.0
     cur.update([GroupResult(hard, 0.5, 0.5, 0.2)], 1)
     assert cur.metrics()["q/hard"] == pytest.approx(0.5 * 0.2 + 0.5 * 0.3) and cur.metrics()["q/medium"] == 0.0
@@ -212,4 +232,6 @@ def test_bandit_learning_rate_is_read_as_step_size_with_a_warning(caplog) -> Non
     with caplog.at_level("WARNING", logger="rung.config"):
         old = BanditCurriculum.model_validate({"type": "bandit", "learning_rate": 0.25})
     assert old.step_size == 0.25
-    assert [r.getMessage() for r in caplog.records] == ["curriculum.learning_rate: deprecated, renamed step_size; read as step_size (rename it)"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "curriculum.learning_rate: deprecated, renamed step_size; read as step_size (rename it)"
+    ]

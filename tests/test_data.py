@@ -10,8 +10,15 @@ from rung.errors import InputError
 
 def _params(**over) -> CurateParams:
     src = [
-        dict(name="arith", task="basic_arithmetic", size=120, config=dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1)),
-        dict(name="chain", task="chain_sum", size=120, config=dict(min_terms=2, max_terms=3, min_digits=1, max_digits=1)),
+        dict(
+            name="arith",
+            task="basic_arithmetic",
+            size=120,
+            config=dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1),
+        ),
+        dict(
+            name="chain", task="chain_sum", size=120, config=dict(min_terms=2, max_terms=3, min_digits=1, max_digits=1)
+        ),
     ]
     return CurateParams(**{"sources": src, "test_fraction": 0.25, "max_test": 40, **over})
 
@@ -38,7 +45,9 @@ def test_schema_split_and_no_overlap():
     assert removed["exact_duplicates"] > 0  # 1-digit arithmetic repeats itself
     generated = sum(s["read"] for s in stats["sources"].values())
     assert generated == 240 and stats["train"] + stats["test"] + sum(removed.values()) <= generated
-    assert all(r["solution"] and r["solution"].split(" = ")[-1] == r["answer"] for r in train if r["task"] == "chain_sum")
+    assert all(
+        r["solution"] and r["solution"].split(" = ")[-1] == r["answer"] for r in train if r["task"] == "chain_sum"
+    )
 
 
 def test_split_of_a_row_does_not_depend_on_other_sources():
@@ -65,8 +74,15 @@ def test_decontamination_against_eval_sets_and_a_filter_that_empties_everything(
     from rung.data.curate import eval_sets
 
     bench = tmp_path / "bench.jsonl"
-    bench.write_text("".join(files.dumps({"q": f"Calculate {a} + {b}.", "a": a + b}) + "\n" for a in range(3) for b in range(3)))
-    evals, _ = eval_sets(EvalParams(sets=[dict(type="file", name="bench", path=str(bench), task="math", columns=dict(prompt="q", answer="a"))]), seed=0)
+    bench.write_text(
+        "".join(files.dumps({"q": f"Calculate {a} + {b}.", "a": a + b}) + "\n" for a in range(3) for b in range(3))
+    )
+    evals, _ = eval_sets(
+        EvalParams(
+            sets=[dict(type="file", name="bench", path=str(bench), task="math", columns=dict(prompt="q", answer="a"))]
+        ),
+        seed=0,
+    )
     assert len(evals["bench"]) == 9 and evals["bench"][0]["answer"].isdigit()
     params = _params(filters=dict(decontamination_ngram=8))
     train, test, stats = curate(params, evals, seed=5)
@@ -77,12 +93,23 @@ def test_decontamination_against_eval_sets_and_a_filter_that_empties_everything(
 
 
 def test_composite_and_curriculum_level_sources():
-    composite = dict(name="mix", task="composite", size=40, config={"datasets": [
-        {"name": "chain_sum", "weight": 1, "config": {"min_terms": 2, "max_terms": 2}},
-        {"name": "basic_arithmetic", "weight": 1, "config": {}}]})
+    composite = dict(
+        name="mix",
+        task="composite",
+        size=40,
+        config={
+            "datasets": [
+                {"name": "chain_sum", "weight": 1, "config": {"min_terms": 2, "max_terms": 2}},
+                {"name": "basic_arithmetic", "weight": 1, "config": {}},
+            ]
+        },
+    )
     easy, hard = (dict(name=f"l{lvl}", task="chain_sum", size=60, level=lvl) for lvl in (0, 3))
     train, test, _ = curate(_params(sources=[composite, easy, hard], max_test=1000), {}, seed=0)
     rows = train + test
-    assert {r["task"] for r in rows if r["source"] == "mix"} == {"chain_sum", "basic_arithmetic"}  # each row keeps its verifier
+    assert {r["task"] for r in rows if r["source"] == "mix"} == {
+        "chain_sum",
+        "basic_arithmetic",
+    }  # each row keeps its verifier
     terms = lambda src: max(r["meta"]["num_terms"] for r in rows if r["source"] == src)  # noqa: E731
     assert terms("l0") == 2 and terms("l3") > 2

@@ -2,6 +2,7 @@
 the default device set to `meta`, so a tensor created without an explicit device lands on meta and
 fails against the model's CPU tensors, as it would against CUDA ones on a GPU node.
 `model.generate` passes this check and is the control."""
+
 from __future__ import annotations
 
 import subprocess
@@ -12,7 +13,6 @@ import torch
 from trl import GRPOTrainer
 
 from rung import models
-
 from rung.answers import formats
 from rung.config import SamplingParams
 from rung.generate.api import generate, generate_ids
@@ -39,10 +39,14 @@ def test_model_generate_passes_on_meta_the_control(loaded):
     assert out.device.type == "cpu"
 
 
-@pytest.mark.parametrize("sampling, n", [
-    (SamplingParams(temperature=0, max_new_tokens=5, batch_size=3), 1),  # eval: greedy
-    (SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=5, batch_size=3), 2),  # difficulty, traces: sampled
-], ids=["greedy", "sampled"])
+@pytest.mark.parametrize(
+    "sampling, n",
+    [
+        (SamplingParams(temperature=0, max_new_tokens=5, batch_size=3), 1),  # eval: greedy
+        (SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=5, batch_size=3), 2),  # difficulty, traces: sampled
+    ],
+    ids=["greedy", "sampled"],
+)
 def test_generation_creates_every_tensor_on_the_models_device(loaded, sampling, n):
     model, tok = loaded
     prompts = _prompts(tok)
@@ -55,7 +59,9 @@ def test_generation_creates_every_tensor_on_the_models_device(loaded, sampling, 
 def test_rollouts_and_shared_prefix_log_probs_on_the_models_device(tiny_model, tmp_path):
     trainer = trainers.trainer_for(_job(tiny_model, tmp_path / "w", _stage(num_generations=2)))
     tok, model = trainer.processing_class, trainer.model
-    ids = [tok(p, add_special_tokens=False)["input_ids"] for p in _prompts(tok, 2) for _ in range(2)]  # TRL repeats each prompt per group
+    ids = [
+        tok(p, add_special_tokens=False)["input_ids"] for p in _prompts(tok, 2) for _ in range(2)
+    ]  # TRL repeats each prompt per group
     want, _ = trainer._generate_single_turn(ids, None, None)
     trainer._rollout_calls = (-1, 0)  # the same call of the same step again: the same seed
     with torch.device("meta"):
@@ -64,7 +70,9 @@ def test_rollouts_and_shared_prefix_log_probs_on_the_models_device(tiny_model, t
     input_ids, mask, keep = _rollout_batch(tok, _prompts(tok), [5, 3, 5, 2])
     theirs = GRPOTrainer._get_per_token_logps_and_entropies(trainer, model, input_ids, mask, keep, compute_entropy=True)
     with torch.device("meta"):
-        ours = trainer._get_per_token_logps_and_entropies(model, input_ids, mask, keep, batch_size=3, compute_entropy=True)
+        ours = trainer._get_per_token_logps_and_entropies(
+            model, input_ids, mask, keep, batch_size=3, compute_entropy=True
+        )
     comp = mask[:, -keep:].bool()
     torch.testing.assert_close(ours[0][comp], theirs[0][comp], atol=1e-5, rtol=1e-4)
 
@@ -83,23 +91,34 @@ ABSENT = "import sys\nfor m in ('reasoning_gym', 'mlflow', 'prefect', 'dvc'):\n 
 
 
 def _run_without_absent(code: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", ABSENT + code], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", ABSENT + code], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_generation_rollouts_verifier_and_trainers_import_without_reasoning_gym():
     done = _run_without_absent(
         "from rung.generate import api\nfrom rung.rl import rollouts, trainers\nfrom rung.train import sft\nfrom rung.answers import verify\n"
         "row = {'task': 'math', 'answer': '7', 'prompt': 'What is 3 + 4?', 'meta': {}}\n"
-        "assert verify.is_correct('\\\\boxed{7}', row) and not verify.is_correct('8', row)\n")
+        "assert verify.is_correct('\\\\boxed{7}', row) and not verify.is_correct('8', row)\n"
+    )
     assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_gpu_bench_smoke_runs_on_the_cpu_with_only_its_dependencies():
     """bench/gpu.py --smoke: every contender, the RL step by phase, without MLflow, Prefect, DVC or reasoning-gym."""
-    done = _run_without_absent("import runpy\nsys.path.insert(0, 'bench')\nsys.argv = ['bench/gpu.py', '--smoke']\n"
-                               "runpy.run_path('bench/gpu.py', run_name='__main__')\n")
+    done = _run_without_absent(
+        "import runpy\nsys.path.insert(0, 'bench')\nsys.argv = ['bench/gpu.py', '--smoke']\n"
+        "runpy.run_path('bench/gpu.py', run_name='__main__')\n"
+    )
     assert done.returncode == 0, done.stderr[-3000:]
-    for line in ("rung (compiled static cache)", "generate, static cache compiled", "| greedy 6x1x8 |", "| generation |", "| backward |"):
+    for line in (
+        "rung (compiled static cache)",
+        "generate, static cache compiled",
+        "| greedy 6x1x8 |",
+        "| generation |",
+        "| backward |",
+    ):
         assert line in done.stdout
     greedy = [r for r in done.stdout.splitlines() if r.startswith("| greedy")]
     assert all(r.rstrip(" |").endswith("6/6") for r in greedy), greedy

@@ -1,4 +1,5 @@
 """Eval summaries against numbers computed by hand on literal records."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,16 +11,30 @@ from rung.report.pipeline import markdown
 
 
 def _sample(answer, correct, tokens=10, truncated=False):
-    return dict(completion="", extracted=answer, correct=correct, correct_lenient=correct, tokens=tokens, truncated=truncated)
+    return dict(
+        completion="", extracted=answer, correct=correct, correct_lenient=correct, tokens=tokens, truncated=truncated
+    )
 
 
 RECORDS = [
     # prompt 1: samples A(right) A(right) B(wrong) -> c=2 of 3, majority A right
-    dict(source="s1", task="t", difficulty="d1", samples=[_sample("A", True, 4), _sample("A", True), _sample("B", False)]),
+    dict(
+        source="s1", task="t", difficulty="d1", samples=[_sample("A", True, 4), _sample("A", True), _sample("B", False)]
+    ),
     # prompt 2: B(wrong) C(right) B(wrong) -> c=1 of 3, majority B wrong
-    dict(source="s1", task="t", difficulty="d2", samples=[_sample("B", False, 8, True), _sample("C", True), _sample("B", False)]),
+    dict(
+        source="s1",
+        task="t",
+        difficulty="d2",
+        samples=[_sample("B", False, 8, True), _sample("C", True), _sample("B", False)],
+    ),
     # prompt 3: no answer at all -> c=0
-    dict(source="s2", task="u", difficulty="d2", samples=[_sample(None, False, 12, True), _sample(None, False), _sample(None, False)]),
+    dict(
+        source="s2",
+        task="u",
+        difficulty="d2",
+        samples=[_sample(None, False, 12, True), _sample(None, False), _sample(None, False)],
+    ),
 ]
 
 
@@ -52,7 +67,15 @@ def test_sampled_summary_by_hand():
 
 def test_markdown_report_shows_interval_and_samples():
     greedy = summarize_greedy(RECORDS, EvalParams(), seed=0)
-    metrics = EvalResult.model_validate({"sampling": {"temperature": 0.0}, "samples": {"n": 3, "temperature": 1.0, "top_p": 1.0},
-                                         "sets": {"test": {**greedy.dump(), **summarize_sampled(RECORDS)}, "ood": {**greedy.dump(), "accuracy": 0.25}}})
+    metrics = EvalResult.model_validate(
+        {
+            "sampling": {"temperature": 0.0},
+            "samples": {"n": 3, "temperature": 1.0, "top_p": 1.0},
+            "sets": {
+                "test": {**greedy.dump(), **summarize_sampled(RECORDS)},
+                "ood": {**greedy.dump(), "accuracy": 0.25},
+            },
+        }
+    )
     text = markdown({"base": metrics, "rl/main": metrics})
     assert "| rl/main | 33.3% [" in text and "avg@3" in text and "3 prompts" in text

@@ -44,14 +44,19 @@ def test_report_is_json_ready_and_counts_by_source():
     kept, report = exact_duplicates(rows)
     assert prompts(kept) == ["a", "b"]
     assert json.loads(json.dumps(report.as_dict())) == {
-        "filter": "exact_duplicates", "removed": 2, "reason": "same normalised prompt as an earlier row", "by_source": {"x": 1, "y": 1},
+        "filter": "exact_duplicates",
+        "removed": 2,
+        "reason": "same normalised prompt as an earlier row",
+        "by_source": {"x": 1, "y": 1},
     }
 
 
 # --- unverifiable ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("answer", ["42", "-4", "1,000", "3.5", "\\frac{1}{2}", "\\sqrt{2}", "x^2+1", "(1, 2)", "\\boxed{7}", "$5$"])
+@pytest.mark.parametrize(
+    "answer", ["42", "-4", "1,000", "3.5", "\\frac{1}{2}", "\\sqrt{2}", "x^2+1", "(1, 2)", "\\boxed{7}", "$5$"]
+)
 def test_parseable_math_answers(answer):
     assert parse_math(answer)
 
@@ -97,8 +102,14 @@ def test_length_bounds_reject_an_empty_range():
 
 
 def test_exact_duplicates_first_occurrence_wins():
-    rows = [row("Calculate 5 - 3.", source="a"), row("calculate  5 - 3?", source="b"), row(" CALCULATE 5 - 3", source="c"),
-            row("Calculate 5 + 3."), row("-5 + 3"), row("5 + 3")]
+    rows = [
+        row("Calculate 5 - 3.", source="a"),
+        row("calculate  5 - 3?", source="b"),
+        row(" CALCULATE 5 - 3", source="c"),
+        row("Calculate 5 + 3."),
+        row("-5 + 3"),
+        row("5 + 3"),
+    ]
     kept, report = exact_duplicates(rows)
     assert [r["source"] for r in kept[:1]] == ["a"] and report.removed == 2
     assert prompts(kept) == ["Calculate 5 - 3.", "Calculate 5 + 3.", "-5 + 3", "5 + 3"]
@@ -122,13 +133,18 @@ def test_near_duplicates_catch_spacing_and_punctuation_variants_exact_dedup_miss
 
 def test_near_duplicates_need_the_same_numbers_and_operators():
     rows = [row(CHAIN.format("4 - 1 - 7")), row(CHAIN.format("4 - 1 - 8")), row(CHAIN.format("4 - 1 + 7"))]
-    assert [round(jaccard(shingles(rows[0]["prompt"], 5), shingles(r["prompt"], 5)), 2) for r in rows[1:]] == [0.93, 0.89]
+    assert [round(jaccard(shingles(rows[0]["prompt"], 5), shingles(r["prompt"], 5)), 2) for r in rows[1:]] == [
+        0.93,
+        0.89,
+    ]
     assert near_duplicates(rows)[1].removed == 0
     assert near_duplicates(rows, same_math=False)[1].removed == 2
 
 
 def test_near_duplicates_are_deterministic():
-    rows = [row(FARM.replace("17", str(n % 7)).replace("Sunday", day)) for n in range(40) for day in ("Sunday", "Monday")]
+    rows = [
+        row(FARM.replace("17", str(n % 7)).replace("Sunday", day)) for n in range(40) for day in ("Sunday", "Monday")
+    ]
     first = near_duplicates(rows, seed=3)
     assert near_duplicates(rows, seed=3) == first
     # 7 numbers: per number, everything after the first Sunday prompt (Monday has Jaccard ~0.86)
@@ -140,7 +156,13 @@ def test_near_duplicates_are_deterministic():
 
 def test_short_prompts_are_compared_whole():
     evals = ["Calculate 5 - 3.", "Calculate 7 * 2."]
-    rows = [row("calculate 5 - 3"), row("Calculate 5-3?"), row("Calculate 5 - 3 * 2."), row("Calculate 5 + 3."), row("5 - 3")]
+    rows = [
+        row("calculate 5 - 3"),
+        row("Calculate 5-3?"),
+        row("Calculate 5 - 3 * 2."),
+        row("Calculate 5 + 3."),
+        row("5 - 3"),
+    ]
     kept, report = decontaminate(rows, evals)
     assert prompts(kept) == ["Calculate 5 - 3 * 2.", "Calculate 5 + 3.", "5 - 3"] and report.removed == 2
     assert decontaminate([row("Calculate 5 - 3 * 2.")], evals, n=4)[1].removed == 1  # a 4-token run now counts

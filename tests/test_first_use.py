@@ -1,6 +1,7 @@
 """A new user's machine: no Prefect home, no Prefect server URL, no MLflow store, no Hugging Face
 cache. The stages must work there through plain `dvc repro` (each stage starts an ephemeral Prefect
 server, whose first start creates its database) and through `python -m flows.server`."""
+
 from __future__ import annotations
 
 import os

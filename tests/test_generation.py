@@ -7,24 +7,27 @@ import pytest
 import torch
 
 from rung import config, models
-
 from rung.answers import formats
-
-from rung.generate import api
-
-from rung.generate import prepacked
 from rung.config import DifficultyParams, EvalParams, FormatParams, SamplingParams
+from rung.data.curate import curate
 from rung.data.difficulty import bucket, histogram, keep, pass_rates, summarize
 from rung.errors import InputError
 from rung.eval.evaluate import evaluate
-from rung.data.curate import curate
+from rung.generate import api, prepacked
 from rung.generate.api import generate
 from rung.generate.completion import Completion, Generator, render
 from tests.conftest import ROOT
 
 FMT = FormatParams()
 ROWS = [
-    {"id": str(i), "source": "s", "task": "basic_arithmetic", "prompt": f"Calculate {i} + 1.", "answer": str(i + 1), "meta": {}}
+    {
+        "id": str(i),
+        "source": "s",
+        "task": "basic_arithmetic",
+        "prompt": f"Calculate {i} + 1.",
+        "answer": str(i + 1),
+        "meta": {},
+    }
     for i in range(5)
 ]
 
@@ -57,7 +60,7 @@ def _reference(model, tok, prompts, max_new_tokens):
         seqs = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id)
     eos = model.generation_config.eos_token_id
     out = []
-    for ids in seqs[:, enc["input_ids"].shape[1]:].tolist():
+    for ids in seqs[:, enc["input_ids"].shape[1] :].tolist():
         kept = ids[: ids.index(eos)] if eos in ids else ids
         out.append([Completion(tok.decode(kept, skip_special_tokens=True), len(kept), eos not in ids)])
     return out
@@ -76,7 +79,7 @@ def eos_model(tiny_model):
     prompts = render(tok, [[{"role": "user", "content": r["prompt"] * (1 + i % 4)}] for i, r in enumerate(ROWS * 2)])
     enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
     with torch.inference_mode():
-        rows = model.generate(**enc, do_sample=False, max_new_tokens=12)[:, enc["input_ids"].shape[1]:].tolist()
+        rows = model.generate(**enc, do_sample=False, max_new_tokens=12)[:, enc["input_ids"].shape[1] :].tolist()
     counts = Counter(t for row in rows for t in set(row[1:]))
     model.generation_config.eos_token_id = next(t for t, c in counts.most_common() if c < len(rows))
     return model, tok, prompts
@@ -94,7 +97,9 @@ def test_eos_and_truncation_accounting(eos_model):
     """A completion stops before its end token and is truncated exactly when it used all its tokens."""
     model, tok, prompts = eos_model
     greedy = generate(model, tok, prompts, SamplingParams(temperature=0, max_new_tokens=12, batch_size=4))
-    sampled = generate(model, tok, prompts, SamplingParams(temperature=1.0, max_new_tokens=12, batch_size=8), n=3, seed=0)
+    sampled = generate(
+        model, tok, prompts, SamplingParams(temperature=1.0, max_new_tokens=12, batch_size=8), n=3, seed=0
+    )
     assert all(len(x) == 3 for x in sampled)
     completions = [c for x in greedy + sampled for c in x]
     assert all(c.truncated == (c.tokens == 12) for c in completions)
@@ -105,7 +110,10 @@ def test_samples_do_not_depend_on_the_other_prompts(loaded):
     model, tok = loaded
     prompts = render(tok, [[{"role": "user", "content": r["prompt"] * (1 + i % 3)}] for i, r in enumerate(ROWS)])
     sampling = SamplingParams(temperature=1.0, max_new_tokens=8, batch_size=4)
-    assert generate(model, tok, prompts[:1], sampling, n=3, seed=5)[0] == generate(model, tok, prompts, sampling, n=3, seed=5)[0]
+    assert (
+        generate(model, tok, prompts[:1], sampling, n=3, seed=5)[0]
+        == generate(model, tok, prompts, sampling, n=3, seed=5)[0]
+    )
 
 
 def test_top_p_keeps_the_nucleus(loaded):
@@ -130,11 +138,15 @@ def test_difficulty_and_eval_records(loaded):
     stats = summarize(scores, kept=len(keep(scores, params)))
     assert stats["prompts"] == 5 and stats["kept"] == 5 and 0 <= stats["zero_variance_fraction"] <= 1
     assert sum(stats["buckets"].values()) == 5 and sum(h["prompts"] for h in histogram(scores)) == 5
-    params = EvalParams(sampling=SamplingParams(temperature=0, max_new_tokens=4), samples=dict(n=3, max_new_tokens=4, max_prompts=2))
+    params = EvalParams(
+        sampling=SamplingParams(temperature=0, max_new_tokens=4), samples=dict(n=3, max_new_tokens=4, max_prompts=2)
+    )
     greedy, sampled, metrics = evaluate(gen, ROWS, FMT, params, seed=0)
     assert len(greedy) == 5 and metrics["n"] == 5 and metrics["truncation_rate"] == 1.0
     assert len(sampled) == 2 and all(len(r["samples"]) == 3 for r in sampled)
-    assert set(metrics["pass_at_k"]) == {"1", "2", "3"} and metrics["accuracy_by_difficulty"] == {"unknown": metrics["accuracy"]}
+    assert set(metrics["pass_at_k"]) == {"1", "2", "3"} and metrics["accuracy_by_difficulty"] == {
+        "unknown": metrics["accuracy"]
+    }
 
 
 def test_keep_window():
@@ -144,7 +156,14 @@ def test_keep_window():
 
 def test_buckets_use_inclusive_upper_bounds():
     b = DifficultyParams().buckets
-    assert [bucket(r, b) for r in (0.0, 0.125, 0.25, 0.5, 0.875, 1.0)] == ["unsolved", "hard", "hard", "medium", "easy", "solved"]
+    assert [bucket(r, b) for r in (0.0, 0.125, 0.25, 0.5, 0.875, 1.0)] == [
+        "unsolved",
+        "hard",
+        "hard",
+        "medium",
+        "easy",
+        "solved",
+    ]
     shuffled = dict(sorted(b.items()))  # params order does not matter (YAML dumps sort keys)
     assert [bucket(r, shuffled) for r in (0.0, 0.25, 1.0)] == ["unsolved", "hard", "solved"]
     with pytest.raises(ValueError, match="the largest 1.0"):
@@ -153,7 +172,9 @@ def test_buckets_use_inclusive_upper_bounds():
 
 def test_generator_loads_the_transformers_backend(tiny_model):
     gen = api.load(tiny_model, "float32")
-    out = gen.generate(gen.render([[{"role": "user", "content": "hi"}]]), SamplingParams(temperature=0, max_new_tokens=3))
+    out = gen.generate(
+        gen.render([[{"role": "user", "content": "hi"}]]), SamplingParams(temperature=0, max_new_tokens=3)
+    )
     assert len(out) == 1 and out[0][0].tokens <= 3
 
 
@@ -203,10 +224,14 @@ def _cpu_compile_config():
     return cc
 
 
-@pytest.mark.parametrize("sampling, n", [
-    (SamplingParams(temperature=0, max_new_tokens=12, batch_size=4), 1),
-    (SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=12, batch_size=8), 3),
-], ids=["greedy", "sampled"])
+@pytest.mark.parametrize(
+    "sampling, n",
+    [
+        (SamplingParams(temperature=0, max_new_tokens=12, batch_size=4), 1),
+        (SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=12, batch_size=8), 3),
+    ],
+    ids=["greedy", "sampled"],
+)
 def test_compiled_static_cache_path_equals_the_loop(eos_model, sampling, n):
     """CUDA's engine (static cache, compiled decode step, row and width buckets, rung's seeded pick
     as a logits processor) gives the loop's tokens, truncation and seeded samples exactly (fp32)."""
@@ -216,7 +241,9 @@ def test_compiled_static_cache_path_equals_the_loop(eos_model, sampling, n):
     ids = tok(prompts, add_special_tokens=False)["input_ids"]
     eos = [model.generation_config.eos_token_id]
     loop = api.generate_ids(model, ids, sampling, eos, n, seed=4, desc=None, engine="loop")
-    static = api.generate_ids(model, ids, sampling, eos, n, seed=4, desc=None, engine="compiled", compile_config=_cpu_compile_config())
+    static = api.generate_ids(
+        model, ids, sampling, eos, n, seed=4, desc=None, engine="compiled", compile_config=_cpu_compile_config()
+    )
     # the decode step really ran compiled (a graph may come from dynamo's cache of an earlier test)
     assert hasattr(model, "_compiled_call") and counters["stats"]["unique_graphs"] > 0
     assert static == loop

@@ -5,6 +5,7 @@ MLflow, Prefect or DVC, and no weights (SmolLM2's tokenizer and a small random m
 
 RUNG_TEST_DEVICE=cpu runs the same tests on the CPU (a dry run of the test code itself).
 """
+
 from __future__ import annotations
 
 import os
@@ -14,28 +15,35 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
-from rung import models
-
+from rung import files, models
 from rung.answers import formats
-
+from rung.config import DifficultyParams, FormatParams, RLStageParams, SamplingParams, SFTParams
 from rung.generate import api
 from rung.generate.completion import render
-
-from rung import files
-
 from rung.rl import trainers
-
 from rung.train import sft
-from rung.config import DifficultyParams, FormatParams, RLStageParams, SamplingParams, SFTParams
-from rung.train.jobs import RLJob, SFTJob
 from rung.train.checkpoints import FINAL
+from rung.train.jobs import RLJob, SFTJob
 
 DEVICE = os.environ.get("RUNG_TEST_DEVICE", "cuda")
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "smollm2-135m"
 FMT = FormatParams()
-ROWS = [{"id": str(i), "source": "gpu", "task": "math", "prompt": f"What is {i} + {i % 5}?", "answer": str(i + i % 5), "meta": {},
-         "solution": f"{i} + {i % 5} = {i + i % 5}."} for i in range(16)]
+ROWS = [
+    {
+        "id": str(i),
+        "source": "gpu",
+        "task": "math",
+        "prompt": f"What is {i} + {i % 5}?",
+        "answer": str(i + i % 5),
+        "meta": {},
+        "solution": f"{i} + {i % 5} = {i + i % 5}.",
+    }
+    for i in range(16)
+]
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +51,14 @@ def small_model(tmp_path_factory) -> Path:
     """A 4-layer random Llama with SmolLM2's tokenizer, saved in fp32."""
     out = tmp_path_factory.mktemp("gpu") / "model"
     config = AutoConfig.from_pretrained(FIXTURE)
-    for key, value in dict(num_hidden_layers=4, hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
-                           head_dim=32).items():
+    for key, value in dict(
+        num_hidden_layers=4,
+        hidden_size=128,
+        intermediate_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+    ).items():
         setattr(config, key, value)
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(out)
@@ -70,11 +84,13 @@ def test_bf16_compiled_agrees_with_dynamic_cache_generate(small_model):
     model, tok = models.load(small_model, "bfloat16", DEVICE)
     prompts = _prompts(tok)
     ours = api.generate(model, tok, prompts, SamplingParams(temperature=0, max_new_tokens=16))
-    enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False).to(model.device)
+    enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False).to(
+        model.device
+    )
     with torch.inference_mode():
         seqs = model.generate(**enc, do_sample=False, max_new_tokens=16, pad_token_id=tok.pad_token_id)
     eos = tok.eos_token_id
-    theirs = [ids[: ids.index(eos)] if eos in ids else ids for ids in seqs[:, enc["input_ids"].shape[1]:].tolist()]
+    theirs = [ids[: ids.index(eos)] if eos in ids else ids for ids in seqs[:, enc["input_ids"].shape[1] :].tolist()]
     agree = sum(c[0].text == tok.decode(t, skip_special_tokens=True) for c, t in zip(ours, theirs)) / len(prompts)
     print(f"bf16 greedy agreement, compiled vs dynamic-cache generate: {agree:.0%}")
     assert agree >= 0.75
@@ -106,9 +122,13 @@ def _close(a: Path, b: Path) -> None:
 
 def test_sft_step_in_bf16_resumes(small_model, tmp_path):
     data = tmp_path / "traces.jsonl"
-    files.write_jsonl(data, [{"prompt": r["prompt"], "target": f"{r['solution']}\nAnswer: {r['answer']}"} for r in ROWS])
+    files.write_jsonl(
+        data, [{"prompt": r["prompt"], "target": f"{r['solution']}\nAnswer: {r['answer']}"} for r in ROWS]
+    )
     params = SFTParams(max_steps=2, save_steps=1, per_device_train_batch_size=4, learning_rate=1e-3)
-    job = dict(key="sft", params=params, init=small_model, data=data, format=FMT, seed=0, dtype="bfloat16", device=DEVICE)
+    job = dict(
+        key="sft", params=params, init=small_model, data=data, format=FMT, seed=0, dtype="bfloat16", device=DEVICE
+    )
     whole = sft.train(SFTJob(work_dir=tmp_path / "a", **job))
     with pytest.raises(KeyboardInterrupt):
         sft.train(SFTJob(work_dir=tmp_path / "b", callbacks=["tests.test_gpu:CrashAfterFirst"], **job))
@@ -120,15 +140,39 @@ def test_sft_step_in_bf16_resumes(small_model, tmp_path):
 def test_rl_step_in_bf16_with_rungs_rollouts_resumes(small_model, tmp_path):
     data = tmp_path / "rows.jsonl"
     files.write_jsonl(data, ROWS)
-    stage = RLStageParams.model_validate({"preset": "dapo", "max_steps": 2, "num_generations": 4, "prompts_per_step": 2,
-                                          "max_completion_length": 16, "learning_rate": 1e-4, "save_steps": 1,
-                                          "rewards": {"accuracy": 1.0, "format": 0.1}})
-    job = dict(key="rl.stages.main", params=stage, init=small_model, data=data, format=FMT, seed=0, dtype="bfloat16", device=DEVICE,
-               buckets=DifficultyParams().buckets)
+    stage = RLStageParams.model_validate(
+        {
+            "preset": "dapo",
+            "max_steps": 2,
+            "num_generations": 4,
+            "prompts_per_step": 2,
+            "max_completion_length": 16,
+            "learning_rate": 1e-4,
+            "save_steps": 1,
+            "rewards": {"accuracy": 1.0, "format": 0.1},
+        }
+    )
+    job = dict(
+        key="rl.stages.main",
+        params=stage,
+        init=small_model,
+        data=data,
+        format=FMT,
+        seed=0,
+        dtype="bfloat16",
+        device=DEVICE,
+        buckets=DifficultyParams().buckets,
+    )
     whole = trainers.train(RLJob(work_dir=tmp_path / "a", curves=tmp_path / "a.json", **job))
     with pytest.raises(KeyboardInterrupt):
-        trainers.train(RLJob(work_dir=tmp_path / "b", curves=tmp_path / "b.json", callbacks=["tests.test_gpu:CrashAfterFirst"], **job))
-    resumed = trainers.train(RLJob(work_dir=tmp_path / "b", curves=tmp_path / "b.json", resume=str(tmp_path / "b" / "checkpoint-1"), **job))
+        trainers.train(
+            RLJob(
+                work_dir=tmp_path / "b", curves=tmp_path / "b.json", callbacks=["tests.test_gpu:CrashAfterFirst"], **job
+            )
+        )
+    resumed = trainers.train(
+        RLJob(work_dir=tmp_path / "b", curves=tmp_path / "b.json", resume=str(tmp_path / "b" / "checkpoint-1"), **job)
+    )
     assert whole.metrics["steps"] == resumed.metrics["steps"] == 2
     assert [c["step"] for c in files.read_json(tmp_path / "b.json")] == [1, 2]
     _close(tmp_path / "a" / FINAL, tmp_path / "b" / FINAL)

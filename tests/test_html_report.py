@@ -1,4 +1,5 @@
 """The HTML report: content, escaping, byte-identical renders, and how headless Chromium renders it."""
+
 from __future__ import annotations
 
 import os
@@ -16,19 +17,34 @@ from rung.report import htmlpage
 
 EVALS = {
     "base": {
-        "accuracy": 0.12, "accuracy_lenient": 0.2, "format_rate": 0.4, "mean_tokens": 61.25, "truncation_rate": 0.3,
-        "n": 200, "accuracy_ci": [0.08, 0.165], "pass_at_k": {"1": 0.12, "2": 0.19, "4": 0.27, "8": 0.35},
+        "accuracy": 0.12,
+        "accuracy_lenient": 0.2,
+        "format_rate": 0.4,
+        "mean_tokens": 61.25,
+        "truncation_rate": 0.3,
+        "n": 200,
+        "accuracy_ci": [0.08, 0.165],
+        "pass_at_k": {"1": 0.12, "2": 0.19, "4": 0.27, "8": 0.35},
         "accuracy_by_source": {"basic_arithmetic": 0.1, "chain_sum": 0.14, "leg_counting": 0.05},
         "sampling": {"temperature": 0.0, "max_new_tokens": 96},
     },
     "sft": {
-        "accuracy": 0.31, "format_rate": 0.97, "mean_tokens": 40.2, "truncation_rate": 0.02, "n": 200,
-        "accuracy_ci": [0.25, 0.375], "pass_at_k": {"1": 0.31, "2": 0.42, "4": 0.51, "8": 0.6},
+        "accuracy": 0.31,
+        "format_rate": 0.97,
+        "mean_tokens": 40.2,
+        "truncation_rate": 0.02,
+        "n": 200,
+        "accuracy_ci": [0.25, 0.375],
+        "pass_at_k": {"1": 0.31, "2": 0.42, "4": 0.51, "8": 0.6},
         "accuracy_by_source": {"basic_arithmetic": 0.35, "chain_sum": 0.27, "leg_counting": 0.31},
     },
     # a name with markup in it: must come out as text, never as an element
     "rl/<b>main</b>": {
-        "accuracy": 0.42, "format_rate": 0.99, "mean_tokens": 38.0, "truncation_rate": 0.01, "n": 200,
+        "accuracy": 0.42,
+        "format_rate": 0.99,
+        "mean_tokens": 38.0,
+        "truncation_rate": 0.01,
+        "n": 200,
         "pass_at_k": {"1": 0.42, "2": 0.5, "4": 0.58, "8": 0.64},
         "accuracy_by_source": {"basic_arithmetic": 0.5, "chain_sum": 0.4},  # no leg_counting
     },
@@ -57,7 +73,10 @@ def test_tables_and_numbers(page):
     assert "<th>accuracy (any format)</th>" in page  # only base has it: a column all the same ...
     assert page.count('<td class="num">—</td>') == 3  # ... with a dash for sft and rl, and the missing source
     assert "<td>max_new_tokens=96, temperature=0.0</td>" in page
-    assert "<tr><td>chain_sum</td><td class=\"num\">14.0%</td><td class=\"num\">27.0%</td><td class=\"num\">40.0%</td></tr>" in page
+    assert (
+        '<tr><td>chain_sum</td><td class="num">14.0%</td><td class="num">27.0%</td><td class="num">40.0%</td></tr>'
+        in page
+    )
     for plot_id in PLOTS:
         assert page.count(f'<figure id="{plot_id}" class="plot">') == 1
     assert page.count("<figcaption>") == 3 and page.count("<svg") == 3
@@ -95,8 +114,10 @@ def test_render_is_byte_identical(page, tmp_path):
     assert "dc:date" not in page  # matplotlib's SVG date metadata is switched off
     # a fresh interpreter too: SVG ids come from the fixed hash salt, not from per-process state
     out = tmp_path / "sub" / "report.html"
-    code = ("import sys; from rung.report import htmlpage; from tests.test_html_report import EVALS, CURVES, TITLE, SETTINGS; "
-            "htmlpage.write(sys.argv[1], EVALS, CURVES, title=TITLE, settings=SETTINGS)")
+    code = (
+        "import sys; from rung.report import htmlpage; from tests.test_html_report import EVALS, CURVES, TITLE, SETTINGS; "
+        "htmlpage.write(sys.argv[1], EVALS, CURVES, title=TITLE, settings=SETTINGS)"
+    )
     subprocess.run([sys.executable, "-c", code, str(out)], check=True, cwd=Path(__file__).resolve().parents[1])
     assert out.read_bytes() == page.encode("utf-8")
 
@@ -147,9 +168,18 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
 def _chromium(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={tmp / 'profile'}", "--hide-scrollbars"]
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp / 'profile'}",
+        "--hide-scrollbars",
+    ]
     # its config and cache go to the temporary directory too, not to $HOME
     env = {**os.environ, "XDG_CONFIG_HOME": str(tmp / "config"), "XDG_CACHE_HOME": str(tmp / "cache")}
     return subprocess.run([CHROMIUM, *flags, *args], capture_output=True, text=True, timeout=120, check=True, env=env)
@@ -159,7 +189,9 @@ def _chromium(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def browser_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not Path(CHROMIUM).exists():
         pytest.skip("headless Chromium not installed (Debian package `chromium`: apt-get install -y chromium)")
-    return htmlpage.write(tmp_path_factory.mktemp("html") / "report.html", EVALS, CURVES, title=TITLE, settings=SETTINGS)
+    return htmlpage.write(
+        tmp_path_factory.mktemp("html") / "report.html", EVALS, CURVES, title=TITLE, settings=SETTINGS
+    )
 
 
 def test_chromium_dom(browser_file, tmp_path):

@@ -7,6 +7,7 @@ Each attempt is the stage's own entry (`flows.stage.main`, what `python -m flows
 process forked from a server that imported torch, TRL, Prefect and MLflow once (multiprocessing's
 forkserver), so a rerun costs its real start-up work without ~7 s of imports.
 """
+
 from __future__ import annotations
 
 import multiprocessing
@@ -24,18 +25,12 @@ import pytest
 import torch
 import transformers.trainer
 
-from rung import models
-
-from rung import files
-
-from rung import paths
-
-from rung.rl import trainers
-
-from rung.data import traces
+from rung import files, models, paths
 from rung.config import DifficultyParams, FormatParams, RLStageParams, SolutionTraces
-from rung.train.jobs import RLJob
+from rung.data import traces
+from rung.rl import trainers
 from rung.train.checkpoints import CURRICULUM_STATE, FINAL, complete_checkpoints
+from rung.train.jobs import RLJob
 from tests.test_pipeline import tiny_params
 from tests.workspace import make_workspace
 
@@ -50,8 +45,17 @@ RL_STEPS, RL_KILLS = 12, 10
 SFT_STEPS, SFT_KILLS = 12, 3
 RL_COMPLETE = ("trainer_state.json", CURRICULUM_STATE)  # as rung.train.launch.train decides for RL jobs
 ROWS = [
-    {"id": str(i), "source": "s", "task": "basic_arithmetic", "prompt": f"Calculate {i} + {i % 3}.", "answer": str(i + i % 3),
-     "solution": f"{i} + {i % 3} = {i + i % 3}", "meta": {}, "pass_rate": (i % 5) / 4, "bucket": ["unsolved", "hard", "medium", "medium", "solved"][i % 5]}
+    {
+        "id": str(i),
+        "source": "s",
+        "task": "basic_arithmetic",
+        "prompt": f"Calculate {i} + {i % 3}.",
+        "answer": str(i + i % 3),
+        "solution": f"{i} + {i % 3} = {i + i % 3}",
+        "meta": {},
+        "pass_rate": (i % 5) / 4,
+        "bucket": ["unsolved", "hard", "medium", "medium", "solved"][i % 5],
+    }
     for i in range(16)
 ]
 
@@ -149,13 +153,21 @@ def ws(tmp_path_factory, tiny_model) -> Path:
     ws.mkdir()
     params = tiny_params(tiny_model)
     params["sft"].update(max_steps=SFT_STEPS, save_steps=2, per_device_train_batch_size=2)
-    params["rl"]["stages"]["main"].update(max_steps=RL_STEPS, save_steps=1, num_generations=4, beta=0.0, max_completion_length=6,
-                                          rewards={"accuracy": 1.0, "parity": {"import": "tests.test_kill:parity"}})
+    params["rl"]["stages"]["main"].update(
+        max_steps=RL_STEPS,
+        save_steps=1,
+        num_generations=4,
+        beta=0.0,
+        max_completion_length=6,
+        rewards={"accuracy": 1.0, "parity": {"import": "tests.test_kill:parity"}},
+    )
     make_workspace(ws, params, dict(os.environ), stages=["sft", "rl"])
     for name in ("base", "sft"):
         shutil.copytree(tiny_model, ws / paths.checkpoint(name))
     files.write_jsonl(ws / paths.FILTERED, ROWS)
-    files.write_jsonl(ws / paths.TRACES, traces.from_solutions(ROWS, SolutionTraces(), FormatParams(**params.get("format", {}))))
+    files.write_jsonl(
+        ws / paths.TRACES, traces.from_solutions(ROWS, SolutionTraces(), FormatParams(**params.get("format", {})))
+    )
     return ws
 
 
@@ -205,7 +217,9 @@ def _kill_and_rerun(stage: Stage, rng: random.Random, steps: int, save_steps: in
         if kind == "startup":  # a random moment of start-up (imports excepted) or of the first steps
             # (the unkilled run's start-up also created the MLflow store: a rerun's took about a quarter)
             delay = rng.uniform(0, seen[first] / 4)
-            until = lambda t, d=delay, nxt=stage.work / f"checkpoint-{r + save_steps}": time.time() - t >= d or _new(nxt, t)  # noqa: E731
+            until = lambda t, d=delay, nxt=stage.work / f"checkpoint-{r + save_steps}": (
+                time.time() - t >= d or _new(nxt, t)
+            )  # noqa: E731
         elif kind == "final" or target >= steps:  # the final save, the publishing or the clean-up
             kind, target = "final", steps
             until = lambda t, r=r: _new(stage.work / FINAL, t) or (r < steps and steps in stage.steps())  # noqa: E731
@@ -218,7 +232,10 @@ def _kill_and_rerun(stage: Stage, rng: random.Random, steps: int, save_steps: in
             def until(t, s=target, d=delay, reached=reached):
                 if not reached and s in stage.steps():
                     reached.append(time.time())
-                return bool(reached) and (time.time() - reached[0] >= d or _new(stage.work / f"checkpoint-{s + save_steps}", t))
+                return bool(reached) and (
+                    time.time() - reached[0] >= d or _new(stage.work / f"checkpoint-{s + save_steps}", t)
+                )
+
         before = stage.attempts[-1]
         attempt = stage.run(f"{kind} {target}" + (f" +{delay:.2f}s" if delay else ""), until)
         assert attempt.killed_after_s is not None, f"the stage ended before the kill: {attempt}"
@@ -227,7 +244,8 @@ def _kill_and_rerun(stage: Stage, rng: random.Random, steps: int, save_steps: in
         # ... and a kill never takes away the newest complete checkpoint (but for the clean-up after
         # the model was published: then the next run trains again from the start)
         assert max(attempt.complete_after, default=0) >= attempt.complete_seen or (
-            not stage.work.exists() and (stage.ws / stage.out / "rung.json").is_file()), attempt
+            not stage.work.exists() and (stage.ws / stage.out / "rung.json").is_file()
+        ), attempt
     last = stage.run("none (last)", None)
     assert last.resumed_from == max(stage.attempts[-2].complete_after, default=None), last
     print(f"{stage.flow_module}: {len(stage.attempts) - 2} kills; one step of the unkilled run {step_s:.2f}s")
@@ -247,18 +265,29 @@ def _check_tracking(stage: Stage, run_name: str, steps: int) -> None:
     for r in runs:
         by_pid.setdefault(int(r.data.tags["rung.owner"].rpartition(":")[2].split("-")[0]), []).append(r)
     killed = [a for a in stage.attempts if a.killed_after_s is not None]
-    assert sum(1 for a in killed if by_pid.get(a.pid)) >= len(killed) - 1  # only the kill in start-up may come before the runs
+    assert (
+        sum(1 for a in killed if by_pid.get(a.pid)) >= len(killed) - 1
+    )  # only the kill in start-up may come before the runs
     for a in stage.attempts:
         mine = by_pid.get(a.pid, [])
-        assert len(mine) <= 2 and {r.info.status for r in mine} <= ({"KILLED"} if a.killed_after_s is not None else {"FINISHED"}), (a, mine)
+        assert len(mine) <= 2 and {r.info.status for r in mine} <= (
+            {"KILLED"} if a.killed_after_s is not None else {"FINISHED"}
+        ), (a, mine)
         # without DVC or the pipeline flow a stage opens its own parent run, then its stage run
         assert sorted(r.data.tags["rung.role"] for r in mine) in ([], ["pipeline"], ["pipeline", "stage"]), (a, mine)
     client = mlflow.MlflowClient()
     last = [r for r in by_pid[stage.attempts[-1].pid] if r.info.run_name == run_name]
     resumed = stage.attempts[-1].resumed_from or 0
-    assert sorted(m.step for m in client.get_metric_history(last[0].info.run_id, "loss")) == list(range(resumed + 1, steps + 1))
-    logged = {m.step for a in stage.attempts[1:] for r in by_pid.get(a.pid, []) if r.info.run_name == run_name
-              for m in client.get_metric_history(r.info.run_id, "loss")}
+    assert sorted(m.step for m in client.get_metric_history(last[0].info.run_id, "loss")) == list(
+        range(resumed + 1, steps + 1)
+    )
+    logged = {
+        m.step
+        for a in stage.attempts[1:]
+        for r in by_pid.get(a.pid, [])
+        if r.info.run_name == run_name
+        for m in client.get_metric_history(r.info.run_id, "loss")
+    }
     assert logged == set(range(1, steps + 1))
 
 
@@ -282,6 +311,7 @@ def _keeper(ws: Path, model: str, plot: tuple[str, str] | None, metrics: str, re
         if plot:
             shutil.copy(ws / paths.plot(*plot), reference / "curves.json")
         shutil.copy(ws / paths.metrics(metrics), reference / "metrics.json")
+
     return keep
 
 
@@ -310,11 +340,30 @@ def test_a_kill_after_trl_rotated_its_checkpoints_leaves_a_complete_one(tiny_mod
     curriculum state after that, so a kill in between left no complete RL checkpoint (a rerun
     started over). And a rerun from the checkpoint of the last step trained one step past max_steps."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    stage = RLStageParams.model_validate({"max_steps": 2, "num_generations": 2, "prompts_per_step": 2, "max_completion_length": 4,
-                                          "save_steps": 1, "curriculum": {"type": "pools"}, "rewards": {"parity": {"import": "tests.test_kill:parity"}}})
+    stage = RLStageParams.model_validate(
+        {
+            "max_steps": 2,
+            "num_generations": 2,
+            "prompts_per_step": 2,
+            "max_completion_length": 4,
+            "save_steps": 1,
+            "curriculum": {"type": "pools"},
+            "rewards": {"parity": {"import": "tests.test_kill:parity"}},
+        }
+    )
     files.write_jsonl(tmp_path / "rows.jsonl", ROWS)
-    job = RLJob(key="rl.stages.main", params=stage, format=FormatParams(), seed=7, dtype="float32", init=tiny_model, data=tmp_path / "rows.jsonl",
-                work_dir=tmp_path / "work", buckets=DifficultyParams().buckets, curves=tmp_path / "curves.json")
+    job = RLJob(
+        key="rl.stages.main",
+        params=stage,
+        format=FormatParams(),
+        seed=7,
+        dtype="float32",
+        init=tiny_model,
+        data=tmp_path / "rows.jsonl",
+        work_dir=tmp_path / "work",
+        buckets=DifficultyParams().buckets,
+        curves=tmp_path / "curves.json",
+    )
     rotate = transformers.trainer.rotate_checkpoints
 
     def rotate_then_die(output_dir, **kw):

@@ -2,6 +2,7 @@
 orchestration (prefect, dvc, flows, tasks), `tasks/` imports no flows, no module imports itself
 through others, and every DVC stage lists exactly the code it imports as deps (DVC does not follow
 imports)."""
+
 from __future__ import annotations
 
 import networkx as nx
@@ -36,8 +37,11 @@ def test_every_part_of_rung_has_a_layer():
 
 def test_each_part_imports_only_parts_below_it():
     level = {part: i for i, row in enumerate(LAYERS) for part in row}
-    upward = sorted(f"{a} imports {b}" for a, b in imports.graph().edges
-                    if a.startswith("rung.") and _part(a) != _part(b) and level[_part(a)] <= level[_part(b)])
+    upward = sorted(
+        f"{a} imports {b}"
+        for a, b in imports.graph().edges
+        if a.startswith("rung.") and _part(a) != _part(b) and level[_part(a)] <= level[_part(b)]
+    )
     assert not upward
 
 
@@ -45,7 +49,13 @@ def test_the_core_imports_no_orchestration_and_tasks_no_flows():
     bad = []
     for name, path in imports.modules().items():
         tops = {m.split(".")[0] for m in imports.imports(path)}
-        forbidden = {"prefect", "dvc", "flows", "tasks"} if name.startswith("rung.") else {"flows"} if name.startswith("tasks.") else set()
+        forbidden = (
+            {"prefect", "dvc", "flows", "tasks"}
+            if name.startswith("rung.")
+            else {"flows"}
+            if name.startswith("tasks.")
+            else set()
+        )
         bad += [f"{name} imports {m}" for m in sorted(tops & forbidden)]
     assert not bad
 
@@ -62,7 +72,9 @@ def test_each_stage_lists_exactly_the_code_it_imports():
         needed = set(imports.code_deps(module))
         if listed != needed:
             wrong[name] = {"missing": sorted(needed - listed), "not imported": sorted(listed - needed)}
-    assert not wrong, f"dvc.yaml code deps differ from the stages' imports (python -m tests.imports rewrites them): {wrong}"
+    assert not wrong, (
+        f"dvc.yaml code deps differ from the stages' imports (python -m tests.imports rewrites them): {wrong}"
+    )
 
 
 def test_the_code_overriding_private_trainer_methods_lives_where_compat_says():

@@ -1,4 +1,5 @@
 """Evaluation metrics against values worked out by hand and against the naive binomial formula."""
+
 from __future__ import annotations
 
 import math
@@ -117,4 +118,3 @@ def test_bootstrap_ci_rejects_bad_arguments():
     for kwargs in ({"values": []}, {"values": [1.0], "confidence": 1.0}, {"values": [1.0], "resamples": 0}):
         with pytest.raises(ValueError):
             bootstrap_ci(**kwargs)
-

@@ -2,6 +2,7 @@
 curate only, to stay fast), against a real Prefect server and a real MLflow server on loopback:
 prefect.yaml deployed to a process pool `gpu` and run by a worker, the workspace lock, retries
 that skip input errors, and a sweep of DVC experiments (flows/sweep.py, `rung sweep`)."""
+
 from __future__ import annotations
 
 import json
@@ -43,7 +44,12 @@ def test_accelerate_configs_parse():
     from rung.train.launch import CONFIGS
 
     kinds = {name: load_config_from_file(str(CONFIGS / f"{name}.yaml")) for name in ("ddp", "fsdp", "zero2", "zero3")}
-    assert {n: c.distributed_type.value for n, c in kinds.items()} == {"ddp": "MULTI_GPU", "fsdp": "FSDP", "zero2": "DEEPSPEED", "zero3": "DEEPSPEED"}
+    assert {n: c.distributed_type.value for n, c in kinds.items()} == {
+        "ddp": "MULTI_GPU",
+        "fsdp": "FSDP",
+        "zero2": "DEEPSPEED",
+        "zero3": "DEEPSPEED",
+    }
     assert kinds["fsdp"].fsdp_config["fsdp_version"] == 2
     assert [kinds[n].deepspeed_config["zero_stage"] for n in ("zero2", "zero3")] == [2, 3]
     assert all(c.num_machines == 1 and c.mixed_precision == "bf16" for c in kinds.values())
@@ -71,18 +77,49 @@ def servers(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("servers")
     prefect_port, mlflow_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "MLFLOW_"))}
-    env.update(PREFECT_HOME=str(tmp / "prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               # A waiting holder of a concurrency slot retries after at most this many seconds (default 30).
-               PREFECT_SERVER_CONCURRENCY_MAXIMUM_CONCURRENCY_SLOT_WAIT_SECONDS="1")
-    prefect = _serve([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)], env, tmp / "prefect.log")
-    mlflow_server = _serve([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(mlflow_port), "--workers", "1",
-                            "--backend-store-uri", f"sqlite:///{tmp / 'm.db'}", "--serve-artifacts", "--artifacts-destination", str(tmp / "art")],
-                           env, tmp / "mlflow.log")
+    env.update(
+        PREFECT_HOME=str(tmp / "prefect"),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        # A waiting holder of a concurrency slot retries after at most this many seconds (default 30).
+        PREFECT_SERVER_CONCURRENCY_MAXIMUM_CONCURRENCY_SLOT_WAIT_SECONDS="1",
+    )
+    prefect = _serve(
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
+        env,
+        tmp / "prefect.log",
+    )
+    mlflow_server = _serve(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(mlflow_port),
+            "--workers",
+            "1",
+            "--backend-store-uri",
+            f"sqlite:///{tmp / 'm.db'}",
+            "--serve-artifacts",
+            "--artifacts-destination",
+            str(tmp / "art"),
+        ],
+        env,
+        tmp / "mlflow.log",
+    )
     try:
         _wait_healthy(prefect, f"http://127.0.0.1:{prefect_port}/api/health", tmp / "prefect.log")
         _wait_healthy(mlflow_server, f"http://127.0.0.1:{mlflow_port}/health", tmp / "mlflow.log")
-        yield {"prefect": {"PREFECT_API_URL": f"http://127.0.0.1:{prefect_port}/api", "PREFECT_HOME": str(tmp / "prefect")},
-               "mlflow": f"http://127.0.0.1:{mlflow_port}", "artifacts": tmp / "art"}
+        yield {
+            "prefect": {
+                "PREFECT_API_URL": f"http://127.0.0.1:{prefect_port}/api",
+                "PREFECT_HOME": str(tmp / "prefect"),
+            },
+            "mlflow": f"http://127.0.0.1:{mlflow_port}",
+            "artifacts": tmp / "art",
+        }
     finally:
         for proc in (prefect, mlflow_server):
             proc.terminate()
@@ -98,7 +135,10 @@ def workspace(tmp_path_factory, tiny_model, servers):
 
 @pytest.fixture
 def prefect_client(servers):
-    with temporary_settings({PREFECT_API_URL: servers["prefect"]["PREFECT_API_URL"]}), get_client(sync_client=True) as client:
+    with (
+        temporary_settings({PREFECT_API_URL: servers["prefect"]["PREFECT_API_URL"]}),
+        get_client(sync_client=True) as client,
+    ):
         yield client
 
 
@@ -120,15 +160,29 @@ def test_deployed_pipeline_runs_on_a_gpu_pool_worker(workspace, servers, prefect
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "MLFLOW_"))}
     env.update(servers["prefect"], RUNG_REPO=str(ws), MLFLOW_TRACKING_URI=servers["mlflow"])
     env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if Path(p) != Path(sys.executable).parent)
-    worker = subprocess.run([sys.executable, "-m", "prefect", "worker", "start", "--pool", "gpu", "--run-once", "--limit", "1"],
-                            check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    worker = subprocess.run(
+        [sys.executable, "-m", "prefect", "worker", "start", "--pool", "gpu", "--run-once", "--limit", "1"],
+        check=False,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert worker.returncode == 0, worker.stdout[-3000:] + worker.stderr[-3000:]
 
     state = client.read_flow_run(flow_run.id).state
     assert state.is_completed(), (state, worker.stdout[-3000:] + worker.stderr[-3000:])
-    for path in ["data/models/base/model.safetensors", "data/curated/train.jsonl", "data/metrics/model.json", "data/metrics/curate.json"]:
+    for path in [
+        "data/models/base/model.safetensors",
+        "data/curated/train.jsonl",
+        "data/metrics/model.json",
+        "data/metrics/curate.json",
+    ]:
         assert (ws / path).is_file(), path
-    assert not (tmp_path / "data").exists() and not (ws / "mlflow.db").exists()  # worked in RUNG_REPO, logged to the server
+    assert (
+        not (tmp_path / "data").exists() and not (ws / "mlflow.db").exists()
+    )  # worked in RUNG_REPO, logged to the server
 
     # The workspace lock: a limit of 1 named after the workspace, taken during the run, released after.
     limit = client.read_global_concurrency_limit_by_name(dvc.lock_name(ws))
@@ -137,22 +191,39 @@ def test_deployed_pipeline_runs_on_a_gpu_pool_worker(workspace, servers, prefect
     assert f"workspace lock {dvc.lock_name(ws)} taken" in logs
     summary = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["rung-stages"])))
     curated = json.loads((ws / "data/metrics/curate.json").read_text())
-    assert len(summary) == 1 and f"| curate | train | {curated['train']} |" in summary[0].data and "| model | parameters |" in summary[0].data
+    assert (
+        len(summary) == 1
+        and f"| curate | train | {curated['train']} |" in summary[0].data
+        and "| model | parameters |" in summary[0].data
+    )
 
     # MLflow server mode: the parent run, a child per stage with params and dataset inputs, proxied artifacts.
     mlflow.set_tracking_uri(servers["mlflow"])
     runs = mlflow.search_runs(experiment_names=["rung"], output_format="list")
     parent = [r for r in runs if r.data.tags.get("rung.invocation") == "pipeline"]
-    assert len(parent) == 1 and parent[0].info.run_name.startswith("pipeline ") and parent[0].info.status == "FINISHED" and parent[0].data.tags["rung.stages_run"] == "model,curate"
+    assert (
+        len(parent) == 1
+        and parent[0].info.run_name.startswith("pipeline ")
+        and parent[0].info.status == "FINISHED"
+        and parent[0].data.tags["rung.stages_run"] == "model,curate"
+    )
     children = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent[0].info.run_id}
     assert set(children) == {"model", "curate"}
-    assert children["curate"].data.params["seed"] == "42" and children["curate"].data.metrics["curate/train"] == curated["train"]
-    assert children["curate"].inputs.dataset_inputs[0].dataset.digest == run("md5sum", "data/curated/train.jsonl").stdout.split()[0]
+    assert (
+        children["curate"].data.params["seed"] == "42"
+        and children["curate"].data.metrics["curate/train"] == curated["train"]
+    )
+    assert (
+        children["curate"].inputs.dataset_inputs[0].dataset.digest
+        == run("md5sum", "data/curated/train.jsonl").stdout.split()[0]
+    )
     client_ml = mlflow.MlflowClient()
     assert [a.path for a in client_ml.list_artifacts(parent[0].info.run_id)] == ["stages.md"]
     local = client_ml.download_artifacts(parent[0].info.run_id, "stages.md", str(tmp_path))
     assert Path(local).read_text() == summary[0].data
-    assert parent[0].info.artifact_uri.startswith("mlflow-artifacts:/") and list(servers["artifacts"].rglob("stages.md"))
+    assert parent[0].info.artifact_uri.startswith("mlflow-artifacts:/") and list(
+        servers["artifacts"].rglob("stages.md")
+    )
 
 
 def test_workspace_lock_serializes_runs_and_input_errors_are_not_retried(workspace, prefect_client, tmp_path):
@@ -169,7 +240,14 @@ def test_workspace_lock_serializes_runs_and_input_errors_are_not_retried(workspa
     try:
         with concurrency(name, occupy=1, strict=True):  # another holder of this workspace
             with out.open("w") as f:
-                proc = subprocess.Popen([sys.executable, "-m", "flows.pipeline"], cwd=ws, env=run.env, stdout=f, stderr=subprocess.STDOUT, text=True)
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "flows.pipeline"],
+                    cwd=ws,
+                    env=run.env,
+                    stdout=f,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
             deadline = time.time() + 120
             while "waiting for workspace lock" not in out.read_text():
                 assert proc.poll() is None and time.time() < deadline, out.read_text()[-3000:]
@@ -192,9 +270,13 @@ def test_sweep_queues_a_grid_of_dvc_experiments(workspace):
     assert run("git", "add", "-A").returncode == 0 and run(*git, "commit", "-q", "-m", "baseline").returncode == 0
 
     grid = sweep.load_grid('{"rl.stages.main.preset": [grpo, dapo], "seed": 3}')
-    assert sweep.experiments(grid, "g", ws / "params.yaml") == {"g-1": {"rl.stages.main.preset": "grpo", "seed": 3},
-                                                               "g-2": {"rl.stages.main.preset": "dapo", "seed": 3}}
-    with pytest.raises(InputError, match=r"with bad-2 \{'curate.max_test': 0\}: curate.max_test: Input should be greater than 0$"):
+    assert sweep.experiments(grid, "g", ws / "params.yaml") == {
+        "g-1": {"rl.stages.main.preset": "grpo", "seed": 3},
+        "g-2": {"rl.stages.main.preset": "dapo", "seed": 3},
+    }
+    with pytest.raises(
+        InputError, match=r"with bad-2 \{'curate.max_test': 0\}: curate.max_test: Input should be greater than 0$"
+    ):
         sweep.experiments(sweep.load_grid('{"curate.max_test": [4, 0]}'), "bad", ws / "params.yaml")
 
     res = run("rung", "sweep", '{"seed": [1, 2]}', "--name", "s")
@@ -207,14 +289,23 @@ def test_sweep_queues_a_grid_of_dvc_experiments(workspace):
         exp = exps[f"s-{i}"]
         assert exp["executor"]["state"] == "success"
         data = exp["revs"][0]["data"]
-        assert data["params"]["params.yaml"]["data"]["seed"] == i and data["metrics"]["data/metrics/curate.json"]["data"]["train"] > 0
+        assert (
+            data["params"]["params.yaml"]["data"]["seed"] == i
+            and data["metrics"]["data/metrics/curate.json"]["data"]["train"] > 0
+        )
 
     # One MLflow parent run per experiment, in the main repo's store (DVC sets DVC_ROOT to it), with a
     # child run for the stage it reran; the model stage came from the DVC cache.
     mlflow.set_tracking_uri(f"sqlite:///{ws / 'mlflow.db'}")
     runs = mlflow.search_runs(experiment_names=["rung"], output_format="list")
     for i in (1, 2):
-        parents = [r for r in runs if r.data.tags.get("dvc.exp_name") == f"s-{i}" and r.data.tags.get("rung.role") == "pipeline"]
+        parents = [
+            r
+            for r in runs
+            if r.data.tags.get("dvc.exp_name") == f"s-{i}" and r.data.tags.get("rung.role") == "pipeline"
+        ]
         assert len(parents) == 1 and parents[0].info.status == "FINISHED"
         kids = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
-        assert [(k.info.run_name, k.data.params["seed"], k.data.tags["dvc.exp_name"]) for k in kids] == [("curate", str(i), f"s-{i}")]
+        assert [(k.info.run_name, k.data.params["seed"], k.data.tags["dvc.exp_name"]) for k in kids] == [
+            ("curate", str(i), f"s-{i}")
+        ]

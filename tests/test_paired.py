@@ -1,5 +1,6 @@
 """Paired tests of checkpoints (rung.eval.paired), the report's comparisons (rung.eval.comparisons)
 and their place in the report, and how MLflow names and marks the runs."""
+
 from __future__ import annotations
 
 import json
@@ -10,9 +11,7 @@ import mlflow
 import numpy as np
 import pytest
 
-from rung import config, tracking
-
-from rung import files
+from rung import config, files, tracking
 from rung.errors import InputError
 from rung.eval import comparisons, paired
 from rung.eval.results import Comparisons, EvalResult
@@ -34,7 +33,13 @@ def test_exact_mcnemar_on_the_issue_numbers():
     new = [True] * 12 + [False] * 5 + [True] * 40 + [False] * 38
     t = paired.mcnemar(old, new)
     expected = 2 * sum(math.comb(17, i) for i in range(6)) / 2**17  # 9402 / 65536 = 0.1435
-    assert t == {"right_to_wrong": 5, "wrong_to_right": 12, "both_right": 40, "both_wrong": 38, "mcnemar_p": pytest.approx(expected)}
+    assert t == {
+        "right_to_wrong": 5,
+        "wrong_to_right": 12,
+        "both_right": 40,
+        "both_wrong": 38,
+        "mcnemar_p": pytest.approx(expected),
+    }
     assert round(t["mcnemar_p"], 2) == 0.14
 
 
@@ -51,8 +56,13 @@ def test_verdict_follows_mcnemar_at_the_level_of_the_confidence():
     assert (six.mcnemar_p, six.significant, six.verdict) == (pytest.approx(0.03125), True, "significant at 0.05")
     assert (five.mcnemar_p, five.significant, five.verdict) == (pytest.approx(0.0625), False, "not significant at 0.05")
     assert five.difference == pytest.approx(0.5) and five.accuracy_old == 0.5 and five.accuracy_new == 1.0
-    assert paired.greedy_test(_greedy([False] * 5 + [True] * 5), _greedy([True] * 10), 0.9, 500, 0, "x").verdict == "significant at 0.1"
-    assert "prompts_needed" not in six.dump() and five.dump()["prompts_needed"] == 14  # on disk only when not significant
+    assert (
+        paired.greedy_test(_greedy([False] * 5 + [True] * 5), _greedy([True] * 10), 0.9, 500, 0, "x").verdict
+        == "significant at 0.1"
+    )
+    assert (
+        "prompts_needed" not in six.dump() and five.dump()["prompts_needed"] == 14
+    )  # on disk only when not significant
 
 
 def _exact_power(right_to_wrong: int, wrong_to_right: int, n_observed: int, n: int, alpha: float = 0.05) -> float:
@@ -62,8 +72,10 @@ def _exact_power(right_to_wrong: int, wrong_to_right: int, n_observed: int, n: i
 
     psi = (right_to_wrong + wrong_to_right) / n_observed
     up = wrong_to_right / (right_to_wrong + wrong_to_right)
-    return sum(binom.pmf(d, n, psi) * sum(binom.pmf(x, d, up) for x in range(d + 1) if binomtest(x, d, 0.5).pvalue < alpha)
-               for d in range(1, n + 1))
+    return sum(
+        binom.pmf(d, n, psi) * sum(binom.pmf(x, d, up) for x in range(d + 1) if binomtest(x, d, 0.5).pvalue < alpha)
+        for d in range(1, n + 1)
+    )
 
 
 def test_prompts_needed_for_80_percent_power():
@@ -77,8 +89,14 @@ def test_prompts_needed_for_80_percent_power():
     with pytest.raises(ValueError, match="do not fit"):
         paired.mcnemar_prompts_needed(50, 50, 95)
     five = paired.greedy_test(_greedy([False] * 5 + [True] * 5), _greedy([True] * 10), 0.95, 500, 0, "x")
-    assert tables.verdict(five.model_copy(update={"prompts_needed": 257})) == "not significant at 0.05 (needs about 257 prompts at this effect)"
-    assert tables.verdict(five.model_copy(update={"significant": True, "verdict": "significant at 0.05"})) == "significant at 0.05"
+    assert (
+        tables.verdict(five.model_copy(update={"prompts_needed": 257}))
+        == "not significant at 0.05 (needs about 257 prompts at this effect)"
+    )
+    assert (
+        tables.verdict(five.model_copy(update={"significant": True, "verdict": "significant at 0.05"}))
+        == "significant at 0.05"
+    )
 
 
 def test_paired_bootstrap_is_seeded_and_covers_the_true_difference():
@@ -103,7 +121,9 @@ def test_stratified_bootstrap_resamples_within_each_stratum():
     # differences are 1 in stratum a (3 rows) and 0 in stratum b (1 row): keeping each stratum's
     # size, every resample has mean 3/4; resampling across strata it would vary
     old, new = [0, 0, 0, 0], [1, 1, 1, 0]
-    assert paired.paired_bootstrap(old, new, 0.95, 500, 0, strata=["a", "a", "a", "b"]) == pytest.approx((0.75, 0.75, 0.75))
+    assert paired.paired_bootstrap(old, new, 0.95, 500, 0, strata=["a", "a", "a", "b"]) == pytest.approx(
+        (0.75, 0.75, 0.75)
+    )
     _, lo, hi = paired.paired_bootstrap(old, new, 0.95, 500, 0)
     assert lo < 0.75 < hi
     with pytest.raises(ValueError, match="strata has 2 labels for 4 prompts"):
@@ -115,7 +135,10 @@ def test_records_pair_by_id_and_refuse_different_prompts():
     new = _greedy([False, True, True], ids=["c", "b", "a"])  # same prompts, another order
     g = paired.greedy_test(old, new, 0.95, 200, 0, "new vs old on test")
     assert (g.right_to_wrong, g.wrong_to_right, g.both_right, g.both_wrong) == (0, 1, 1, 1)
-    with pytest.raises(InputError, match=r"^sft vs base on test: the two checkpoints were evaluated on different prompts \(1 ids only in the first, 1 only in the second, e.g. 'c'\)"):
+    with pytest.raises(
+        InputError,
+        match=r"^sft vs base on test: the two checkpoints were evaluated on different prompts \(1 ids only in the first, 1 only in the second, e.g. 'c'\)",
+    ):
         paired.greedy_test(old, _greedy([True, True, True], ids=["a", "b", "d"]), 0.95, 200, 0, "sft vs base on test")
     with pytest.raises(InputError, match="duplicate prompt ids"):
         paired.align(old, _greedy([True, True, True], ids=["a", "a", "b"]), "x")
@@ -125,7 +148,11 @@ def test_sampled_comparison_of_avg_and_pass_at_k():
     old = _sampled([0, 0, 2, 4], n=4)  # avg@4 = 6/16; pass@4 = 2/4
     new = _sampled([1, 2, 4, 4], n=4)  # avg@4 = 11/16; pass@4 = 1
     s = paired.sampled_test(old, new, 0.95, 500, 0, "x")
-    assert s.samples == 4 and s.n == 4 and set(s.dump()) == {"n", "samples", "avg@4", "pass@1", "pass@2", "pass@3", "pass@4"}  # flat on disk
+    assert (
+        s.samples == 4
+        and s.n == 4
+        and set(s.dump()) == {"n", "samples", "avg@4", "pass@1", "pass@2", "pass@3", "pass@4"}
+    )  # flat on disk
     m = s.metrics
     assert m["avg@4"].old == pytest.approx(6 / 16) and m["avg@4"].difference == pytest.approx(5 / 16)
     assert m["pass@1"].difference == pytest.approx(m["avg@4"].difference)  # pass@1 is avg@n
@@ -136,7 +163,12 @@ def test_sampled_comparison_of_avg_and_pass_at_k():
 
 def test_pairs_compare_each_checkpoint_with_its_init_and_rl_with_base():
     assert comparisons.pairs({"main": "sft"}) == [("sft", "base"), ("rl/main", "sft"), ("rl/main", "base")]
-    assert comparisons.pairs({"zero": "base", "more": "rl/zero"}) == [("sft", "base"), ("rl/zero", "base"), ("rl/more", "rl/zero"), ("rl/more", "base")]
+    assert comparisons.pairs({"zero": "base", "more": "rl/zero"}) == [
+        ("sft", "base"),
+        ("rl/zero", "base"),
+        ("rl/more", "rl/zero"),
+        ("rl/more", "base"),
+    ]
 
 
 @pytest.fixture
@@ -148,7 +180,7 @@ def evaluated(tmp_path, monkeypatch):
     sft = np.where(rng.random(60) < 0.25, ~base, base)
     rl = sft.copy()
     rl[np.flatnonzero(~sft)[:12]] = True  # 12 wrong -> right ...
-    rl[np.flatnonzero(sft)[:5]] = False   # ... and 5 right -> wrong against sft
+    rl[np.flatnonzero(sft)[:5]] = False  # ... and 5 right -> wrong against sft
     for name, correct in {"base": base, "sft": sft, "rl-main": rl}.items():
         d = tmp_path / "data/eval" / name
         files.write_jsonl(d / "test.jsonl", _greedy(list(map(bool, correct))))
@@ -165,37 +197,73 @@ def test_report_writes_the_comparisons_in_words(evaluated):
     test = c.sets["test"]
     assert (test.wrong_to_right, test.right_to_wrong) == (12, 5) and test.verdict == "not significant at 0.05"
     assert test.prompts_needed == 162  # not significant: the prompts it would need (mcnemar_prompts_needed)
-    assert test.ci_low < test.difference < test.ci_high and test.sampled and set(test.sampled.metrics) >= {"avg@3", "pass@3"}
+    assert (
+        test.ci_low < test.difference < test.ci_high
+        and test.sampled
+        and set(test.sampled.metrics) >= {"avg@3", "pass@3"}
+    )
     assert "sampled" not in c.sets["ood"].dump()
     assert comparisons.comparisons(comparisons.pairs({"main": "sft"}), 0.95, 1000, 42) == compared  # seeded
 
-    evals = {c: EvalResult.model_validate({"sets": {"test": {"n": 60, "accuracy": 0.3, "accuracy_ci": [0.2, 0.4], "accuracy_lenient": 0.3, "format_rate": 1.0,
-                                   "mean_tokens": 9.0, "truncation_rate": 0.0, "accuracy_by_source": {}}},
-                 "sampling": {"temperature": 0.0}, "bootstrap": {"confidence": 0.95}}) for c in ("base", "sft", "rl/main")}
+    evals = {
+        c: EvalResult.model_validate(
+            {
+                "sets": {
+                    "test": {
+                        "n": 60,
+                        "accuracy": 0.3,
+                        "accuracy_ci": [0.2, 0.4],
+                        "accuracy_lenient": 0.3,
+                        "format_rate": 1.0,
+                        "mean_tokens": 9.0,
+                        "truncation_rate": 0.0,
+                        "accuracy_by_source": {},
+                    }
+                },
+                "sampling": {"temperature": 0.0},
+                "bootstrap": {"confidence": 0.95},
+            }
+        )
+        for c in ("base", "sft", "rl/main")
+    }
     text = pipeline.run(evals, {"rl/main": [{"step": 1, "reward": 0.5}]}, {}, {"seed": 42}, compared)
     assert Comparisons.model_validate_json(pipeline.COMPARISONS.read_text()) == compared
     assert "## Paired comparisons" in text and "not significant at 0.05" in text
     row = next(line for line in text.splitlines() if line.startswith("| rl/main vs sft | test |"))
     p = f"{test.mcnemar_p:.2f}"
     signed = lambda v: f"{100 * v:+.1f}".replace("-", "−")  # noqa: E731
-    assert f"| 60 | {100 * test.accuracy_old:.1f}% → {100 * test.accuracy_new:.1f}% | +11.7 [{signed(test.ci_low)}, {signed(test.ci_high)}] |" in row
+    assert (
+        f"| 60 | {100 * test.accuracy_old:.1f}% → {100 * test.accuracy_new:.1f}% | +11.7 [{signed(test.ci_low)}, {signed(test.ci_high)}] |"
+        in row
+    )
     assert row.endswith(f"| 5 | 12 | {p} | not significant at 0.05 (needs about 162 prompts at this effect) |")
     assert "| rl/main vs sft | test | 10 | pass@3 |" in text
     page = (evaluated / "data/reports/report.html").read_text()
     assert '<table id="paired">' in page and '<table id="paired-sampled">' in page
-    assert "<td>not significant at 0.05 (needs about 162 prompts at this effect)</td>" in page and "<th>exact McNemar p</th>" in page
+    assert (
+        "<td>not significant at 0.05 (needs about 162 prompts at this effect)</td>" in page
+        and "<th>exact McNemar p</th>" in page
+    )
 
 
 def test_report_refuses_checkpoints_evaluated_on_different_prompts(evaluated):
     files.write_jsonl(evaluated / "data/eval/sft/test.jsonl", _greedy([True] * 59))
-    with pytest.raises(InputError, match="^sft vs base on test: the two checkpoints were evaluated on different prompts"):
+    with pytest.raises(
+        InputError, match="^sft vs base on test: the two checkpoints were evaluated on different prompts"
+    ):
         comparisons.comparisons([("sft", "base")], 0.95, 100, 0)
 
 
 def test_extra_tables_escape_and_align():
-    page = htmlpage.render({"base": {"accuracy": 0.1, "format_rate": 1, "mean_tokens": 3, "truncation_rate": 0, "n": 4}},
-                              extra=[htmlpage.Extra("t", "cap", ["a", "b"], [["<x>", "−1.0 [−2, 0]"], ["x", "< 0.001"]], ["a & b"])])
-    assert '<tr><td>&lt;x&gt;</td><td class="num">−1.0 [−2, 0]</td></tr>' in page and '<td class="num">&lt; 0.001</td>' in page and '<p class="note">a &amp; b</p>' in page
+    page = htmlpage.render(
+        {"base": {"accuracy": 0.1, "format_rate": 1, "mean_tokens": 3, "truncation_rate": 0, "n": 4}},
+        extra=[htmlpage.Extra("t", "cap", ["a", "b"], [["<x>", "−1.0 [−2, 0]"], ["x", "< 0.001"]], ["a & b"])],
+    )
+    assert (
+        '<tr><td>&lt;x&gt;</td><td class="num">−1.0 [−2, 0]</td></tr>' in page
+        and '<td class="num">&lt; 0.001</td>' in page
+        and '<p class="note">a &amp; b</p>' in page
+    )
 
 
 @pytest.fixture
@@ -244,7 +312,9 @@ def test_parent_runs_are_named_for_what_they_ran(store, tmp_path, monkeypatch, d
 def test_tables_on_a_run(store):
     tracking.setup(store)
     run = mlflow.MlflowClient().create_run(tracking.setup(store), run_name="p")
-    tracking.log_tables(run.info.run_id, {"t.json": (["a", "b"], [["r1", "x"], ["r2", "y"]]), "empty.json": (["a"], [])})
+    tracking.log_tables(
+        run.info.run_id, {"t.json": (["a", "b"], [["r1", "x"], ["r2", "y"]]), "empty.json": (["a"], [])}
+    )
     assert [a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id)] == ["t.json"]
     table = mlflow.load_table("t.json", run_ids=[run.info.run_id])
     assert table[["a", "b"]].values.tolist() == [["r1", "x"], ["r2", "y"]]

@@ -1,5 +1,6 @@
 """End to end: the whole DAG with `dvc repro` and with the Prefect pipeline flow, on a tiny model,
 in a temporary git repo, against a real Prefect server (loopback) and a real MLflow sqlite store."""
+
 from __future__ import annotations
 
 import json
@@ -18,7 +19,18 @@ from rung.train.checkpoints import CURRICULUM_STATE, complete_checkpoints
 from tests.conftest import ROOT
 from tests.workspace import make_workspace
 
-STAGES = {"model", "curate", "difficulty", "traces", "sft", "rl@main", "eval@base", "eval@sft", "eval@rl-main", "report"}
+STAGES = {
+    "model",
+    "curate",
+    "difficulty",
+    "traces",
+    "sft",
+    "rl@main",
+    "eval@base",
+    "eval@sft",
+    "eval@rl-main",
+    "report",
+}
 
 
 def tiny_params(model_dir: Path) -> dict:
@@ -27,12 +39,21 @@ def tiny_params(model_dir: Path) -> dict:
     for src in params["curate"]["sources"]:
         src["size"] = 40
     params["curate"]["max_test"] = 8
-    params["difficulty"].update(num_generations=2, max_prompts=8, reference="sft", sampling=dict(max_new_tokens=8, batch_size=16))
+    params["difficulty"].update(
+        num_generations=2, max_prompts=8, reference="sft", sampling=dict(max_new_tokens=8, batch_size=16)
+    )
     params["sft"].update(max_steps=2, per_device_train_batch_size=2)
     params["rl"]["stages"]["main"].update(max_steps=2, num_generations=2, max_completion_length=8, beta=0.01)
     params["eval"]["sampling"]["max_new_tokens"] = 8
     params["eval"]["samples"] = dict(n=3, temperature=1.0, max_new_tokens=6, max_prompts=4)
-    params["eval"]["sets"] = [dict(name="ood_chain", task="chain_sum", size=6, config=dict(min_terms=4, max_terms=4, min_digits=1, max_digits=1))]
+    params["eval"]["sets"] = [
+        dict(
+            name="ood_chain",
+            task="chain_sum",
+            size=6,
+            config=dict(min_terms=4, max_terms=4, min_digits=1, max_digits=1),
+        )
+    ]
     return params
 
 
@@ -55,12 +76,28 @@ def test_dvc_repro_runs_every_stage(workspace, tmp_path):
     res = run("dvc", "repro")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
 
-    for path in ["data/models/base/model.safetensors", "data/models/sft/model.safetensors", "data/models/rl/main/model.safetensors",
-                 "data/curated/train.jsonl", "data/curated/test.jsonl", "data/difficulty/scores.jsonl", "data/sft/traces.jsonl", "data/difficulty/train.jsonl",
-                 "data/curated/eval/ood_chain.jsonl", "data/eval/base/test.jsonl", "data/eval/sft/ood_chain.jsonl",
-                 "data/eval/rl-main/test.samples.jsonl", "data/reports/report.md", "data/reports/report.html",
-                 "data/plots/rl/main.json", "data/plots/pass_at_k/sft.json", "data/plots/accuracy_by_difficulty/base.json",
-                 "data/plots/difficulty/pass_rate.json", "data/plots/curate/prompt_length.json", "data/plots/curate/difficulty.json"]:
+    for path in [
+        "data/models/base/model.safetensors",
+        "data/models/sft/model.safetensors",
+        "data/models/rl/main/model.safetensors",
+        "data/curated/train.jsonl",
+        "data/curated/test.jsonl",
+        "data/difficulty/scores.jsonl",
+        "data/sft/traces.jsonl",
+        "data/difficulty/train.jsonl",
+        "data/curated/eval/ood_chain.jsonl",
+        "data/eval/base/test.jsonl",
+        "data/eval/sft/ood_chain.jsonl",
+        "data/eval/rl-main/test.samples.jsonl",
+        "data/reports/report.md",
+        "data/reports/report.html",
+        "data/plots/rl/main.json",
+        "data/plots/pass_at_k/sft.json",
+        "data/plots/accuracy_by_difficulty/base.json",
+        "data/plots/difficulty/pass_rate.json",
+        "data/plots/curate/prompt_length.json",
+        "data/plots/curate/difficulty.json",
+    ]:
         assert (ws / path).is_file(), path
     assert json.loads((ws / "data/models/sft/rung.json").read_text())["stage"] == "sft"
     assert sum(json.loads((ws / "data/metrics/difficulty.json").read_text())["buckets"].values()) == 8
@@ -72,19 +109,31 @@ def test_dvc_repro_runs_every_stage(workspace, tmp_path):
         test = m["sets"]["test"]
         assert test["n"] == len(test_rows) and 0 <= test["accuracy"] <= 1 and m["sampling"]["temperature"] == 0
         assert test["accuracy_ci"][0] <= test["accuracy"] <= test["accuracy_ci"][1]
-        assert set(test["pass_at_k"]) == {"1", "2", "3"} and "avg@3" in test and set(test["maj_at_k"]) == {"1", "2", "3"}
-        assert m["sets"]["ood_chain"]["n"] == 6 and len(m["model_md5"]) == 32 and set(m["data_md5"]) == {"test", "ood_chain"}
+        assert (
+            set(test["pass_at_k"]) == {"1", "2", "3"} and "avg@3" in test and set(test["maj_at_k"]) == {"1", "2", "3"}
+        )
+        assert (
+            m["sets"]["ood_chain"]["n"] == 6
+            and len(m["model_md5"]) == 32
+            and set(m["data_md5"]) == {"test", "ood_chain"}
+        )
     assert [p["k"] for p in json.loads((ws / "data/plots/pass_at_k/sft.json").read_text())] == [1, 2, 3]
     assert [c["step"] for c in json.loads((ws / "data/plots/rl/main.json").read_text())] == [1, 2]
     report = (ws / "data/reports/report.md").read_text()
     for ckpt in ("| base |", "| sft |", "| rl/main |"):
         assert ckpt in report
     # a random tiny model is degenerate: the report and the MLflow runs say so
-    assert "Warnings (rung.health):" in report and "eval-base: the model never follows the answer format on test" in report
+    assert (
+        "Warnings (rung.health):" in report and "eval-base: the model never follows the answer format on test" in report
+    )
 
     # Paired comparisons: a DVC metrics file, the reports, MLflow (the report run and the parent).
     compared = json.loads((ws / "data/reports/comparisons.json").read_text())
-    assert set(compared["comparisons"]) == {"sft-vs-base", "rl-main-vs-sft", "rl-main-vs-base"}  # (the file's keys are sorted)
+    assert set(compared["comparisons"]) == {
+        "sft-vs-base",
+        "rl-main-vs-sft",
+        "rl-main-vs-base",
+    }  # (the file's keys are sorted)
     assert (compared["level"], compared["resamples"]) == (0.05, 1000)
     for c in compared["comparisons"].values():
         assert set(c["sets"]) == {"test", "ood_chain"}
@@ -93,7 +142,11 @@ def test_dvc_repro_runs_every_stage(workspace, tmp_path):
         assert 0 <= test["mcnemar_p"] <= 1 and test["verdict"] in ("significant at 0.05", "not significant at 0.05")
         assert set(test["sampled"]) == {"n", "samples", "avg@3", "pass@1", "pass@2", "pass@3"}
     rl_vs_sft = compared["comparisons"]["rl-main-vs-sft"]["sets"]["test"]
-    assert "## Paired comparisons" in report and f"| rl/main vs sft | test | {len(test_rows)} |" in report and rl_vs_sft["verdict"] in report
+    assert (
+        "## Paired comparisons" in report
+        and f"| rl/main vs sft | test | {len(test_rows)} |" in report
+        and rl_vs_sft["verdict"] in report
+    )
     assert '<table id="paired">' in (ws / "data/reports/report.html").read_text()
     shown = run("dvc", "metrics", "show", "--json")
     assert shown.returncode == 0 and "data/reports/comparisons.json" in shown.stdout and "mcnemar_p" in shown.stdout
@@ -112,7 +165,9 @@ def test_dvc_repro_runs_every_stage(workspace, tmp_path):
     assert len(parents) == 1
     commit = run("git", "rev-parse", "HEAD").stdout.strip()
     assert parents[0].info.run_name == f"repro {commit[:7]}" and parents[0].data.tags["rung.invocation"] == "repro"
-    assert mlflow.get_experiment_by_name("rung").tags["mlflow.experimentKind"] == "finetuning"  # the UI opens on training runs
+    assert (
+        mlflow.get_experiment_by_name("rung").tags["mlflow.experimentKind"] == "finetuning"
+    )  # the UI opens on training runs
     assert {r.info.run_name for r in children} == STAGES and len(children) == len(STAGES)
     assert all(r.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for r in children)
     by_name = {r.info.run_name: r for r in children}
@@ -121,24 +176,54 @@ def test_dvc_repro_runs_every_stage(workspace, tmp_path):
     assert sft.data.tags["md5.model"] and sft.data.tags["version.trl"]
     client = mlflow.MlflowClient()
     assert len(client.get_metric_history(sft.info.run_id, "loss")) == 2  # per step
-    for key in ("reward", "kl", "entropy", "completions/mean_length", "rewards/accuracy/mean", "rewards/overlong/mean", "frac_reward_zero_std",
-                "frac_zero_std_trained", "dynamic_sampling/rounds", "curriculum/size/normal", "curriculum/drawn_pass_rate"):
-        assert len(client.get_metric_history(rl.info.run_id, key)) == 2, key  # per step: the dapo preset, pools curriculum
+    for key in (
+        "reward",
+        "kl",
+        "entropy",
+        "completions/mean_length",
+        "rewards/accuracy/mean",
+        "rewards/overlong/mean",
+        "frac_reward_zero_std",
+        "frac_zero_std_trained",
+        "dynamic_sampling/rounds",
+        "curriculum/size/normal",
+        "curriculum/drawn_pass_rate",
+    ):
+        assert len(client.get_metric_history(rl.info.run_id, key)) == 2, (
+            key
+        )  # per step: the dapo preset, pools curriculum
     assert any(k.startswith("accuracy_by_bucket/") for k in rl.data.metrics)
     assert "eval-sft/sets/test/accuracy" in by_name["eval@sft"].data.metrics
     assert "never follows the answer format" in by_name["eval@base"].data.tags["rung.warnings"]
     paired = by_name["report"].data.metrics
     assert paired["paired/rl-main-vs-sft/sets/test/mcnemar_p"] == pytest.approx(rl_vs_sft["mcnemar_p"])
     assert paired["paired/rl-main-vs-sft/sets/test/significant"] == float(rl_vs_sft["significant"])
-    assert "paired/sft-vs-base/sets/ood_chain/wrong_to_right" in paired and "paired/rl-main-vs-base/sets/test/sampled/avg_3/ci_low" in paired
-    assert {a.path for a in client.list_artifacts(parents[0].info.run_id)} >= {"paired_greedy.json", "paired_sampled.json", "paired_comparisons.md"}
-    table = json.loads(Path(client.download_artifacts(parents[0].info.run_id, "paired_greedy.json", str(tmp_path))).read_text())
+    assert (
+        "paired/sft-vs-base/sets/ood_chain/wrong_to_right" in paired
+        and "paired/rl-main-vs-base/sets/test/sampled/avg_3/ci_low" in paired
+    )
+    assert {a.path for a in client.list_artifacts(parents[0].info.run_id)} >= {
+        "paired_greedy.json",
+        "paired_sampled.json",
+        "paired_comparisons.md",
+    }
+    table = json.loads(
+        Path(client.download_artifacts(parents[0].info.run_id, "paired_greedy.json", str(tmp_path))).read_text()
+    )
     rows = [dict(zip(table["columns"], r, strict=True)) for r in table["data"]]
-    [verdict] = [r["verdict"] for r in rows if r["comparison (new vs old)"] == "rl/main vs sft" and r["eval set"] == "test"]
+    [verdict] = [
+        r["verdict"] for r in rows if r["comparison (new vs old)"] == "rl/main vs sft" and r["eval set"] == "test"
+    ]
     assert verdict.startswith(rl_vs_sft["verdict"])  # a non-significant one adds what a significant result would need
     assert "eval-sft/sets/test/pass_at_k/3" in by_name["eval@sft"].data.metrics
-    assert {a.path for a in client.list_artifacts(by_name["eval@sft"].info.run_id, "samples")} >= {"samples/test.jsonl", "samples/ood_chain.jsonl"}
-    assert by_name["curate"].inputs.dataset_inputs[0].dataset.digest == run("md5sum", "data/curated/train.jsonl").stdout.split()[0]
+    assert {a.path for a in client.list_artifacts(by_name["eval@sft"].info.run_id, "samples")} >= {
+        "samples/test.jsonl",
+        "samples/ood_chain.jsonl",
+    }
+    assert (
+        by_name["curate"].inputs.dataset_inputs[0].dataset.digest
+        == run("md5sum", "data/curated/train.jsonl").stdout.split()[0]
+    )
 
     again = run("dvc", "repro")
     assert again.returncode == 0 and "Running stage" not in again.stdout
@@ -159,7 +244,9 @@ def test_pipeline_flow_runs_only_stale_stages(workspace):
     parent = [r for r in _runs(ws) if r.data.tags.get("rung.invocation") == "pipeline"]
     commit = run("git", "rev-parse", "HEAD").stdout.strip()
     assert len(parent) == 1 and parent[0].info.status == "FINISHED"
-    assert parent[0].info.run_name == f"pipeline {commit[:7]} (eval.sampling.max_new_tokens=6)"  # what it ran: the commit and the change
+    assert (
+        parent[0].info.run_name == f"pipeline {commit[:7]} (eval.sampling.max_new_tokens=6)"
+    )  # what it ran: the commit and the change
     assert parent[0].data.tags["rung.stages_run"] == "eval_base,eval_sft,eval_rl@main,report"
     kids = [r for r in _runs(ws) if r.data.tags.get("mlflow.parentRunId") == parent[0].info.run_id]
     assert {r.info.run_name for r in kids} == {"eval@base", "eval@sft", "eval@rl-main", "report"}
@@ -191,12 +278,20 @@ def test_bad_params_fail_fast_and_keep_outputs(workspace):
     for cmd in (["rung", "validate"], [sys.executable, "-m", "flows.pipeline"], [sys.executable, "-m", "flows.report"]):
         res = run(*cmd)
         assert res.returncode == 2, cmd
-        assert res.stderr.strip().splitlines()[-1] == "error: params.yaml: rl.stages.main.learning_rate: Input should be a valid number, unable to parse string as a number"
+        assert (
+            res.stderr.strip().splitlines()[-1]
+            == "error: params.yaml: rl.stages.main.learning_rate: Input should be a valid number, unable to parse string as a number"
+        )
     assert (ws / "data/reports/report.md").read_text() == report
 
 
 def _snapshot(ws: Path, *paths: str) -> dict[str, bytes]:
-    return {str(f.relative_to(ws)): f.read_bytes() for p in paths for f in sorted([ws / p, *(ws / p).rglob("*")]) if f.is_file()}
+    return {
+        str(f.relative_to(ws)): f.read_bytes()
+        for p in paths
+        for f in sorted([ws / p, *(ws / p).rglob("*")])
+        if f.is_file()
+    }
 
 
 def test_a_failed_stage_under_plain_dvc_repro_keeps_its_outputs(workspace):
@@ -223,9 +318,18 @@ def test_killed_stage_resumes_from_its_last_checkpoint(workspace, prefect_server
     (ws / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = {**os.environ, **prefect_server, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     env.pop("MLFLOW_TRACKING_URI", None)
-    job = subprocess.Popen(["dvc", "repro", stage], cwd=ws, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    job = subprocess.Popen(
+        ["dvc", "repro", stage],
+        cwd=ws,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.time() + 300
-    complete = (CURRICULUM_STATE, "trainer_state.json") if section == "rl" else ("trainer_state.json",)  # as rung.train.checkpoints.resume_point reads them
+    complete = (
+        (CURRICULUM_STATE, "trainer_state.json") if section == "rl" else ("trainer_state.json",)
+    )  # as rung.train.checkpoints.resume_point reads them
     while not complete_checkpoints(ws / "data/work" / work, complete):
         assert job.poll() is None and time.time() < deadline, "the stage ended before its first checkpoint"
         time.sleep(0.05)

@@ -1,5 +1,6 @@
 """A catalogue of bad inputs, each refused by `rung validate` before any compute: exit code 2, one
 line naming the key (with the stage's real name) or the file, and data/ untouched."""
+
 from __future__ import annotations
 
 import time
@@ -9,8 +10,7 @@ import yaml
 from typer.testing import CliRunner
 
 from flows.cli import app
-from rung import config
-from rung import files
+from rung import config, files
 
 
 def _reward_not_taking_completions(answer):  # used by a case below through its import path
@@ -21,48 +21,119 @@ CASES = {
     # (edits as (dotted key, value); the start of the expected one-line error)
     "unknown key": ([("rl.stages.main.learning_rat", 1e-6)], "error: params.yaml: rl.stages.main.learning_rat"),
     "wrong type": ([("sft.max_steps", "many")], "error: params.yaml: sft.max_steps"),
-    "negative learning rate": ([("rl.stages.main.learning_rate", -1.0)], "error: params.yaml: rl.stages.main.learning_rate"),
-    "window min > max": ([("difficulty.pass_rate_min", 0.9), ("difficulty.pass_rate_max", 0.1)], "error: params.yaml: difficulty"),
+    "negative learning rate": (
+        [("rl.stages.main.learning_rate", -1.0)],
+        "error: params.yaml: rl.stages.main.learning_rate",
+    ),
+    "window min > max": (
+        [("difficulty.pass_rate_min", 0.9), ("difficulty.pass_rate_max", 0.1)],
+        "error: params.yaml: difficulty",
+    ),
     "no RL stage": ([("rl.stages", {})], "error: params.yaml: rl.stages"),
     "init of an unknown stage": ([("rl.stages.main.init", "rl/nope")], "error: params.yaml: rl.stages.main.init"),
-    "uneven prompts over processes": ([("rl.stages.main.prompts_per_step", 3), ("rl.stages.main.launch", {"num_processes": 2})],
-                                      "error: params.yaml: rl.stages.main"),
-    "empty source file": ([("curate.sources", [{"name": "mine", "type": "file", "path": "empty.jsonl"}])], "error: curate.sources.mine.path: empty.jsonl is empty"),
-    "missing source file": ([("curate.sources", [{"name": "mine", "type": "file", "path": "nope.jsonl"}])], "error: curate.sources.mine.path: nope.jsonl not found"),
-    "source without its answer column": ([("curate.sources", [{"name": "mine", "type": "file", "path": "noanswer.jsonl"}])],
-                                         "error: curate.sources.mine.columns.answer"),
-    "unknown reasoning-gym task": ([("curate.sources.0.task", "no_such_task")], "error: curate.sources.arith_easy.task: unknown reasoning-gym task"),
-    "config a task rejects": ([("curate.sources.0.config", {"min_terms": 5, "max_terms": 2})], "error: curate.sources.arith_easy.config"),
+    "uneven prompts over processes": (
+        [("rl.stages.main.prompts_per_step", 3), ("rl.stages.main.launch", {"num_processes": 2})],
+        "error: params.yaml: rl.stages.main",
+    ),
+    "empty source file": (
+        [("curate.sources", [{"name": "mine", "type": "file", "path": "empty.jsonl"}])],
+        "error: curate.sources.mine.path: empty.jsonl is empty",
+    ),
+    "missing source file": (
+        [("curate.sources", [{"name": "mine", "type": "file", "path": "nope.jsonl"}])],
+        "error: curate.sources.mine.path: nope.jsonl not found",
+    ),
+    "source without its answer column": (
+        [("curate.sources", [{"name": "mine", "type": "file", "path": "noanswer.jsonl"}])],
+        "error: curate.sources.mine.columns.answer",
+    ),
+    "unknown reasoning-gym task": (
+        [("curate.sources.0.task", "no_such_task")],
+        "error: curate.sources.arith_easy.task: unknown reasoning-gym task",
+    ),
+    "config a task rejects": (
+        [("curate.sources.0.config", {"min_terms": 5, "max_terms": 2})],
+        "error: curate.sources.arith_easy.config",
+    ),
     "eval set of an unknown task": ([("eval.sets.0.task", "no_such_task")], "error: eval.sets.chain_sum_4terms.task"),
-    "model path that does not exist": ([("model.source", "./no/such/model")], "error: model.source: directory not found"),
-    "model dir without a tokenizer": ([("model.source", "./half_model")], "error: model.source: ./half_model has no tokenizer"),
-    "teacher that does not exist": ([("sft.traces", [{"type": "distill", "model": "./no/teacher"}])], "error: sft.traces.model: directory not found"),
-    "reward import that fails": ([("rl.stages.main.rewards", {"mine": {"import": "no_such_module:f"}})],
-                                 "error: rl.stages.main.rewards.mine.import: cannot load 'no_such_module:f'"),
-    "reward without completions": ([("rl.stages.main.rewards", {"mine": {"import": "tests.test_preflight:_reward_not_taking_completions"}})],
-                                   "error: rl.stages.main.rewards.mine.import: 'tests.test_preflight:_reward_not_taking_completions' must accept completions"),
-    "answer_pattern that does not compile": ([("eval.sets", [{"type": "file", "name": "bench", "path": "bench.jsonl", "answer_pattern": "(\\d+"}])],
-                                             "error: params.yaml: eval.sets.0.answer_pattern: does not compile"),
-    "answer_pattern matching none of the first rows": ([("eval.sets", [{"type": "file", "name": "bench", "path": "bench.jsonl",
-                                                                        "answer_pattern": "Answer: (\\d+)"}])],
-                                                       "error: eval.sets.bench.answer_pattern: matches none of the first 2 rows of bench.jsonl"),
-    "answer_pattern beside answer_from boxed": ([("curate.sources", [{"type": "file", "name": "mine", "path": "bench.jsonl", "answer_from": "boxed",
-                                                                         "answer_pattern": "(x)"}])],
-                                                "error: params.yaml: curate.sources.0.answer_pattern: set answer_pattern or answer_from: boxed, not both"),
-    "gsm8k answers without a '####' line": ([("curate.sources", [{"type": "file", "name": "mine", "path": "bench.jsonl", "answer_from": "gsm8k"}])],
-                                             "error: curate.sources.mine.answer_from: gsm8k, but none of the first 2 rows"),
-    "unknown benchmark": ([("eval.sets", [{"type": "benchmark", "name": "math5000"}])], "error: params.yaml: eval.sets.0.benchmark: unknown benchmark 'math5000'"),
-    "benchmark copy that does not exist": ([("eval.sets", [{"type": "benchmark", "name": "math500", "dataset": "./no/math500"}])],
-                                           "error: eval.sets.math500.dataset: directory not found: ./no/math500"),
-    "FSDP without CUDA": ([("rl.stages.main.launch", {"num_processes": 2, "accelerate_config": "fsdp"})],
-                          "error: rl.stages.main.launch.accelerate_config: fsdp.yaml (FSDP / DeepSpeed) needs CUDA GPUs"),
+    "model path that does not exist": (
+        [("model.source", "./no/such/model")],
+        "error: model.source: directory not found",
+    ),
+    "model dir without a tokenizer": (
+        [("model.source", "./half_model")],
+        "error: model.source: ./half_model has no tokenizer",
+    ),
+    "teacher that does not exist": (
+        [("sft.traces", [{"type": "distill", "model": "./no/teacher"}])],
+        "error: sft.traces.model: directory not found",
+    ),
+    "reward import that fails": (
+        [("rl.stages.main.rewards", {"mine": {"import": "no_such_module:f"}})],
+        "error: rl.stages.main.rewards.mine.import: cannot load 'no_such_module:f'",
+    ),
+    "reward without completions": (
+        [("rl.stages.main.rewards", {"mine": {"import": "tests.test_preflight:_reward_not_taking_completions"}})],
+        "error: rl.stages.main.rewards.mine.import: 'tests.test_preflight:_reward_not_taking_completions' must accept completions",
+    ),
+    "answer_pattern that does not compile": (
+        [("eval.sets", [{"type": "file", "name": "bench", "path": "bench.jsonl", "answer_pattern": "(\\d+"}])],
+        "error: params.yaml: eval.sets.0.answer_pattern: does not compile",
+    ),
+    "answer_pattern matching none of the first rows": (
+        [("eval.sets", [{"type": "file", "name": "bench", "path": "bench.jsonl", "answer_pattern": "Answer: (\\d+)"}])],
+        "error: eval.sets.bench.answer_pattern: matches none of the first 2 rows of bench.jsonl",
+    ),
+    "answer_pattern beside answer_from boxed": (
+        [
+            (
+                "curate.sources",
+                [
+                    {
+                        "type": "file",
+                        "name": "mine",
+                        "path": "bench.jsonl",
+                        "answer_from": "boxed",
+                        "answer_pattern": "(x)",
+                    }
+                ],
+            )
+        ],
+        "error: params.yaml: curate.sources.0.answer_pattern: set answer_pattern or answer_from: boxed, not both",
+    ),
+    "gsm8k answers without a '####' line": (
+        [("curate.sources", [{"type": "file", "name": "mine", "path": "bench.jsonl", "answer_from": "gsm8k"}])],
+        "error: curate.sources.mine.answer_from: gsm8k, but none of the first 2 rows",
+    ),
+    "unknown benchmark": (
+        [("eval.sets", [{"type": "benchmark", "name": "math5000"}])],
+        "error: params.yaml: eval.sets.0.benchmark: unknown benchmark 'math5000'",
+    ),
+    "benchmark copy that does not exist": (
+        [("eval.sets", [{"type": "benchmark", "name": "math500", "dataset": "./no/math500"}])],
+        "error: eval.sets.math500.dataset: directory not found: ./no/math500",
+    ),
+    "FSDP without CUDA": (
+        [("rl.stages.main.launch", {"num_processes": 2, "accelerate_config": "fsdp"})],
+        "error: rl.stages.main.launch.accelerate_config: fsdp.yaml (FSDP / DeepSpeed) needs CUDA GPUs",
+    ),
     "vllm without a GPU": ([("generation.backend", "vllm")], "error: generation.backend: vllm"),
-    "unknown answer style": ([("format.style", "latex")], "error: params.yaml: format.style: Input should be 'answer_line', 'boxed' or 'tags'"),
-    "plain template without {prompt}": ([("format.template", "plain"), ("format.plain_template", "Question? Answer:")],
-                                        "error: params.yaml: format.plain_template: must contain {prompt}"),
-    "chat template on a base model": ([("model.source", "./base_model")], "error: format.template: chat, but model.source './base_model' has no chat template"),
-    "chat template on a base teacher": ([("sft.traces", [{"type": "distill", "model": "./base_model"}])],
-                                        "error: format.template: chat, but sft.traces.model './base_model' has no chat template"),
+    "unknown answer style": (
+        [("format.style", "latex")],
+        "error: params.yaml: format.style: Input should be 'answer_line', 'boxed' or 'tags'",
+    ),
+    "plain template without {prompt}": (
+        [("format.template", "plain"), ("format.plain_template", "Question? Answer:")],
+        "error: params.yaml: format.plain_template: must contain {prompt}",
+    ),
+    "chat template on a base model": (
+        [("model.source", "./base_model")],
+        "error: format.template: chat, but model.source './base_model' has no chat template",
+    ),
+    "chat template on a base teacher": (
+        [("sft.traces", [{"type": "distill", "model": "./base_model"}])],
+        "error: format.template: chat, but sft.traces.model './base_model' has no chat template",
+    ),
 }
 
 
@@ -71,7 +142,10 @@ def workdir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "empty.jsonl").write_text("")
     files.write_jsonl(tmp_path / "noanswer.jsonl", [{"prompt": "1 + 1?", "solution": "2"}])
-    files.write_jsonl(tmp_path / "bench.jsonl", [{"prompt": "1 + 1?", "answer": "The result is 2"}, {"prompt": "2 + 2?", "answer": "The result is 4"}])
+    files.write_jsonl(
+        tmp_path / "bench.jsonl",
+        [{"prompt": "1 + 1?", "answer": "The result is 2"}, {"prompt": "2 + 2?", "answer": "The result is 4"}],
+    )
     (tmp_path / "half_model").mkdir()
     (tmp_path / "half_model" / "config.json").write_text("{}")
     (tmp_path / "base_model").mkdir()  # a base model: config and tokenizer, no chat template

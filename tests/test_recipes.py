@@ -1,5 +1,6 @@
 """recipes/: every recipe validates as shipped, and runs end to end with `rung run` on the tiny
 model with its sizes overridden (the recipe's format, template, presets and rewards kept)."""
+
 from __future__ import annotations
 
 import json
@@ -32,11 +33,23 @@ def small(recipe: Path, model: Path) -> list[str]:
     instead of hub datasets, a few short steps; the format, rewards and algorithm stay the recipe's."""
     data = yaml.safe_load(recipe.read_text())
     sets = {
-        "model.source": str(model), "model.dtype": "float32", "generation.backend": "transformers",
-        "curate.sources": [{"name": "arith", "task": "basic_arithmetic", "size": 30,
-                            "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}}],
-        "curate.max_test": 4, "curate.test_fraction": 0.2,
-        "difficulty.num_generations": 2, "difficulty.max_prompts": 4, "difficulty.pass_rate_min": 0.0, "difficulty.pass_rate_max": 1.0,
+        "model.source": str(model),
+        "model.dtype": "float32",
+        "generation.backend": "transformers",
+        "curate.sources": [
+            {
+                "name": "arith",
+                "task": "basic_arithmetic",
+                "size": 30,
+                "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
+            }
+        ],
+        "curate.max_test": 4,
+        "curate.test_fraction": 0.2,
+        "difficulty.num_generations": 2,
+        "difficulty.max_prompts": 4,
+        "difficulty.pass_rate_min": 0.0,
+        "difficulty.pass_rate_max": 1.0,
         "difficulty.sampling": {"temperature": 1.0, "max_new_tokens": 8, "batch_size": 8},
         "eval.sampling": {"temperature": 0.0, "max_new_tokens": 8, "batch_size": 8},
         "eval.samples": None,
@@ -46,13 +59,32 @@ def small(recipe: Path, model: Path) -> list[str]:
         sets |= {"sft.max_steps": 1, "sft.epochs": None, "sft.per_device_train_batch_size": 2}
         # A teacher is replaced by the tiny model, which samples no correct trace: the data's worked
         # solutions are added, so that SFT has targets while the sampling path still runs.
-        traces = [{**t, "model": str(model), "num_samples": 2, "max_prompts": 4, "sampling": {"temperature": 1.0, "max_new_tokens": 8, "batch_size": 8}}
-                  if t["type"] != "solutions" else t for t in data["sft"].get("traces", [{"type": "solutions"}])]
-        sets["sft.traces"] = traces if any(t["type"] == "solutions" for t in traces) else [*traces, {"type": "solutions"}]
+        traces = [
+            {
+                **t,
+                "model": str(model),
+                "num_samples": 2,
+                "max_prompts": 4,
+                "sampling": {"temperature": 1.0, "max_new_tokens": 8, "batch_size": 8},
+            }
+            if t["type"] != "solutions"
+            else t
+            for t in data["sft"].get("traces", [{"type": "solutions"}])
+        ]
+        sets["sft.traces"] = (
+            traces if any(t["type"] == "solutions" for t in traces) else [*traces, {"type": "solutions"}]
+        )
     for name, stage in data["rl"]["stages"].items():
         key = f"rl.stages.{name}"
-        sets |= {f"{key}.max_steps": 2, f"{key}.save_steps": 2, f"{key}.num_generations": 2, f"{key}.prompts_per_step": 2,
-                 f"{key}.max_completion_length": 8, f"{key}.use_vllm": False, f"{key}.trl": {}}
+        sets |= {
+            f"{key}.max_steps": 2,
+            f"{key}.save_steps": 2,
+            f"{key}.num_generations": 2,
+            f"{key}.prompts_per_step": 2,
+            f"{key}.max_completion_length": 8,
+            f"{key}.use_vllm": False,
+            f"{key}.trl": {},
+        }
         if "overlong" in stage.get("rewards", {}):
             sets[f"{key}.rewards.overlong.args"] = {"buffer": 2}
     return [a for k, v in sets.items() for a in ("--set", f"{k}={json.dumps(v)}")]
@@ -72,8 +104,23 @@ def check_outputs(recipe: Path, ws: Path) -> None:
     assert (ran.format, ran.rl.stages.keys()) == (shipped.format, shipped.rl.stages.keys())
     for name, stage in shipped.rl.stages.items():
         got = ran.rl.stages[name]
-        assert (got.loss_type, got.epsilon_high, got.beta, got.init, got.learning_rate, got.scale_rewards, set(got.rewards)) == (
-            stage.loss_type, stage.epsilon_high, stage.beta, stage.init, stage.learning_rate, stage.scale_rewards, set(stage.rewards))
+        assert (
+            got.loss_type,
+            got.epsilon_high,
+            got.beta,
+            got.init,
+            got.learning_rate,
+            got.scale_rewards,
+            set(got.rewards),
+        ) == (
+            stage.loss_type,
+            stage.epsilon_high,
+            stage.beta,
+            stage.init,
+            stage.learning_rate,
+            stage.scale_rewards,
+            set(stage.rewards),
+        )
         assert json.loads((ws / f"data/metrics/rl-{name}.json").read_text())["steps"] == 2
     evaluated = json.loads((ws / f"data/metrics/eval-rl-{next(iter(shipped.rl.stages))}.json").read_text())
     assert evaluated["format"] == {"style": shipped.format.style, "template": shipped.format.template}
@@ -84,12 +131,20 @@ def test_rung_run_end_to_end(tiny_model, prefect_server, tmp_path):
     """`rung run` itself: the workspace, `dvc repro` in it, MLflow into the given store, the table."""
     recipe, ws = ROOT / "recipes/r1_zero.yaml", tmp_path / "run"
     env = {**os.environ, **prefect_server, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
-    res = subprocess.run([*RUNG, "run", str(recipe), "--dir", str(ws), *small(recipe, tiny_model)],
-                         cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    res = subprocess.run(
+        [*RUNG, "run", str(recipe), "--dir", str(ws), *small(recipe, tiny_model)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     check_outputs(recipe, ws)
     assert "| rl/main |" in res.stdout and (tmp_path / "mlflow.db").is_file()
-    assert subprocess.run([sys.executable, "-m", "dvc", "status", "-q"], cwd=ws, env=env, check=False).returncode == 0  # every stage up to date
+    assert (
+        subprocess.run([sys.executable, "-m", "dvc", "status", "-q"], cwd=ws, env=env, check=False).returncode == 0
+    )  # every stage up to date
 
 
 @pytest.mark.parametrize("recipe", [r for r in RECIPES if r.stem != "r1_zero"], ids=lambda p: p.stem)
@@ -118,10 +173,12 @@ def test_recipe_runs_small_end_to_end(recipe, tiny_model, prefect_server, tmp_pa
 
 def test_run_refuses_bad_overrides_before_writing_anything(tmp_path):
     runner = CliRunner()
-    for sets, message in ((["--set", "seed"], "--set 'seed': expected KEY=VALUE"),
-                          (["--set", "rl.stages.main.learning_rate=-1"], "rl.stages.main.learning_rate: Input should be greater than 0"),
-                          (["--set", "format.style=latex"], "format.style: Input should be"),
-                          (["--set", "curate.sources.7.size=1"], "curate.sources.7.size: no key '7' here")):
+    for sets, message in (
+        (["--set", "seed"], "--set 'seed': expected KEY=VALUE"),
+        (["--set", "rl.stages.main.learning_rate=-1"], "rl.stages.main.learning_rate: Input should be greater than 0"),
+        (["--set", "format.style=latex"], "format.style: Input should be"),
+        (["--set", "curate.sources.7.size=1"], "curate.sources.7.size: no key '7' here"),
+    ):
         res = runner.invoke(app, ["run", str(RECIPES[0]), "--dir", str(tmp_path / "ws"), *sets])
         assert res.exit_code == 2 and message in res.output and len(res.output.strip().splitlines()) == 1, res.output
         assert not (tmp_path / "ws").exists()

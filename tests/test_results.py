@@ -1,6 +1,7 @@
 """Typed results (rung.eval.results) write the files they replaced byte for byte: every eval metrics
 file read and dumped again, and the report's and a study's files against the ones the dict-based
 code wrote for the same inputs (tests/fixtures/report, written before the results were typed)."""
+
 from __future__ import annotations
 
 import json
@@ -17,17 +18,27 @@ from rung.report import pipeline, study, studypage
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests/fixtures/report"
 CHECKPOINTS = {"base": "base", "sft": "sft", "rl/main": "rl-main"}
-RL = {"main": {"init": "sft", "recipe": "grpo, dapo: dapo loss, clip 0.2/0.28, beta 0.0", "curriculum": "pools + dynamic sampling (3 rounds)",
-               "steps": "20 x 2 prompts x 8, lr 3e-06",
-               "zero-variance groups": "0.15 generated, 0.00 trained; 0.00 of generated groups dropped, 0 extra completions",
-               "last reward": "0.787 trained on"}}
+RL = {
+    "main": {
+        "init": "sft",
+        "recipe": "grpo, dapo: dapo loss, clip 0.2/0.28, beta 0.0",
+        "curriculum": "pools + dynamic sampling (3 rounds)",
+        "steps": "20 x 2 prompts x 8, lr 3e-06",
+        "zero-variance groups": "0.15 generated, 0.00 trained; 0.00 of generated groups dropped, 0 extra completions",
+        "last reward": "0.787 trained on",
+    }
+}
 
 
 def _bytes(obj: object) -> str:
     return json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"  # as rung.files.write_json writes
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "data/metrics").glob("eval-*.json")) + sorted(FIXTURES.glob("eval-*.json")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path",
+    sorted((ROOT / "data/metrics").glob("eval-*.json")) + sorted(FIXTURES.glob("eval-*.json")),
+    ids=lambda p: p.name,
+)
 def test_eval_metrics_files_round_trip(path):
     text = path.read_text()
     assert _bytes(EvalResult.model_validate_json(text).dump()) == text
@@ -56,7 +67,9 @@ def test_report_files_are_the_ones_written_before(tmp_path, monkeypatch):
         files.write_jsonl(d / "chain_sum_4terms.jsonl", _greedy(correct[:20]))
         files.write_jsonl(d / "test.samples.jsonl", _sampled([int(c) * 3 for c in correct[:10]], n=3))
     compared = comparisons.comparisons(comparisons.pairs({"main": "sft"}), 0.95, 300, 42)
-    evals = {c: EvalResult.model_validate(files.read_json(FIXTURES / f"eval-{slug}.json")) for c, slug in CHECKPOINTS.items()}
+    evals = {
+        c: EvalResult.model_validate(files.read_json(FIXTURES / f"eval-{slug}.json")) for c, slug in CHECKPOINTS.items()
+    }
     curves = {"rl/main": [{"step": 1, "reward": 0.5}]}
     warnings = ["eval-base: the model never follows the answer format on test (format rate 0%)"]
     text = pipeline.run(evals, curves, RL, {"seed": 42, "model": "m"}, compared, warnings)
@@ -70,22 +83,52 @@ def _records(correct):
 
 
 def _run(arm, seed, acc, correct):
-    sets = {"test": {"accuracy": acc, "format_rate": 1.0, "mean_tokens": 9.0, "truncation_rate": 0.0, "n": len(correct),
-                     "avg@2": acc / 2, "pass_at_k": {"1": acc / 2, "2": acc}, "accuracy_ci": [0, 1], "accuracy_by_source": {"a": acc}},
-            "ood": {"accuracy": acc / 2, "format_rate": 0.5, "mean_tokens": 9.5, "truncation_rate": 0.1, "n": len(correct),
-                    "accuracy_ci": [0, 1], "accuracy_by_source": {"a": acc}}}
-    return {"arm": arm, "seed": seed, "eval": EvalResult.model_validate({"sets": sets}), "rl": {"steps": 2.0, "reward_last": acc, "frac_reward_zero_std": 0.5},
-            "init_eval": EvalResult.model_validate({"sets": {"test": {"n": 4, "accuracy": 0.25}}}),
-            "records": {"test": _records(correct), "ood": _records(correct[::-1])},
-            "curve": [{"step": 1, "reward": 0.1 * seed, "accuracy": 0.2, "heldout_accuracy": 0.25 + 0.25 * seed},
-                      {"step": 2, "reward": 0.2 * seed, "accuracy": 0.3}]}
+    sets = {
+        "test": {
+            "accuracy": acc,
+            "format_rate": 1.0,
+            "mean_tokens": 9.0,
+            "truncation_rate": 0.0,
+            "n": len(correct),
+            "avg@2": acc / 2,
+            "pass_at_k": {"1": acc / 2, "2": acc},
+            "accuracy_ci": [0, 1],
+            "accuracy_by_source": {"a": acc},
+        },
+        "ood": {
+            "accuracy": acc / 2,
+            "format_rate": 0.5,
+            "mean_tokens": 9.5,
+            "truncation_rate": 0.1,
+            "n": len(correct),
+            "accuracy_ci": [0, 1],
+            "accuracy_by_source": {"a": acc},
+        },
+    }
+    return {
+        "arm": arm,
+        "seed": seed,
+        "eval": EvalResult.model_validate({"sets": sets}),
+        "rl": {"steps": 2.0, "reward_last": acc, "frac_reward_zero_std": 0.5},
+        "init_eval": EvalResult.model_validate({"sets": {"test": {"n": 4, "accuracy": 0.25}}}),
+        "records": {"test": _records(correct), "ood": _records(correct[::-1])},
+        "curve": [
+            {"step": 1, "reward": 0.1 * seed, "accuracy": 0.2, "heldout_accuracy": 0.25 + 0.25 * seed},
+            {"step": 2, "reward": 0.2 * seed, "accuracy": 0.3},
+        ],
+    }
 
 
 def test_study_files_are_the_ones_written_before(tmp_path):
     spec = study.Study(name="t", seeds=[1, 2], arms={"a": {}, "b": {}, "c": {}})
-    runs = [_run("a", 1, 0.25, [True, False, False, False]), _run("a", 2, 0.5, [True, True, False, False]),
-            _run("b", 1, 0.5, [True, True, False, False]), _run("b", 2, 0.75, [True, True, True, False]),
-            _run("c", 1, 1.0, [True, True, True, True]), _run("c", 2, 0.75, [True, True, True, False])]
+    runs = [
+        _run("a", 1, 0.25, [True, False, False, False]),
+        _run("a", 2, 0.5, [True, True, False, False]),
+        _run("b", 1, 0.5, [True, True, False, False]),
+        _run("b", 2, 0.75, [True, True, True, False]),
+        _run("c", 1, 1.0, [True, True, True, True]),
+        _run("c", 2, 0.75, [True, True, True, False]),
+    ]
     result = study.aggregate(spec, runs, 0.95, 200, 0)
     written = studypage.write(result, {"seeds": "1, 2"}, tmp_path)
     assert written["json"].read_text() == (FIXTURES / "study.json").read_text()

@@ -1,4 +1,5 @@
 """Reward functions on literal completions: built-ins, custom imports, and failure isolation."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,7 +17,12 @@ def _conv(text: str) -> list[dict[str, str]]:
 
 
 def _cols(n: int) -> dict:
-    return dict(answer=["2"] * n, task=["basic_arithmetic"] * n, prompt_text=["Calculate 5 - 3."] * n, meta=['{"expression": "5 - 3"}'] * n)
+    return dict(
+        answer=["2"] * n,
+        task=["basic_arithmetic"] * n,
+        prompt_text=["Calculate 5 - 3."] * n,
+        meta=['{"expression": "5 - 3"}'] * n,
+    )
 
 
 def test_accuracy_and_format_on_conversational_completions():
@@ -47,11 +53,15 @@ def flaky(completions, **_):
 
 
 def test_build_custom_reward_and_isolate_failures():
-    stage = RLStageParams.model_validate({"rewards": {"accuracy": 1.0, "flaky": {"weight": 0.5, "import": "tests.test_rewards:flaky"}}})
+    stage = RLStageParams.model_validate(
+        {"rewards": {"accuracy": 1.0, "flaky": {"weight": 0.5, "import": "tests.test_rewards:flaky"}}}
+    )
     funcs, weights = build(stage, FMT, key="rl.stages.main.rewards")
     assert [f.__name__ for f in funcs] == ["accuracy", "flaky"] and weights == [1.0, 0.5]
     logged = []
-    scores = funcs[1]([_conv("ab"), _conv("a"), _conv("abc")], log_metric=lambda k, v: logged.append((k, v)), **_cols(3))
+    scores = funcs[1](
+        [_conv("ab"), _conv("a"), _conv("abc")], log_metric=lambda k, v: logged.append((k, v)), **_cols(3)
+    )
     assert scores == [1.0, 0.0, 0.5]  # the completion that raised scores 0 ...
     assert funcs[1].errors == 1 and logged == [("rewards/flaky/errors", 1.0)]  # ... and is counted
 

@@ -1,5 +1,6 @@
 """RL stages on the tiny model: TRL's trainers with rung's curriculum and dynamic sampling hooks,
 checkpoints carrying the curriculum state, and an exact resume."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,22 +10,17 @@ import torch
 from transformers import AutoModelForCausalLM, TrainerCallback
 from trl import GRPOTrainer
 
-from rung import models
-
+from rung import files, models
 from rung.answers import formats
-
-from rung import files
-
-from rung.train import launch
-
-from rung.rl import trainers
 from rung.config import DifficultyParams, FormatParams, LaunchParams, RLStageParams, SamplingParams
 from rung.eval.evaluate import grade
-from rung.generate.decode import shared_prefix
 from rung.generate.api import generate
 from rung.generate.completion import render
-from rung.train.jobs import RLJob
+from rung.generate.decode import shared_prefix
+from rung.rl import trainers
+from rung.train import launch
 from rung.train.checkpoints import FINAL
+from rung.train.jobs import RLJob
 
 FMT = FormatParams()
 BUCKETS = DifficultyParams().buckets
@@ -40,8 +36,16 @@ def constant(completions, **_):
 
 
 ROWS = [
-    {"id": str(i), "source": "s", "task": "basic_arithmetic", "prompt": f"Calculate {i} + {i % 3}.", "answer": str(i + i % 3), "meta": {},
-     "pass_rate": (i % 5) / 4, "bucket": ["unsolved", "hard", "medium", "medium", "solved"][i % 5]}
+    {
+        "id": str(i),
+        "source": "s",
+        "task": "basic_arithmetic",
+        "prompt": f"Calculate {i} + {i % 3}.",
+        "answer": str(i + i % 3),
+        "meta": {},
+        "pass_rate": (i % 5) / 4,
+        "bucket": ["unsolved", "hard", "medium", "medium", "solved"][i % 5],
+    }
     for i in range(12)
 ]
 
@@ -52,16 +56,34 @@ def _mlflow_store(tmp_path, monkeypatch):
 
 
 def _stage(**kw) -> RLStageParams:
-    base = dict(max_steps=3, num_generations=2, prompts_per_step=2, max_completion_length=8, learning_rate=1e-3, save_steps=1,
-                rewards={"parity": {"import": "tests.test_rl:parity"}})
+    base = dict(
+        max_steps=3,
+        num_generations=2,
+        prompts_per_step=2,
+        max_completion_length=8,
+        learning_rate=1e-3,
+        save_steps=1,
+        rewards={"parity": {"import": "tests.test_rl:parity"}},
+    )
     return RLStageParams.model_validate({**base, **kw})
 
 
 def _job(tiny_model: Path, work: Path, stage: RLStageParams, resume: str | None = None) -> RLJob:
     data = work.parent / "rows.jsonl"
     files.write_jsonl(data, ROWS)
-    return RLJob(key="rl.stages.main", params=stage, format=FMT, seed=7, dtype="float32", init=tiny_model, data=data, work_dir=work,
-                 resume=resume, buckets=BUCKETS, curves=work.parent / f"{work.name}.curves.json")
+    return RLJob(
+        key="rl.stages.main",
+        params=stage,
+        format=FMT,
+        seed=7,
+        dtype="float32",
+        init=tiny_model,
+        data=data,
+        work_dir=work,
+        resume=resume,
+        buckets=BUCKETS,
+        curves=work.parent / f"{work.name}.curves.json",
+    )
 
 
 def _train(tiny_model: Path, work: Path, stage: RLStageParams, resume: str | None = None, callbacks=()):
@@ -103,7 +125,9 @@ def test_held_out_curve_every_n_steps_matches_an_evaluation_of_the_model(tiny_mo
     heldout = tmp_path / "test.jsonl"
     files.write_jsonl(heldout, ROWS[:6])
     greedy = SamplingParams(temperature=0.0, max_new_tokens=8, batch_size=4)
-    job = _job(tiny_model, tmp_path / "w", _stage(eval_every=2)).model_copy(update={"heldout": heldout, "heldout_sampling": greedy})
+    job = _job(tiny_model, tmp_path / "w", _stage(eval_every=2)).model_copy(
+        update={"heldout": heldout, "heldout_sampling": greedy}
+    )
     trainers.train(job)
     curves = files.read_json(job.curves)
     assert [c["step"] for c in curves if "heldout_accuracy" in c] == [2, 3]  # every 2 steps and the last
@@ -115,7 +139,9 @@ def test_held_out_curve_every_n_steps_matches_an_evaluation_of_the_model(tiny_mo
 
 
 def test_all_equal_rewards_use_every_round_then_fill(tiny_model, tmp_path):
-    stage = _stage(max_steps=2, rewards={"constant": {"import": "tests.test_rl:constant"}}, dynamic_sampling={"max_rounds": 2})
+    stage = _stage(
+        max_steps=2, rewards={"constant": {"import": "tests.test_rl:constant"}}, dynamic_sampling={"max_rounds": 2}
+    )
     summary, curves = _train(tiny_model, tmp_path / "w", stage)
     assert [c["dynamic_sampling_rounds"] for c in curves] == [2.0, 2.0]
     assert summary["frac_zero_std_trained"] == 1.0
@@ -160,7 +186,9 @@ def test_resume_continues_model_optimizer_rng_and_curriculum(tiny_model, tmp_pat
 def test_two_process_rl_with_dynamic_sampling(tiny_model, tmp_path):
     """DDP over gloo: both ranks draw the same global batch from the curriculum, train on their
     halves, and take the same dynamic-sampling decisions (else the collectives would hang)."""
-    stage = _stage(max_steps=2, curriculum={"type": "pools"}, dynamic_sampling={"max_rounds": 2}, launch={"num_processes": 2})
+    stage = _stage(
+        max_steps=2, curriculum={"type": "pools"}, dynamic_sampling={"max_rounds": 2}, launch={"num_processes": 2}
+    )
     job = _job(tiny_model, tmp_path / "w", stage)
     result = launch.run(job, stage.launch)
     curves = files.read_json(job.curves)
@@ -170,7 +198,6 @@ def test_two_process_rl_with_dynamic_sampling(tiny_model, tmp_path):
     _, alone = _train(tiny_model, tmp_path / "one", stage.model_copy(update={"launch": LaunchParams()}))
     assert [c["curriculum/prompts"] for c in alone] == [2.0, 2.0]
     models.load(tmp_path / "w" / "final")
-
 
 
 def test_rollouts_take_rungs_generation_seeded_by_step(tiny_model, tmp_path):
@@ -216,14 +243,17 @@ def test_shared_prefix_log_probs_equal_each_row_alone_with_their_gradients(tiny_
         loss.backward()
         return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
 
-    logps, entropies, _ = trainer._get_per_token_logps_and_entropies(model, input_ids, mask, keep, batch_size=3, compute_entropy=True)
+    logps, entropies, _ = trainer._get_per_token_logps_and_entropies(
+        model, input_ids, mask, keep, batch_size=3, compute_entropy=True
+    )
     comp = mask[:, -keep:].bool()
     ours = grads(logps[comp].sum())
     alone, theirs = [], 0
     for i in range(len(prompts)):
         real = mask[i].bool()
-        lp, ent, _ = GRPOTrainer._get_per_token_logps_and_entropies(trainer, model, input_ids[i][real][None], mask[i][real][None],
-                                                                   int(comp[i].sum()), compute_entropy=True)
+        lp, ent, _ = GRPOTrainer._get_per_token_logps_and_entropies(
+            trainer, model, input_ids[i][real][None], mask[i][real][None], int(comp[i].sum()), compute_entropy=True
+        )
         alone.append((lp[0], ent[0]))
         theirs = theirs + lp.sum()
     for i, (lp, ent) in enumerate(alone):

@@ -1,5 +1,6 @@
 """SFT warm-start on the tiny model: trace sources, LoRA and packing, and a 2-process DDP run
 (torchrun over gloo) in which each rank trains on its own shard."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,15 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rung import models
-
-from rung import files
-
-from rung.train import launch
-
-from rung import paths
-
-from rung.data import traces
+from rung import files, models, paths
 from rung.config import (
     FormatParams,
     LaunchParams,
@@ -23,15 +16,24 @@ from rung.config import (
     SFTParams,
     SolutionTraces,
 )
+from rung.data import traces
 from rung.errors import InputError
-from rung.train.jobs import SFTJob
 from rung.generate.api import Completion, Generator, require_vllm
+from rung.train import launch
 from rung.train.checkpoints import FINAL, resume_point
+from rung.train.jobs import SFTJob
 
 FMT = FormatParams()
 ROWS = [
-    {"id": str(i), "source": "s", "task": "basic_arithmetic", "prompt": f"Calculate {i} + 2.", "answer": str(i + 2),
-     "solution": f"{i} + 2 = {i + 2}" if i % 2 else None, "meta": {"expression": f"{i} + 2"}}
+    {
+        "id": str(i),
+        "source": "s",
+        "task": "basic_arithmetic",
+        "prompt": f"Calculate {i} + 2.",
+        "answer": str(i + 2),
+        "solution": f"{i} + 2 = {i + 2}" if i % 2 else None,
+        "meta": {"expression": f"{i} + 2"},
+    }
     for i in range(16)
 ]
 
@@ -51,7 +53,10 @@ def test_solution_traces_end_in_the_answer_line():
 def test_rejection_sampling_keeps_verified_distinct_traces(tiny_model):
     # A scripted sampler stands in for a model, so the filter's decisions are known.
     scripted = ["1 + 2 = 3\nAnswer: 3", "1 + 2 = 3\n Answer: 3", "so it is 3", "Answer: 4"]
-    gen = Generator(models.load_tokenizer(tiny_model), lambda prompts, sampling, n, seed, desc: [[Completion(t, 4, False) for t in scripted] for _ in prompts])
+    gen = Generator(
+        models.load_tokenizer(tiny_model),
+        lambda prompts, sampling, n, seed, desc: [[Completion(t, 4, False) for t in scripted] for _ in prompts],
+    )
     out, stats = traces.sampled(gen, ROWS[1:2], SampledTraces(type="rejection", max_per_prompt=3), FMT, seed=0)
     # duplicates up to whitespace collapse; an unformatted correct answer gets the answer line
     assert [t["target"] for t in out] == ["1 + 2 = 3\nAnswer: 3", "so it is 3\nAnswer: 3"]
@@ -62,9 +67,14 @@ def test_rejection_sampling_keeps_verified_distinct_traces(tiny_model):
 
 def test_traces_stage_skips_without_sft_and_refuses_to_leave_sft_nothing(tiny_model, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    wrong = Generator(models.load_tokenizer(tiny_model), lambda prompts, sampling, n, seed, desc: [[Completion("Answer: 0", 2, False)] * n for _ in prompts])
+    wrong = Generator(
+        models.load_tokenizer(tiny_model),
+        lambda prompts, sampling, n, seed, desc: [[Completion("Answer: 0", 2, False)] * n for _ in prompts],
+    )
     teacher = [SampledTraces(type="distill", model="teacher")]
-    assert traces.run(ROWS, teacher, FMT, 0, lambda m: wrong, enabled=False) == {"skipped": 1}  # zero-RL: nothing sampled
+    assert traces.run(ROWS, teacher, FMT, 0, lambda m: wrong, enabled=False) == {
+        "skipped": 1
+    }  # zero-RL: nothing sampled
     assert files.read_jsonl(paths.TRACES) == []
     with pytest.raises(InputError, match=r"^sft.traces: no SFT target from any source .*'correct_samples': 0"):
         traces.run(ROWS, teacher, FMT, 0, lambda m: wrong)
@@ -74,7 +84,17 @@ def test_traces_stage_skips_without_sft_and_refuses_to_leave_sft_nothing(tiny_mo
 def _job(tiny_model: Path, tmp_path: Path, params: SFTParams, **kw) -> SFTJob:
     data = tmp_path / "traces.jsonl"
     files.write_jsonl(data, traces.from_solutions(ROWS, SolutionTraces(), FMT))
-    return SFTJob(key="sft", params=params, format=FMT, seed=3, dtype="float32", init=tiny_model, data=data, work_dir=tmp_path / "work", **kw)
+    return SFTJob(
+        key="sft",
+        params=params,
+        format=FMT,
+        seed=3,
+        dtype="float32",
+        init=tiny_model,
+        data=data,
+        work_dir=tmp_path / "work",
+        **kw,
+    )
 
 
 def test_lora_and_packing_give_a_plain_model(tiny_model, tmp_path):
@@ -97,7 +117,10 @@ def test_the_job_file_round_trips_and_publishing_clears_the_checkpoints(tiny_mod
 
 def test_two_process_ddp_trains_each_rank_on_its_own_shard(tiny_model, tmp_path):
     params = SFTParams(max_steps=2, per_device_train_batch_size=2, launch=LaunchParams(num_processes=2))
-    assert launch.command(params.launch, tmp_path / "job.json", "rung.train.sft", "sft.launch")[1:3] == ["-m", "torch.distributed.run"]
+    assert launch.command(params.launch, tmp_path / "job.json", "rung.train.sft", "sft.launch")[1:3] == [
+        "-m",
+        "torch.distributed.run",
+    ]
     result = launch.run(_job(tiny_model, tmp_path, params, callbacks=["tests.recording:RecordExamples"]), params.launch)
     assert result.metrics["steps"] == 2
     models.load(tmp_path / "work" / FINAL)
@@ -111,7 +134,10 @@ def test_impossible_launch_is_rejected_before_start():
     with pytest.raises(InputError, match=r"^sft.launch.accelerate_config: .*not found"):
         launch.check(LaunchParams(accelerate_config="nope"), "sft.launch")
     for name in ("fsdp", "zero3"):
-        with pytest.raises(InputError, match=rf"^rl.stages.main.launch.accelerate_config: {name}.yaml \(FSDP / DeepSpeed\) needs CUDA GPUs"):
+        with pytest.raises(
+            InputError,
+            match=rf"^rl.stages.main.launch.accelerate_config: {name}.yaml \(FSDP / DeepSpeed\) needs CUDA GPUs",
+        ):
             launch.check(LaunchParams(num_processes=8, accelerate_config=name), "rl.stages.main.launch")
     with pytest.raises(InputError, match=r"^rl.stages.main.use_vllm: vllm (is not installed|needs a CUDA GPU)"):
         require_vllm("rl.stages.main.use_vllm")
@@ -120,7 +146,10 @@ def test_impossible_launch_is_rejected_before_start():
 def test_resume_point_skips_incomplete_checkpoints_and_other_inputs(tmp_path):
     work = tmp_path / "work"
     assert resume_point(work, {"lr": 1}) is None and (work / "fingerprint.json").is_file()
-    for step, written in ((2, ["model.safetensors", "trainer_state.json"]), (4, ["model.safetensors"])):  # 4: killed mid-write
+    for step, written in (
+        (2, ["model.safetensors", "trainer_state.json"]),
+        (4, ["model.safetensors"]),
+    ):  # 4: killed mid-write
         (work / f"checkpoint-{step}").mkdir()
         for name in written:
             (work / f"checkpoint-{step}" / name).write_text("{}")
@@ -135,7 +164,9 @@ def test_warmup_ratio_is_a_ratio_of_the_steps_in_transformers(tmp_path):
     from trl import SFTConfig
 
     def warmup(value: float, steps: int) -> int:
-        return SFTConfig(output_dir=str(tmp_path), warmup_steps=value, report_to="none", use_cpu=True, bf16=False).get_warmup_steps(steps)
+        return SFTConfig(
+            output_dir=str(tmp_path), warmup_steps=value, report_to="none", use_cpu=True, bf16=False
+        ).get_warmup_steps(steps)
 
     assert warmup(SFTParams().warmup_ratio, 40) == 4
     assert warmup(0.99, 40) == 40 and warmup(0.0, 40) == 0

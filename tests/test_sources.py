@@ -12,10 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 from pydantic import ValidationError
 
-from rung.data.rows import row_id
-from rung.errors import InputError
 from rung.config import BenchmarkSource
+from rung.data.rows import row_id
 from rung.data.tabular import FileSource, HFSource, load, mix
+from rung.errors import InputError
 
 RECORDS = [
     {"q": "What is 40 + 2?", "a": 42, "why": "40 + 2 = 42", "level": 1},
@@ -51,8 +51,13 @@ def test_each_format_gives_the_schema_rows(tmp_path, suffix):
     assert [r["answer"] for r in rows] == ["42", "42", "1.5"]  # numbers become text, never "42.0"
     assert [r["solution"] for r in rows] == ["40 + 2 = 42", None, "3 / 2 = 1.5"]
     assert rows[0] == dict(
-        id=row_id("math", "What is 40 + 2?", "42"), source="ext", task="math", prompt="What is 40 + 2?",
-        answer="42", solution="40 + 2 = 42", meta={"level": "1" if suffix == ".csv" else 1},  # CSV cells are text
+        id=row_id("math", "What is 40 + 2?", "42"),
+        source="ext",
+        task="math",
+        prompt="What is 40 + 2?",
+        answer="42",
+        solution="40 + 2 = 42",
+        meta={"level": "1" if suffix == ".csv" else 1},  # CSV cells are text
     )
     assert loaded.stats == dict(read=3, dropped_empty=0, dropped_where=0, dropped_no_answer=0, dropped_size=0, rows=3)
 
@@ -60,7 +65,9 @@ def test_each_format_gives_the_schema_rows(tmp_path, suffix):
 def test_explicit_format_overrides_the_suffix(tmp_path):
     path = write(tmp_path / "d.jsonl", RECORDS).rename(tmp_path / "d.txt")
     assert len(load(file_source(path, format="jsonl"), seed=0).rows) == 3
-    with pytest.raises(InputError, match=r"^curate.sources.ext.format: cannot infer the format of .*d.txt from its suffix"):
+    with pytest.raises(
+        InputError, match=r"^curate.sources.ext.format: cannot infer the format of .*d.txt from its suffix"
+    ):
         load(file_source(path), seed=0)
 
 
@@ -72,12 +79,21 @@ def test_task_and_default_columns(tmp_path):
 
 
 def test_unknown_task(tmp_path):
-    with pytest.raises(InputError, match=r"^curate.sources.ext.task: unknown task 'algebra': use 'math' or a reasoning-gym task name$"):
+    with pytest.raises(
+        InputError, match=r"^curate.sources.ext.task: unknown task 'algebra': use 'math' or a reasoning-gym task name$"
+    ):
         load(file_source(write(tmp_path / "d.jsonl", RECORDS), task="algebra"), seed=0)
 
 
 def test_empty_prompts_and_answers_are_dropped_and_counted(tmp_path):
-    records = [*RECORDS, {"q": "", "a": 1}, {"q": "  ", "a": 1}, {"q": "ok?", "a": None}, {"q": "ok?", "a": " "}, {"a": 3}]
+    records = [
+        *RECORDS,
+        {"q": "", "a": 1},
+        {"q": "  ", "a": 1},
+        {"q": "ok?", "a": None},
+        {"q": "ok?", "a": " "},
+        {"a": 3},
+    ]
     loaded = load(file_source(write(tmp_path / "d.jsonl", records)), seed=0)
     assert len(loaded.rows) == 3 and loaded.stats["dropped_empty"] == 5 and loaded.stats["read"] == 8
 
@@ -127,17 +143,30 @@ def test_empty_sources(tmp_path):
         with pytest.raises(InputError, match=rf"^curate.sources.ext.path: .*{name} has no rows$"):
             load(file_source(tmp_path / name), seed=0)
     blank = write(tmp_path / "blank.jsonl", [{"q": " ", "a": 1, "why": None}, {"q": "x", "a": None, "why": None}])
-    with pytest.raises(InputError, match=r"^curate.sources.ext.columns: no usable rows in .*\(2 read: 0 not matching where, 2 with an empty prompt or answer\)$"):
+    with pytest.raises(
+        InputError,
+        match=r"^curate.sources.ext.columns: no usable rows in .*\(2 read: 0 not matching where, 2 with an empty prompt or answer\)$",
+    ):
         load(file_source(blank), seed=0)
-    with pytest.raises(InputError, match=r"^curate.sources.ext.where: no usable rows in .*\(3 read: 3 not matching where"):
+    with pytest.raises(
+        InputError, match=r"^curate.sources.ext.where: no usable rows in .*\(3 read: 3 not matching where"
+    ):
         load(file_source(write(tmp_path / "d.jsonl", RECORDS), where={"level": [9]}), seed=0)
 
 
 @pytest.mark.parametrize(
     "name, content, message",
     [
-        ("bad.jsonl", '{"q": "x", "a": 1}\n{"q": oops}\n', r"cannot read .*bad.jsonl as jsonl: line 2: Expecting value"),
-        ("list.jsonl", '{"q": "x", "a": 1}\n[1, 2]\n', r"cannot read .*list.jsonl as jsonl: line 2 is not a JSON object"),
+        (
+            "bad.jsonl",
+            '{"q": "x", "a": 1}\n{"q": oops}\n',
+            r"cannot read .*bad.jsonl as jsonl: line 2: Expecting value",
+        ),
+        (
+            "list.jsonl",
+            '{"q": "x", "a": 1}\n[1, 2]\n',
+            r"cannot read .*list.jsonl as jsonl: line 2 is not a JSON object",
+        ),
         ("bad.parquet", "not parquet at all", r"cannot read .*bad.parquet as parquet: "),
         ("ragged.csv", "q,a\nx,1\ny,2,3\n", r"cannot read .*ragged.csv as csv: line 3 has more cells than the header"),
         ("latin1.csv", b"q,a\n\xe9t\xe9,1\n", r"cannot read .*latin1.csv as csv: 'utf-8' codec can't decode"),
@@ -153,7 +182,9 @@ def test_unreadable_files(tmp_path, name, content, message):
 
 def test_nested_answer_is_an_input_error(tmp_path):
     path = write(tmp_path / "d.jsonl", [{"q": "Roots of x^2 = 1?", "a": [1, -1]}])
-    with pytest.raises(InputError, match=r"^curate.sources.ext.columns.answer: row 1 holds a list, expected text or a number$"):
+    with pytest.raises(
+        InputError, match=r"^curate.sources.ext.columns.answer: row 1 holds a list, expected text or a number$"
+    ):
         load(file_source(path, columns={"prompt": "q", "answer": "a"}), seed=0)
 
 
@@ -195,7 +226,10 @@ def test_hf_data_file_directory(tmp_path, hf_cache):
         load(hf_source(tmp_path / "ds", config="main"), seed=0)
     with pytest.raises(InputError, match=r"^curate.sources.hub.revision: applies to hub datasets only"):
         load(hf_source(tmp_path / "ds", revision="v1"), seed=0)
-    with pytest.raises(InputError, match=r"^curate.sources.hub.columns.answer: column 'ans' not in .*ds\[train\] \(has: q, a, why, level\)$"):
+    with pytest.raises(
+        InputError,
+        match=r"^curate.sources.hub.columns.answer: column 'ans' not in .*ds\[train\] \(has: q, a, why, level\)$",
+    ):
         load(hf_source(tmp_path / "ds", columns={"prompt": "q", "answer": "ans"}), seed=0)
 
 
@@ -205,9 +239,13 @@ def test_hf_saved_dataset_and_dataset_dict(tmp_path, hf_cache):
     datasets.DatasetDict(train=ds, test=ds.select([0])).save_to_disk(str(tmp_path / "dict"))
     assert [r["answer"] for r in load(hf_source(tmp_path / "one"), seed=0).rows] == ["42", "42", "1.5"]
     assert len(load(hf_source(tmp_path / "dict", split="test"), seed=0).rows) == 1
-    with pytest.raises(InputError, match=re.escape("curate.sources.hub.split: split 'dev' not in") + r".*\(has: train, test\)$"):
+    with pytest.raises(
+        InputError, match=re.escape("curate.sources.hub.split: split 'dev' not in") + r".*\(has: train, test\)$"
+    ):
         load(hf_source(tmp_path / "dict", split="dev"), seed=0)
-    with pytest.raises(InputError, match=r"^curate.sources.hub.config: .* was written by save_to_disk and has no configs$"):
+    with pytest.raises(
+        InputError, match=r"^curate.sources.hub.config: .* was written by save_to_disk and has no configs$"
+    ):
         load(hf_source(tmp_path / "one", config="main"), seed=0)
 
 
@@ -264,8 +302,12 @@ MATH500 = FIXTURES / "math500" / "test.jsonl"
 
 def test_boxed_reads_the_last_box_of_the_answer_column():
     # MATH style: the answer is the last \boxed{} of the worked solution, nested braces kept.
-    src = FileSource(name="math", path=str(MATH500), answer_from="boxed",
-                     columns={"prompt": "problem", "answer": "solution", "solution": "solution"})
+    src = FileSource(
+        name="math",
+        path=str(MATH500),
+        answer_from="boxed",
+        columns={"prompt": "problem", "answer": "solution", "solution": "solution"},
+    )
     loaded = load(src, seed=0)
     assert [r["answer"] for r in loaded.rows] == ["\\frac{14}{3}", "\\sqrt{2}", "6", "[-3, 7]", "10"]
     assert loaded.rows[0]["solution"].endswith("$\\boxed{\\frac{14}{3}}$.")  # the column is also the solution
@@ -275,29 +317,51 @@ def test_boxed_reads_the_last_box_of_the_answer_column():
 
 def test_gsm8k_answer_line_and_worked_solution(tmp_path):
     cell = "He buys 3 * 400 = <<3*400=1200>>1,200 pencils.\nThen 1,200 + 34 = <<1200+34=1234>>1,234.\n#### $1,234."
-    path = write(tmp_path / "g.jsonl", [{"question": "How many?", "answer": cell}, {"question": "No line?", "answer": "42"}])
+    path = write(
+        tmp_path / "g.jsonl", [{"question": "How many?", "answer": cell}, {"question": "No line?", "answer": "42"}]
+    )
     loaded = load(FileSource(name="g", path=str(path), answer_from="gsm8k", columns={"prompt": "question"}), seed=0)
     [row] = loaded.rows
     assert row["answer"] == "1234"  # commas, '$' and the final period removed, as lm-eval does
     assert row["solution"] == "He buys 3 * 400 = 1,200 pencils.\nThen 1,200 + 34 = 1,234."  # no calculator annotations
     assert loaded.stats["dropped_no_answer"] == 1
-    own = load(FileSource(name="g", path=str(path), answer_from="gsm8k", columns={"prompt": "question", "solution": "question"}), seed=0)
+    own = load(
+        FileSource(
+            name="g", path=str(path), answer_from="gsm8k", columns={"prompt": "question", "solution": "question"}
+        ),
+        seed=0,
+    )
     assert own.rows[0]["solution"] == "How many?"  # a mapped solution column wins over the worked part
 
 
 def test_answer_pattern_takes_the_group_of_the_last_match(tmp_path):
-    records = [{"q": "a?", "a": "Answer: 3. Check: fine. Answer: 4"}, {"q": "b?", "a": "answer: 7"}, {"q": "c?", "a": "no idea"}]
-    loaded = load(file_source(write(tmp_path / "d.jsonl", records), columns={"prompt": "q", "answer": "a"},
-                              answer_pattern=r"(?i)answer:\s*(\S+)"), seed=0)
+    records = [
+        {"q": "a?", "a": "Answer: 3. Check: fine. Answer: 4"},
+        {"q": "b?", "a": "answer: 7"},
+        {"q": "c?", "a": "no idea"},
+    ]
+    loaded = load(
+        file_source(
+            write(tmp_path / "d.jsonl", records),
+            columns={"prompt": "q", "answer": "a"},
+            answer_pattern=r"(?i)answer:\s*(\S+)",
+        ),
+        seed=0,
+    )
     assert [r["answer"] for r in loaded.rows] == ["4", "7"] and loaded.stats["dropped_no_answer"] == 1
 
 
 def test_an_extraction_that_finds_nothing_in_the_first_rows_is_refused(tmp_path):
     columns = {"prompt": "problem", "answer": "answer"}
-    with pytest.raises(InputError, match=r"^curate.sources.m.answer_from: gsm8k, but none of the first 6 rows of .*test.jsonl "
-                                         r"\(column 'answer', e.g. '\\\\frac\{14\}\{3\}'\) has a '#### <answer>' line$"):
+    with pytest.raises(
+        InputError,
+        match=r"^curate.sources.m.answer_from: gsm8k, but none of the first 6 rows of .*test.jsonl "
+        r"\(column 'answer', e.g. '\\\\frac\{14\}\{3\}'\) has a '#### <answer>' line$",
+    ):
         load(FileSource(name="m", path=str(MATH500), answer_from="gsm8k", columns=columns), seed=0)
-    with pytest.raises(InputError, match=r"^curate.sources.m.answer_from: boxed, but none of the first 6 rows .* has a \\boxed\{\}$"):
+    with pytest.raises(
+        InputError, match=r"^curate.sources.m.answer_from: boxed, but none of the first 6 rows .* has a \\boxed\{\}$"
+    ):
         load(FileSource(name="m", path=str(MATH500), answer_from="boxed", columns=columns), seed=0)
     many = write(tmp_path / "d.jsonl", [{"q": f"{i}?", "a": "none here"} for i in range(30)] + [{"q": "x?", "a": "#5"}])
     with pytest.raises(InputError, match=r"^curate.sources.ext.answer_pattern: matches none of the first 20 rows of"):
@@ -309,7 +373,10 @@ def test_an_extraction_that_finds_nothing_in_the_first_rows_is_refused(tmp_path)
     [
         ({"answer_pattern": r"(\d+"}, r"answer_pattern: does not compile: missing \), unterminated subpattern"),
         ({"answer_pattern": r"\d+"}, r"answer_pattern: needs exactly one capturing group \(\.\.\.\), has 0"),
-        ({"answer_pattern": r"(\d+)", "answer_from": "boxed"}, r"answer_pattern: set answer_pattern or answer_from: boxed, not both"),
+        (
+            {"answer_pattern": r"(\d+)", "answer_from": "boxed"},
+            r"answer_pattern: set answer_pattern or answer_from: boxed, not both",
+        ),
         ({"answer_from": "last_line"}, r"answer_from"),
     ],
 )
@@ -330,18 +397,38 @@ def offline(hf_cache, monkeypatch) -> None:
 
 def test_a_benchmark_name_fills_in_the_hub_dataset():
     src = BenchmarkSource(name="gsm8k")
-    assert (src.dataset, src.config, src.split, src.answer_from, src.columns.prompt) == ("openai/gsm8k", "main", "test", "gsm8k", "question")
+    assert (src.dataset, src.config, src.split, src.answer_from, src.columns.prompt) == (
+        "openai/gsm8k",
+        "main",
+        "test",
+        "gsm8k",
+        "question",
+    )
     assert isinstance(src, HFSource) and src.task == "math"
-    mine = BenchmarkSource(name="math500_l5", benchmark="math500", revision="abc123", columns={"solution": None}, where={"level": [5]})
-    assert (mine.dataset, mine.split, mine.revision, mine.columns.prompt, mine.columns.solution) == ("HuggingFaceH4/MATH-500", "test", "abc123", "problem", None)
-    with pytest.raises(ValidationError, match=r"benchmark: unknown benchmark 'math5000'; known: math500, gsm8k, aime24, amc"):
+    mine = BenchmarkSource(
+        name="math500_l5", benchmark="math500", revision="abc123", columns={"solution": None}, where={"level": [5]}
+    )
+    assert (mine.dataset, mine.split, mine.revision, mine.columns.prompt, mine.columns.solution) == (
+        "HuggingFaceH4/MATH-500",
+        "test",
+        "abc123",
+        "problem",
+        None,
+    )
+    with pytest.raises(
+        ValidationError, match=r"benchmark: unknown benchmark 'math5000'; known: math500, gsm8k, aime24, amc"
+    ):
         BenchmarkSource(name="math5000")
 
 
 @pytest.mark.parametrize(
     "name, answers, with_solution",
     [
-        ("math500", ["\\frac{14}{3}", "\\sqrt{2}", "6", "[-3,7]", "Proof omitted.", "10"], True),  # the answer column as it is
+        (
+            "math500",
+            ["\\frac{14}{3}", "\\sqrt{2}", "6", "[-3,7]", "Proof omitted.", "10"],
+            True,
+        ),  # the answer column as it is
         ("gsm8k", ["36", "1200", "8.5", "180", "8"], True),  # '####' line, worked part as the solution
         ("aime24", ["24", "9", "23"], True),
         ("amc", ["55", "18", "10"], False),  # float column: 55.0 reads "55"
@@ -357,9 +444,13 @@ def test_each_benchmark_loads_from_a_copy_in_its_hub_layout(offline, name, answe
 
 
 def test_benchmark_overrides_apply_to_the_local_copy(offline):
-    train = load(BenchmarkSource(name="gsm8k_train", benchmark="gsm8k", dataset=str(FIXTURES / "gsm8k"), split="train"), seed=0)
+    train = load(
+        BenchmarkSource(name="gsm8k_train", benchmark="gsm8k", dataset=str(FIXTURES / "gsm8k"), split="train"), seed=0
+    )
     assert [r["answer"] for r in train.rows] == ["24", "800"]
-    level = load(BenchmarkSource(name="m", benchmark="math500", dataset=str(FIXTURES / "math500"), where={"level": [2]}), seed=0)
+    level = load(
+        BenchmarkSource(name="m", benchmark="math500", dataset=str(FIXTURES / "math500"), where={"level": [2]}), seed=0
+    )
     assert [r["meta"]["subject"] for r in level.rows] == ["Algebra", "Number Theory", "Counting & Probability"]
     with pytest.raises(InputError, match=r"^curate.sources.g.config: BuilderConfig 'socratic' not found"):
         load(BenchmarkSource(name="g", benchmark="gsm8k", dataset=str(FIXTURES / "gsm8k"), config="socratic"), seed=0)
@@ -373,21 +464,43 @@ def test_curate_writes_benchmark_eval_sets_and_counts_skipped_golds(offline, tmp
     from rung.data.curate import run
 
     monkeypatch.chdir(tmp_path)
-    curate = CurateParams(sources=[
-        dict(name="arith", task="basic_arithmetic", size=60, config=dict(min_terms=2, max_terms=2, min_digits=2, max_digits=2)),
-        dict(type="file", name="math", path=str(MATH500), columns={"prompt": "problem", "answer": "answer"}),
-    ], test_fraction=0.25)
+    curate = CurateParams(
+        sources=[
+            dict(
+                name="arith",
+                task="basic_arithmetic",
+                size=60,
+                config=dict(min_terms=2, max_terms=2, min_digits=2, max_digits=2),
+            ),
+            dict(type="file", name="math", path=str(MATH500), columns={"prompt": "problem", "answer": "answer"}),
+        ],
+        test_fraction=0.25,
+    )
     evals = EvalParams(sets=[dict(type="benchmark", name=n, dataset=str(FIXTURES / n)) for n in ("math500", "gsm8k")])
     stats = run(curate, evals, seed=0)
-    assert stats["sources"]["math"]["dropped_unverifiable"] == 1 and stats["sources"]["arith"]["dropped_unverifiable"] == 0
-    assert stats["eval_sets"]["math500"] == dict(read=6, dropped_empty=0, dropped_where=0, dropped_no_answer=0, dropped_size=0,
-                                                 dropped_unverifiable=1, dropped_duplicate=0, rows=5)
+    assert (
+        stats["sources"]["math"]["dropped_unverifiable"] == 1 and stats["sources"]["arith"]["dropped_unverifiable"] == 0
+    )
+    assert stats["eval_sets"]["math500"] == dict(
+        read=6,
+        dropped_empty=0,
+        dropped_where=0,
+        dropped_no_answer=0,
+        dropped_size=0,
+        dropped_unverifiable=1,
+        dropped_duplicate=0,
+        rows=5,
+    )
     assert stats["eval_sets"]["gsm8k"]["rows"] == 5 and stats["eval_sets"]["gsm8k"]["dropped_unverifiable"] == 0
     written = {p.stem: files.read_jsonl(p) for p in (tmp_path / "data" / "curated" / "eval").glob("*.jsonl")}
     assert {n: sorted(r["answer"] for r in rows) for n, rows in written.items()} == {
-        "math500": sorted(["\\frac{14}{3}", "\\sqrt{2}", "6", "[-3,7]", "10"]), "gsm8k": sorted(["36", "1200", "8.5", "180", "8"])}
+        "math500": sorted(["\\frac{14}{3}", "\\sqrt{2}", "6", "[-3,7]", "10"]),
+        "gsm8k": sorted(["36", "1200", "8.5", "180", "8"]),
+    }
     train = files.read_jsonl(tmp_path / "data" / "curated" / "train.jsonl")
-    assert not {r["prompt"] for r in train} & {r["prompt"] for r in written["math500"]}  # decontaminated against the eval sets
+    assert not {r["prompt"] for r in train} & {
+        r["prompt"] for r in written["math500"]
+    }  # decontaminated against the eval sets
     # The eval stage grades these rows as any other: the model's "1,200" is GSM8K's "1200".
     from rung.config import FormatParams
     from rung.eval.evaluate import grade

@@ -1,5 +1,6 @@
 """Start-up (issue #17): a stage imports only what it uses, so its preflight runs seconds after it
 starts. Each check runs in a fresh interpreter and reads its sys.modules; bench/startup.py prints the times."""
+
 from __future__ import annotations
 
 import json
@@ -10,7 +11,13 @@ import pytest
 
 from tests.conftest import ROOT
 
-MODEL = {"torch", "transformers", "trl", "peft", "accelerate"}  # a model's libraries: imported where one is loaded or trained
+MODEL = {
+    "torch",
+    "transformers",
+    "trl",
+    "peft",
+    "accelerate",
+}  # a model's libraries: imported where one is loaded or trained
 DATA = {"reasoning_gym", "datasets", "datasketch"}  # reading sources (curate), verifying answers (rung.answers.verify)
 # Per stage flow module, what its import may not load. Stages that generate or train import torch when
 # they load the model (tasks.generation, rung.train.launch), after their preflight has run.

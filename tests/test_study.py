@@ -1,6 +1,7 @@
 """Seed studies: the definition and the aggregation over seeds (rung/report/study.py), the paired
 tests between arms (rung.eval.paired.arms_test), the page (rung/report/studypage.py), and `rung study` end to end: two arms x two seeds of the tiny model as DVC
 experiments in a temporary git + DVC repo, against a Prefect server on loopback."""
+
 from __future__ import annotations
 
 import json
@@ -31,7 +32,10 @@ def _write(tmp_path, text: str):
 
 
 def test_definition_is_checked_and_gives_one_experiment_per_arm_and_seed(tmp_path):
-    spec = study.load(_write(tmp_path, """
+    spec = study.load(
+        _write(
+            tmp_path,
+            """
 name: cur
 seed_key: rl.stages.main.seed
 seeds: [1, 2]
@@ -39,17 +43,29 @@ params: {rl.stages.main.max_steps: 4}
 arms:
   uniform: {rl.stages.main.curriculum: {type: uniform}, rl.stages.main.dynamic_sampling: null}
   pools: {rl.stages.main.curriculum.type: pools}
-"""))
+""",
+        )
+    )
     todo = study.points(spec)
     assert list(todo) == ["cur-uniform-1", "cur-pools-1", "cur-uniform-2", "cur-pools-2"]
     # nested mappings are set key by key, as `dvc exp run -S` merges them
-    assert todo["cur-uniform-2"] == {"arm": "uniform", "seed": 2, "point": {
-        "rl.stages.main.max_steps": 4, "rl.stages.main.curriculum.type": "uniform", "rl.stages.main.dynamic_sampling": None,
-        "rl.stages.main.seed": 2}}
+    assert todo["cur-uniform-2"] == {
+        "arm": "uniform",
+        "seed": 2,
+        "point": {
+            "rl.stages.main.max_steps": 4,
+            "rl.stages.main.curriculum.type": "uniform",
+            "rl.stages.main.dynamic_sampling": None,
+            "rl.stages.main.seed": 2,
+        },
+    }
     for text, error in [
         ("name: x\nseeds: [1]\narms: {a: {}}\nfoo: 1", r"study.yaml: foo: unknown key$"),
         ("name: x\nseeds: [1, 1]\narms: {a: {}}", r"study.yaml: seeds: repeated seeds in \[1, 1\]$"),
-        ("name: x\nseeds: [1]\narms: {a: {seed: 3}}", r"study.yaml: arms.a: sets seed, the seed key; the study sets it per seed$"),
+        (
+            "name: x\nseeds: [1]\narms: {a: {seed: 3}}",
+            r"study.yaml: arms.a: sets seed, the seed key; the study sets it per seed$",
+        ),
         ("name: x-y\nseeds: [1]\narms: {a: {}}", r"study.yaml: name: String should match pattern"),
         ("name: x\nseeds: []\narms: {a: {}}", r"study.yaml: seeds: List should have at least 1 item"),
     ]:
@@ -75,9 +91,21 @@ def test_shared_prompts_are_one_unit_over_seeds_and_disjoint_prompts_are_stratif
     new = {s: _records([c or i in wins[s] for i, c in enumerate(base)]) for s in (1, 2)}
     old = {s: _records(base) for s in (1, 2)}
     r = paired.arms_test(old, new, 0.95, 1000, 0, "b vs a on test")
-    assert (r.unit, r.units, r.units_better, r.units_worse) == ("prompt", 40, 10, 0)  # 6 prompts won in both seeds count once
-    assert r.difference == pytest.approx(16 / 80) and r.per_seed_difference == {"1": pytest.approx(0.25), "2": pytest.approx(0.15)}
-    assert r.sign_test_p == pytest.approx(2 * 0.5**10) and r.verdict == "significant at 0.05" and "prompts_needed" not in r.dump()
+    assert (r.unit, r.units, r.units_better, r.units_worse) == (
+        "prompt",
+        40,
+        10,
+        0,
+    )  # 6 prompts won in both seeds count once
+    assert r.difference == pytest.approx(16 / 80) and r.per_seed_difference == {
+        "1": pytest.approx(0.25),
+        "2": pytest.approx(0.15),
+    }
+    assert (
+        r.sign_test_p == pytest.approx(2 * 0.5**10)
+        and r.verdict == "significant at 0.05"
+        and "prompts_needed" not in r.dump()
+    )
     assert r.seed_t_test_p == pytest.approx(ttest_rel([0.75, 0.65], [0.5, 0.5]).pvalue)
     assert r.ci_low > 0 and r == paired.arms_test(old, new, 0.95, 1000, 0, "b vs a on test")  # seeded
 
@@ -87,30 +115,73 @@ def test_shared_prompts_are_one_unit_over_seeds_and_disjoint_prompts_are_stratif
     r2 = paired.arms_test(old2, new2, 0.95, 1000, 0, "b vs a on test")
     assert (r2.unit, r2.units, r2.units_better) == ("seed, prompt", 80, 16) and r2.difference == pytest.approx(0.2)
 
-    with pytest.raises(InputError, match="^b vs a on test, seed 2: the two checkpoints were evaluated on different prompts"):
+    with pytest.raises(
+        InputError, match="^b vs a on test, seed 2: the two checkpoints were evaluated on different prompts"
+    ):
         paired.arms_test(old, {1: new[1], 2: new[2][:-1]}, 0.95, 100, 0, "b vs a on test")
 
 
 def _run(arm: str, seed: int, acc: float, correct: list[bool]) -> dict:
-    sets = {"test": {"accuracy": acc, "format_rate": 1.0, "mean_tokens": 9.0, "truncation_rate": 0.0, "n": len(correct),
-                     "avg@2": acc / 2, "pass_at_k": {"1": acc / 2, "2": acc}, "accuracy_ci": [0, 1], "accuracy_by_source": {"a": acc}}}
-    return {"arm": arm, "seed": seed, "eval": EvalResult.model_validate({"sets": sets}), "rl": {"steps": 2.0, "reward_last": acc, "frac_reward_zero_std": 0.5},
-            "init_eval": EvalResult.model_validate({"sets": {"test": {"n": 4, "accuracy": 0.25}}}), "records": {"test": _records(correct)},
-            "curve": [{"step": 1, "reward": 0.1 * seed, "accuracy": 0.2, "heldout_accuracy": 0.25 + 0.25 * seed},  # eval_every 1
-                      {"step": 2, "reward": 0.2 * seed, "accuracy": 0.3}]}
+    sets = {
+        "test": {
+            "accuracy": acc,
+            "format_rate": 1.0,
+            "mean_tokens": 9.0,
+            "truncation_rate": 0.0,
+            "n": len(correct),
+            "avg@2": acc / 2,
+            "pass_at_k": {"1": acc / 2, "2": acc},
+            "accuracy_ci": [0, 1],
+            "accuracy_by_source": {"a": acc},
+        }
+    }
+    return {
+        "arm": arm,
+        "seed": seed,
+        "eval": EvalResult.model_validate({"sets": sets}),
+        "rl": {"steps": 2.0, "reward_last": acc, "frac_reward_zero_std": 0.5},
+        "init_eval": EvalResult.model_validate({"sets": {"test": {"n": 4, "accuracy": 0.25}}}),
+        "records": {"test": _records(correct)},
+        "curve": [
+            {"step": 1, "reward": 0.1 * seed, "accuracy": 0.2, "heldout_accuracy": 0.25 + 0.25 * seed},  # eval_every 1
+            {"step": 2, "reward": 0.2 * seed, "accuracy": 0.3},
+        ],
+    }
 
 
 def test_aggregate_writes_the_study_page(tmp_path):
     spec = study.Study(name="t", seeds=[1, 2], arms={"a": {}, "b": {}})
-    runs = [_run("a", 1, 0.25, [True, False, False, False]), _run("a", 2, 0.5, [True, True, False, False]),
-            _run("b", 1, 0.5, [True, True, False, False]), _run("b", 2, 0.75, [True, True, True, False])]
+    runs = [
+        _run("a", 1, 0.25, [True, False, False, False]),
+        _run("a", 2, 0.5, [True, True, False, False]),
+        _run("b", 1, 0.5, [True, True, False, False]),
+        _run("b", 2, 0.75, [True, True, True, False]),
+    ]
     result = study.aggregate(spec, runs, 0.95, 200, 0)
     m = result.arms["a"].metrics
-    assert m["test/accuracy"].dump() == {"mean": 0.375, "sd": pytest.approx(np.std([0.25, 0.5], ddof=1)), "values": [0.25, 0.5]}
-    assert set(m) == {"test/accuracy", "test/format_rate", "test/mean_tokens", "test/truncation_rate", "test/avg@2", "test/pass@1",
-                      "test/pass@2", "rl/steps", "rl/reward_last", "rl/frac_reward_zero_std"}
+    assert m["test/accuracy"].dump() == {
+        "mean": 0.375,
+        "sd": pytest.approx(np.std([0.25, 0.5], ddof=1)),
+        "values": [0.25, 0.5],
+    }
+    assert set(m) == {
+        "test/accuracy",
+        "test/format_rate",
+        "test/mean_tokens",
+        "test/truncation_rate",
+        "test/avg@2",
+        "test/pass@1",
+        "test/pass@2",
+        "rl/steps",
+        "rl/reward_last",
+        "rl/frac_reward_zero_std",
+    }
     c = result.comparisons["b-vs-a"].sets["test"]
-    assert (c.units_better, c.units_worse, c.difference) == (2, 0, pytest.approx(0.25)) and c.prompts_needed and c.prompts_needed > 4
+    assert (
+        (c.units_better, c.units_worse, c.difference) == (2, 0, pytest.approx(0.25))
+        and c.prompts_needed
+        and c.prompts_needed > 4
+    )
     curves = result.curves["a"]
     assert curves["reward"] == [(1.0, pytest.approx(0.15), 0.1, 0.2), (2.0, pytest.approx(0.3), 0.2, 0.4)]
     assert curves["held_out_accuracy"] == [(0.0, 0.25, 0.25, 0.25), (1.0, 0.625, 0.5, 0.75), (2.0, 0.375, 0.25, 0.5)]
@@ -158,7 +229,8 @@ def test_rung_study_runs_two_arms_by_two_seeds(tiny_model, prefect_server, tmp_p
     res = run("rung", "study", str(tmp / "bad.yaml"))
     assert res.returncode == 2 and res.stderr.strip().splitlines() == [
         "error: params.yaml with tiny-pools-1 {'rl.stages.main.curriculum.type': 'pools', 'rl.stages.main.learning_rate': -1, "
-        "'rl.stages.main.seed': 1}: rl.stages.main.learning_rate: Input should be greater than 0"], res.stderr[-2000:]
+        "'rl.stages.main.seed': 1}: rl.stages.main.learning_rate: Input should be greater than 0"
+    ], res.stderr[-2000:]
     assert json.loads(run("dvc", "exp", "show", "--json").stdout)[0].get("experiments") is None  # nothing queued
 
     (tmp / "study.yaml").write_text(STUDY)
@@ -170,20 +242,33 @@ def test_rung_study_runs_two_arms_by_two_seeds(tiny_model, prefect_server, tmp_p
     n_test = len((ws / "data/curated/test.jsonl").read_text().splitlines())
     for name in ("test", "ood_chain"):
         c = result["comparisons"]["pools-vs-uniform"]["sets"][name]
-        assert c["seeds"] == [1, 2] and c["unit"] == "prompt" and c["units"] == (n_test if name == "test" else 6)  # RL seeds share the prompts
+        assert (
+            c["seeds"] == [1, 2] and c["unit"] == "prompt" and c["units"] == (n_test if name == "test" else 6)
+        )  # RL seeds share the prompts
     curves = result["curves"]["pools"]
     assert [p[0] for p in curves["reward"]] == [1.0, 2.0] and [p[0] for p in curves["held_out_accuracy"]] == [0.0, 2.0]
-    assert "| uniform | 2 |" in (out / "study.md").read_text() and '<figure id="plot-reward"' in (out / "study.html").read_text()
+    assert (
+        "| uniform | 2 |" in (out / "study.md").read_text()
+        and '<figure id="plot-reward"' in (out / "study.html").read_text()
+    )
 
     # MLflow: the study's parent run holds the experiments' pipeline runs, whose RL stages ran with their own seeds.
     mlflow.set_tracking_uri(f"sqlite:///{ws / 'mlflow.db'}")
     runs = mlflow.search_runs(experiment_names=["rung"], output_format="list")
     [parent] = [r for r in runs if r.data.tags.get("rung.role") == "study"]
-    assert parent.data.metrics["study/uniform/test/accuracy/mean"] == pytest.approx(result["arms"]["uniform"]["metrics"]["test/accuracy"]["mean"])
+    assert parent.data.metrics["study/uniform/test/accuracy/mean"] == pytest.approx(
+        result["arms"]["uniform"]["metrics"]["test/accuracy"]["mean"]
+    )
     exps = {r.data.tags["dvc.exp_name"]: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
     assert set(exps) == {"tiny-uniform-1", "tiny-pools-1", "tiny-uniform-2", "tiny-pools-2"}
-    rl_seeds = {r.data.tags["dvc.exp_name"]: r.data.params["seed"] for r in runs if r.info.run_name == "rl@main" and "dvc.exp_name" in r.data.tags}
-    assert rl_seeds["tiny-pools-1"] == rl_seeds["tiny-uniform-1"] != rl_seeds["tiny-pools-2"] == rl_seeds["tiny-uniform-2"]
+    rl_seeds = {
+        r.data.tags["dvc.exp_name"]: r.data.params["seed"]
+        for r in runs
+        if r.info.run_name == "rl@main" and "dvc.exp_name" in r.data.tags
+    }
+    assert (
+        rl_seeds["tiny-pools-1"] == rl_seeds["tiny-uniform-1"] != rl_seeds["tiny-pools-2"] == rl_seeds["tiny-uniform-2"]
+    )
 
     # Run again: every experiment is done for this commit, so only the page is written again.
     res = run("rung", "study", str(tmp / "study.yaml"))

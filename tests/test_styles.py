@@ -1,16 +1,16 @@
 """The three answer dialects (rung.answers.formats): one table of literal completions, each read by its
 style's strict extraction and format check and judged against a gold answer by math-verify, as
 open-r1 judges math answers."""
+
 from __future__ import annotations
 
 import pytest
 
 from rung.answers import formats
-
-from rung.data import traces
-from rung.config import FormatParams, SolutionTraces
-from rung.errors import InputError
 from rung.answers.verify import is_correct
+from rung.config import FormatParams, SolutionTraces
+from rung.data import traces
+from rung.errors import InputError
 
 LINE, BOXED, TAGS = (FormatParams(style=s) for s in ("answer_line", "boxed", "tags"))
 THINK = "<think>\n12 + 30 = 42\n</think>\n"
@@ -70,7 +70,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("fmt, completion, gold, strict, follows, correct", CASES, ids=[f"{c[0].style}-{i}" for i, c in enumerate(CASES)])
+@pytest.mark.parametrize(
+    "fmt, completion, gold, strict, follows, correct", CASES, ids=[f"{c[0].style}-{i}" for i, c in enumerate(CASES)]
+)
 def test_style_table(fmt, completion, gold, strict, follows, correct):
     assert formats.extract(completion, fmt) == strict
     assert formats.follows_format(completion, fmt) is follows
@@ -108,7 +110,9 @@ def test_tags_partial_credit_is_open_r1_tag_count(completion, credit):
 
 
 @pytest.mark.parametrize("fmt", [LINE, BOXED, TAGS], ids=lambda f: f.style)
-@pytest.mark.parametrize("answer, solution", [("42", "6 * 7 = 42"), ("\\frac{1}{2}", None), ("-3", "Subtract.\nIt is -3.")])
+@pytest.mark.parametrize(
+    "answer, solution", [("42", "6 * 7 = 42"), ("\\frac{1}{2}", None), ("-3", "Subtract.\nIt is -3.")]
+)
 def test_targets_follow_their_own_format(fmt, answer, solution):
     target = formats.target(answer, solution, fmt)
     assert formats.follows_format(target, fmt)
@@ -127,22 +131,40 @@ def test_prompts_chat_and_plain():
     ]
     appended = FormatParams(style="boxed", system_message=False)
     assert formats.prompt("What is 2+2?", appended) == [
-        {"role": "user", "content": "What is 2+2?\nPlease reason step by step, and put your final answer within \\boxed{}."}
+        {
+            "role": "user",
+            "content": "What is 2+2?\nPlease reason step by step, and put your final answer within \\boxed{}.",
+        }
     ]
     r1_zero = FormatParams(style="tags", template="plain")
     text = formats.prompt("What is 2+2?", r1_zero)
-    assert text.startswith("A conversation between User and Assistant.") and text.endswith("\nUser: What is 2+2?\nAssistant:")
+    assert text.startswith("A conversation between User and Assistant.") and text.endswith(
+        "\nUser: What is 2+2?\nAssistant:"
+    )
     custom = FormatParams(template="plain", instruction="", plain_template="Q: {prompt}\nA:")
     assert formats.prompt("What is 2+2?", custom) == "Q: What is 2+2?\nA:"
 
 
 def test_solution_targets_that_break_the_style_are_refused_naming_the_source():
-    rows = [{"id": "a", "prompt": "1+1?", "answer": "2", "solution": "1+1=2", "task": "math", "meta": {}},
-            {"id": "b", "prompt": "2+2?", "answer": "4", "solution": "<think>2+2</think><answer>4</answer>", "task": "math", "meta": {}}]
+    rows = [
+        {"id": "a", "prompt": "1+1?", "answer": "2", "solution": "1+1=2", "task": "math", "meta": {}},
+        {
+            "id": "b",
+            "prompt": "2+2?",
+            "answer": "4",
+            "solution": "<think>2+2</think><answer>4</answer>",
+            "task": "math",
+            "meta": {},
+        },
+    ]
     assert len(traces.from_solutions(rows[:1], SolutionTraces(), TAGS)) == 1
-    with pytest.raises(InputError, match=r"^sft.traces\[1\]: 1 of 2 solution targets .* format.style tags \(first: id b\)"):
+    with pytest.raises(
+        InputError, match=r"^sft.traces\[1\]: 1 of 2 solution targets .* format.style tags \(first: id b\)"
+    ):
         traces.from_solutions(rows, SolutionTraces(), TAGS, "sft.traces[1]")
-    wrong_box = [{**rows[0], "solution": "So it is $\\boxed{3}$."}]  # the solution's box disagrees with the answer column
+    wrong_box = [
+        {**rows[0], "solution": "So it is $\\boxed{3}$."}
+    ]  # the solution's box disagrees with the answer column
     with pytest.raises(InputError, match="format.style boxed"):
         traces.from_solutions(wrong_box, SolutionTraces(), BOXED)
 

@@ -1,8 +1,9 @@
 """MLflow runs whose owner process died (a killed stage or `dvc repro`) are closed as KILLED."""
+
 from __future__ import annotations
 
-import subprocess
 import socket
+import subprocess
 import sys
 
 import mlflow

@@ -1,4 +1,5 @@
 """A tiny random Llama with the SmolLM2 tokenizer: seconds per stage, for tests."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,9 +15,16 @@ def build(out_dir: Path) -> Path:
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     tok.pad_token = tok.pad_token or tok.eos_token
     config = LlamaConfig(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
         tie_word_embeddings=True,
     )
     torch.manual_seed(0)

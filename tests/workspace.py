@@ -1,4 +1,5 @@
 """A temporary git + DVC repo holding the project's files, for end-to-end tests."""
+
 from __future__ import annotations
 
 import os

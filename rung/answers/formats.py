@@ -13,14 +13,15 @@ through these functions, so a model is trained, rewarded and graded on the same 
 instruction as a system message or after the question) or `plain` (one string with `{prompt}`,
 for base models without a chat template, e.g. the R1-Zero prompt).
 """
+
 from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
 from functools import cache
 
-from rung.config import FormatParams
 from rung.answers.latex import last_boxed
+from rung.config import FormatParams
 
 Prompt = list[dict[str, str]] | str
 """A conversation for a chat template, or the finished text of a plain template."""
@@ -100,7 +101,7 @@ class AnswerLine(Style):
         at = completion.rfind(self.fmt.answer_prefix)
         if at < 0:
             return None
-        return _clean(completion[at + len(self.fmt.answer_prefix):].split("\n", 1)[0])
+        return _clean(completion[at + len(self.fmt.answer_prefix) :].split("\n", 1)[0])
 
     def appended(self, text: str, answer: str) -> str:
         return f"{text}\n{self.fmt.answer_prefix} {answer}"
@@ -164,7 +165,7 @@ class Tags(Style):
         if strict is not None:
             return strict
         opened = completion.rfind("<answer>")  # an answer whose closing tag was cut off
-        return _clean(completion[opened + len("<answer>"):]) if opened >= 0 else last_number(completion)
+        return _clean(completion[opened + len("<answer>") :]) if opened >= 0 else last_number(completion)
 
     def partial_credit(self, completion: str) -> float:
         # open-r1's tag_count_reward: 0.25 for each of the four tags present exactly once.

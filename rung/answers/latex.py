@@ -1,4 +1,5 @@
 """LaTeX answer markup: the content of the last \\boxed{...} (or \\fbox{...}) of a text."""
+
 from __future__ import annotations
 
 import re

@@ -1,11 +1,13 @@
 """Decide whether an extracted answer is correct, with the task's own verifier."""
+
 from __future__ import annotations
 
 import json
 import re
 import threading
+from collections.abc import Callable
 from functools import cache
-from typing import Any, Callable
+from typing import Any
 
 import math_verify
 
@@ -45,7 +47,13 @@ def bare(answer: str) -> str:
             continue
         for left, right in _DELIMITERS:
             inner = text[len(left) : -len(right)]
-            if len(text) > len(left) + len(right) and text.startswith(left) and text.endswith(right) and left not in inner and right not in inner:
+            if (
+                len(text) > len(left) + len(right)
+                and text.startswith(left)
+                and text.endswith(right)
+                and left not in inner
+                and right not in inner
+            ):
                 text = inner.strip()
                 break
         else:

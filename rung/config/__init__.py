@@ -14,6 +14,7 @@ module, and every field is documented once, there:
 This module holds `Params`, `parse` / `load` (one-line errors naming the file and the dotted key),
 `read_yaml` and `with_overrides`, and re-exports every section, so `from rung.config import X` works.
 """
+
 from __future__ import annotations
 
 import copy
@@ -64,13 +65,53 @@ from rung.config.rl import (
 from rung.config.sft import LoraParams, SFTParams
 
 __all__ = [
-    "BUILTIN_REWARDS", "PRESETS", "AdaptiveCurriculum", "BanditCurriculum", "BenchmarkSource", "BootstrapParams", "ColumnMap",
-    "ConfigError", "CurateParams", "Curriculum", "CurriculumPhase", "DifficultyParams", "DynamicSamplingParams", "EvalParams",
-    "FileSource", "FilterParams", "FormatParams", "GenerationParams", "HFSource", "LaunchParams", "LoraParams", "MixParams",
-    "ModelParams", "Params", "PoolParams", "PoolsCurriculum", "ReasoningGymSource", "RewardParams", "RLParams", "RLStageParams",
-    "SampledEvalParams", "SampledTraces", "SamplingParams", "ScheduledCurriculum", "Section", "SFTParams", "SolutionTraces",
-    "Source", "StagedCurriculum", "TraceSource", "TrackingParams", "UniformCurriculum", "_TabularSource",
-    "load", "parse", "read_yaml", "with_overrides",
+    "BUILTIN_REWARDS",
+    "PRESETS",
+    "AdaptiveCurriculum",
+    "BanditCurriculum",
+    "BenchmarkSource",
+    "BootstrapParams",
+    "ColumnMap",
+    "ConfigError",
+    "CurateParams",
+    "Curriculum",
+    "CurriculumPhase",
+    "DifficultyParams",
+    "DynamicSamplingParams",
+    "EvalParams",
+    "FileSource",
+    "FilterParams",
+    "FormatParams",
+    "GenerationParams",
+    "HFSource",
+    "LaunchParams",
+    "LoraParams",
+    "MixParams",
+    "ModelParams",
+    "Params",
+    "PoolParams",
+    "PoolsCurriculum",
+    "ReasoningGymSource",
+    "RewardParams",
+    "RLParams",
+    "RLStageParams",
+    "SampledEvalParams",
+    "SampledTraces",
+    "SamplingParams",
+    "ScheduledCurriculum",
+    "Section",
+    "SFTParams",
+    "SolutionTraces",
+    "Source",
+    "StagedCurriculum",
+    "TraceSource",
+    "TrackingParams",
+    "UniformCurriculum",
+    "_TabularSource",
+    "load",
+    "parse",
+    "read_yaml",
+    "with_overrides",
 ]
 
 
@@ -95,7 +136,9 @@ class Params(Section):
             if isinstance(stage.curriculum, StagedCurriculum):
                 used |= {b for p in stage.curriculum.phases for b in p.buckets}
             if used - known:
-                raise ValueError(f"rl.stages.{name}: unknown difficulty buckets {sorted(used - known)} (difficulty.buckets has {sorted(known)})")
+                raise ValueError(
+                    f"rl.stages.{name}: unknown difficulty buckets {sorted(used - known)} (difficulty.buckets has {sorted(known)})"
+                )
         return self
 
     @property
@@ -111,7 +154,10 @@ def _one_line(err: ValidationError) -> str:
     first = err.errors()[0]
     # Drop the tag pydantic inserts for tagged unions (curate.sources.0.file.path -> ...0.path).
     loc = first["loc"]
-    key = ".".join(str(p) for i, p in enumerate(loc) if not (p in _SOURCE_TAGS and i and isinstance(loc[i - 1], int))) or "<root>"
+    key = (
+        ".".join(str(p) for i, p in enumerate(loc) if not (p in _SOURCE_TAGS and i and isinstance(loc[i - 1], int)))
+        or "<root>"
+    )
     msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         msg = "unknown key"
@@ -155,7 +201,9 @@ def with_overrides(data: dict[str, Any], sets: dict[str, Any]) -> dict[str, Any]
                 else:
                     node = node.setdefault(p, {})
             else:
-                raise ConfigError(f"{key}: no key {p!r} here ({'list index out of range' if isinstance(node, list) else 'not a mapping'})")
+                raise ConfigError(
+                    f"{key}: no key {p!r} here ({'list index out of range' if isinstance(node, list) else 'not a mapping'})"
+                )
     return data
 
 
@@ -173,4 +221,3 @@ def read_yaml(path: Path | str) -> Any:
 def load(path: Path | str = paths.PARAMS) -> Params:
     """Read and validate a params file."""
     return parse(read_yaml(path), str(path))
-

@@ -1,5 +1,6 @@
 """What every params section shares: unknown keys are errors, values are frozen; the error type; and
 how a deprecated key is still read, with a one-line warning."""
+
 from __future__ import annotations
 
 import logging
@@ -23,7 +24,9 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def deprecated(data: Any, old: str, new: str | None, info: ValidationInfo, path: str = "", label: str | None = None) -> Any:
+def deprecated(
+    data: Any, old: str, new: str | None, info: ValidationInfo, path: str = "", label: str | None = None
+) -> Any:
     """A section's raw mapping with its deprecated key `old` read as `new`, or dropped when `new` is
     None (a setting that has no effect), and one warning line naming the key (`<label or path>.<old>`)
     and the file when `parse` gave it. `path`: the section's dotted key below the model whose validator

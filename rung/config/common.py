@@ -1,5 +1,6 @@
 """Sections more than one stage reads: the model, the response format, sampling, the generation
 backend, the training launch and MLflow tracking."""
+
 from __future__ import annotations
 
 from typing import Literal
@@ -70,6 +71,7 @@ class SamplingParams(Section):
 class GenerationParams(Section):
     backend: Literal["transformers", "vllm"] = "transformers"
     """Rollout engine of the difficulty and eval stages; vllm needs a CUDA GPU and `rung[vllm]`."""
+
 
 class LaunchParams(Section):
     """How many training processes and on which engine (accelerate / torchrun)."""

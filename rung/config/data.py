@@ -1,5 +1,6 @@
 """The data stages' schema: sources, filters and mix (curate), pass rates (difficulty) and the SFT
 targets (traces)."""
+
 from __future__ import annotations
 
 import re
@@ -8,8 +9,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Discriminator, Field, Tag, model_validator
 
 from rung.config.base import Section
-from rung.config.common import SamplingParams
 from rung.config.benchmarks import BENCHMARKS, fields
+from rung.config.common import SamplingParams
 
 
 class ReasoningGymSource(Section):
@@ -136,7 +137,9 @@ def _source_type(value: Any) -> str:
 
 
 Source = Annotated[
-    Annotated[ReasoningGymSource, Tag("reasoning_gym")] | Annotated[FileSource, Tag("file")] | Annotated[HFSource, Tag("hf")]
+    Annotated[ReasoningGymSource, Tag("reasoning_gym")]
+    | Annotated[FileSource, Tag("file")]
+    | Annotated[HFSource, Tag("hf")]
     | Annotated[BenchmarkSource, Tag("benchmark")],
     Discriminator(_source_type),
 ]

@@ -1,4 +1,5 @@
 """The eval stages' schema: greedy and sampled decoding, the bootstrap and the extra eval sets."""
+
 from __future__ import annotations
 
 from pydantic import Field, model_validator

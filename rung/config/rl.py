@@ -1,5 +1,6 @@
 """The RL stages' schema: rewards, curricula, DAPO dynamic sampling, the published presets, one
 stage and the chain of stages."""
+
 from __future__ import annotations
 
 import re
@@ -9,7 +10,6 @@ from pydantic import BeforeValidator, ConfigDict, Field, ValidationInfo, model_v
 
 from rung.config.base import Section, deprecated
 from rung.config.common import LaunchParams
-
 
 # The names of rung.rl.rewards.REGISTRY (tests/test_rewards.py checks it), here so that params validate
 # without importing the rewards and their verifiers.
@@ -146,7 +146,12 @@ class PoolsCurriculum(Section):
 
 
 Curriculum = Annotated[
-    UniformCurriculum | StagedCurriculum | ScheduledCurriculum | AdaptiveCurriculum | BanditCurriculum | PoolsCurriculum,
+    UniformCurriculum
+    | StagedCurriculum
+    | ScheduledCurriculum
+    | AdaptiveCurriculum
+    | BanditCurriculum
+    | PoolsCurriculum,
     Field(discriminator="type"),
 ]
 
@@ -168,11 +173,22 @@ PRESETS: dict[str, dict[str, Any]] = {
     "dr_grpo": {"loss_type": "dr_grpo", "scale_rewards": "none", "beta": 0.0, "epsilon": 0.2, "epsilon_high": None},
     # DAPO (Yu et al. 2025): clip-higher, token-level loss, overlong shaping, dynamic sampling.
     "dapo": {
-        "loss_type": "dapo", "scale_rewards": "group", "beta": 0.0, "epsilon": 0.2, "epsilon_high": 0.28,
-        "dynamic_sampling": {"max_rounds": 3}, "overlong": True,
+        "loss_type": "dapo",
+        "scale_rewards": "group",
+        "beta": 0.0,
+        "epsilon": 0.2,
+        "epsilon_high": 0.28,
+        "dynamic_sampling": {"max_rounds": 3},
+        "overlong": True,
     },
     # GSPO (Zheng et al. 2025): sequence-level importance ratios with tight clipping (TRL docs).
-    "gspo": {"loss_type": "grpo", "importance_sampling_level": "sequence", "beta": 0.0, "epsilon": 3e-4, "epsilon_high": 4e-4},
+    "gspo": {
+        "loss_type": "grpo",
+        "importance_sampling_level": "sequence",
+        "beta": 0.0,
+        "epsilon": 3e-4,
+        "epsilon_high": 4e-4,
+    },
 }
 
 
@@ -218,7 +234,10 @@ class RLStageParams(Section):
     vllm_mode: Literal["colocate", "server"] = "colocate"
     """colocate: vLLM in the training process; server: a `trl vllm-serve` process."""
     launch: LaunchParams = LaunchParams()
-    rewards: dict[str, Annotated[RewardParams, BeforeValidator(_reward_spec)]] = {"accuracy": RewardParams(weight=1.0), "format": RewardParams(weight=0.1)}
+    rewards: dict[str, Annotated[RewardParams, BeforeValidator(_reward_spec)]] = {
+        "accuracy": RewardParams(weight=1.0),
+        "format": RewardParams(weight=0.1),
+    }
     """Reward functions by name with their weights (see rung.rl.rewards)."""
     overlong: bool = False
     """Add DAPO's soft overlong punishment (reward 'overlong', weight 1) unless `rewards` has it."""
@@ -252,10 +271,14 @@ class RLStageParams(Section):
         if self.algorithm == "rloo" and self.dynamic_sampling is not None:
             raise ValueError("dynamic_sampling: supported with algorithm grpo only")
         if self.prompts_per_step % self.launch.num_processes:
-            raise ValueError(f"prompts_per_step: {self.prompts_per_step} is not divisible by launch.num_processes {self.launch.num_processes}")
+            raise ValueError(
+                f"prompts_per_step: {self.prompts_per_step} is not divisible by launch.num_processes {self.launch.num_processes}"
+            )
         for name, reward in self.rewards.items():
             if reward.import_path is None and name not in BUILTIN_REWARDS:
-                raise ValueError(f"rewards.{name}: not a built-in reward {list(BUILTIN_REWARDS)}; give its 'import' path")
+                raise ValueError(
+                    f"rewards.{name}: not a built-in reward {list(BUILTIN_REWARDS)}; give its 'import' path"
+                )
         return self
 
 
@@ -275,7 +298,10 @@ class RLParams(Section):
             cur = stage.get("curriculum") if isinstance(stage, dict) else None
             if isinstance(cur, dict) and cur.get("type") == "bandit":
                 path = f"stages.{name}.curriculum"
-                stages[name] = {**stage, "curriculum": deprecated(cur, "learning_rate", "step_size", info, path, f"rl.{path}")}
+                stages[name] = {
+                    **stage,
+                    "curriculum": deprecated(cur, "learning_rate", "step_size", info, path, f"rl.{path}"),
+                }
         return {**data, "stages": stages}
 
     @model_validator(mode="after")

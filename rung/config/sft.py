@@ -1,4 +1,5 @@
 """The SFT stage's schema: the warm-start on the traces, with optional LoRA."""
+
 from __future__ import annotations
 
 from typing import Any

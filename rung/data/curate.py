@@ -9,24 +9,20 @@ Row schema (one JSON object per line, keys sorted):
   solution  a short worked solution, or null
   meta      the generator's metadata (difficulty knobs), verbatim
 """
+
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from rung.data import filters, generators
-
-from rung import files
-
-from rung import paths
-
+from rung import files, paths
 from rung.answers import verify
 from rung.config import CurateParams, EvalParams, ReasoningGymSource, Source
-from rung.errors import InputError
+from rung.data import filters, generators
 from rung.data.rows import Row, difficulty_label
+from rung.errors import InputError
 from rung.seeding import derive
-
 
 
 def _unit(row: Row) -> float:
@@ -48,7 +44,9 @@ def load_source(src: Source, seed: int) -> tuple[list[Row], dict[str, int]]:
     if isinstance(src, ReasoningGymSource):
         rows = generators.load(src, seed)
         return rows, {"read": len(rows), "rows": len(rows)}
-    from rung.data import tabular  # here: datasets and pyarrow, which a reasoning-gym source (and each stage's preflight of one) needs not
+    from rung.data import (
+        tabular,
+    )  # here: datasets and pyarrow, which a reasoning-gym source (and each stage's preflight of one) needs not
 
     loaded = tabular.load(src, seed)
     if not loaded.rows:
@@ -81,7 +79,12 @@ def eval_sets(params: EvalParams, seed: int) -> tuple[dict[str, list[Row]], dict
         if not rows:
             raise InputError(f"eval.sets.{src.name}: no verifiable rows left")
         out[src.name] = sorted(rows, key=lambda r: r["id"])
-        counts[src.name] = {**{k: v for k, v in loaded.items() if k != "rows"}, "dropped_unverifiable": unverifiable.removed, "dropped_duplicate": duplicates.removed, "rows": len(rows)}
+        counts[src.name] = {
+            **{k: v for k, v in loaded.items() if k != "rows"},
+            "dropped_unverifiable": unverifiable.removed,
+            "dropped_duplicate": duplicates.removed,
+            "rows": len(rows),
+        }
     return out, counts
 
 
@@ -103,7 +106,11 @@ def curate(params: CurateParams, evals: dict[str, list[Row]], seed: int) -> tupl
         filters.exact_duplicates,
     ]
     if f.near_duplicate_threshold is not None:
-        steps.append(lambda r: filters.near_duplicates(r, threshold=f.near_duplicate_threshold, seed=derive(seed, "curate", "minhash")))
+        steps.append(
+            lambda r: filters.near_duplicates(
+                r, threshold=f.near_duplicate_threshold, seed=derive(seed, "curate", "minhash")
+            )
+        )
     eval_prompts = [r["prompt"] for rs in evals.values() for r in rs]
     if eval_prompts:
         steps.append(lambda r: filters.decontaminate(r, eval_prompts, n=f.decontamination_ngram))
@@ -123,7 +130,9 @@ def curate(params: CurateParams, evals: dict[str, list[Row]], seed: int) -> tupl
         rows = tabular.mix(groups, params.mix.weights, params.mix.total, derive(seed, "curate", "mix"))
     train, test = split(rows, params.test_fraction, params.max_test)
     if not train or not test:
-        raise InputError(f"curate: split left train={len(train)} test={len(test)} rows; raise sources.size or test_fraction")
+        raise InputError(
+            f"curate: split left train={len(train)} test={len(test)} rows; raise sources.size or test_fraction"
+        )
     stats = {
         "train": len(train),
         "test": len(test),

@@ -3,26 +3,26 @@
 Prompts whose N rewards are all equal give GRPO a zero gradient ("Vanishing Gradients in RFT");
 open-r1 keeps pass rates in [0.1, 0.6] from 8 generations.
 """
+
 from __future__ import annotations
 
 from collections import Counter
 from statistics import mean
 from typing import TYPE_CHECKING, Any
 
+from rung import files, paths
 from rung.answers import formats
-
-from rung import files
-
-from rung import paths
+from rung.answers.verify import is_correct
 from rung.config import DifficultyParams, FormatParams
 from rung.errors import InputError
-from rung.answers.verify import is_correct
 
 if TYPE_CHECKING:  # a type only: torch is imported by whoever loads the model (tasks.generation), after the preflight
     from rung.generate.completion import Generator
 
 
-def pass_rates(gen: Generator, rows: list[dict[str, Any]], fmt: FormatParams, params: DifficultyParams, seed: int) -> list[dict[str, Any]]:
+def pass_rates(
+    gen: Generator, rows: list[dict[str, Any]], fmt: FormatParams, params: DifficultyParams, seed: int
+) -> list[dict[str, Any]]:
     """One score record per row: pass rate over `num_generations` samples.
 
     Correctness here ignores the answer format (last number counts): difficulty measures whether
@@ -34,7 +34,15 @@ def pass_rates(gen: Generator, rows: list[dict[str, Any]], fmt: FormatParams, pa
     for row, completions in zip(rows, samples, strict=True):
         scores = [float(is_correct(formats.extract_lenient(c.text, fmt), row)) for c in completions]
         rate = mean(scores)
-        out.append({"id": row["id"], "source": row["source"], "pass_rate": rate, "bucket": bucket(rate, params.buckets), "scores": scores})
+        out.append(
+            {
+                "id": row["id"],
+                "source": row["source"],
+                "pass_rate": rate,
+                "bucket": bucket(rate, params.buckets),
+                "scores": scores,
+            }
+        )
     return out
 
 
@@ -67,14 +75,18 @@ def histogram(scores: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"pass_rate": r, "prompts": c} for r, c in sorted(counts.items())]
 
 
-def run(gen: Generator, rows: list[dict[str, Any]], fmt: FormatParams, params: DifficultyParams, seed: int) -> dict[str, Any]:
+def run(
+    gen: Generator, rows: list[dict[str, Any]], fmt: FormatParams, params: DifficultyParams, seed: int
+) -> dict[str, Any]:
     """The difficulty stage: score `rows`, write the scores, the filtered train set (rows carry
     their pass rate and bucket, which curricula and per-bucket RL metrics read) and the pass-rate
     histogram at their layout paths; returns the summary."""
     scores = pass_rates(gen, rows, fmt, params, seed)
     kept = keep(scores, params)
     if not kept:
-        raise InputError(f"difficulty: no prompt has a pass rate in [{params.pass_rate_min}, {params.pass_rate_max}]; widen the window")
+        raise InputError(
+            f"difficulty: no prompt has a pass rate in [{params.pass_rate_min}, {params.pass_rate_max}]; widen the window"
+        )
     files.write_jsonl(paths.SCORES, scores)
     by_id = {s["id"]: {"pass_rate": s["pass_rate"], "bucket": s["bucket"]} for s in scores}
     files.write_jsonl(paths.FILTERED, [{**r, **by_id[r["id"]]} for r in rows if r["id"] in kept])

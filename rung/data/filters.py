@@ -5,6 +5,7 @@ occurrence wins, so the output is a deterministic function of the input order an
 The report says how many rows were removed, by which criterion and from which sources, for the
 stage's stats JSON (`FilterReport.as_dict`).
 """
+
 from __future__ import annotations
 
 import re
@@ -73,7 +74,9 @@ def unverifiable(rows: list[Row], check: Callable[[Row], bool]) -> tuple[list[Ro
 
     An exception from `check` propagates: a broken checker must fail the stage, not empty it.
     """
-    return _partition(rows, [not check(r) for r in rows], "unverifiable", "reference answer not checkable by the task's verifier")
+    return _partition(
+        rows, [not check(r) for r in rows], "unverifiable", "reference answer not checkable by the task's verifier"
+    )
 
 
 # --- length -----------------------------------------------------------------------------------
@@ -155,7 +158,10 @@ def near_duplicates(
     """
     if not 0 < threshold <= 1:
         raise ValueError(f"near_duplicates: threshold must be in (0, 1], got {threshold}")
-    from datasketch import MinHash, MinHashLSH  # here: only curate deduplicates, every stage's preflight imports rung.data.curate
+    from datasketch import (
+        MinHash,
+        MinHashLSH,
+    )  # here: only curate deduplicates, every stage's preflight imports rung.data.curate
 
     groups: dict[tuple[str, ...], list[int]] = defaultdict(list)
     for i, r in enumerate(rows):
@@ -170,7 +176,9 @@ def near_duplicates(
             drop[i] = any(jaccard(sets[i], sets[j]) >= threshold for j in lsh.query(mh))
             if not drop[i]:
                 lsh.insert(i, mh)
-    reason = f"character {ngram}-gram Jaccard >= {threshold} with an earlier row" + (" with the same numbers and operators" if same_math else "")
+    reason = f"character {ngram}-gram Jaccard >= {threshold} with an earlier row" + (
+        " with the same numbers and operators" if same_math else ""
+    )
     return _partition(rows, drop, "near_duplicates", reason)
 
 

@@ -1,4 +1,5 @@
 """The curated row: its type, its id, and its metadata as plain JSON (shared by every source)."""
+
 from __future__ import annotations
 
 import hashlib

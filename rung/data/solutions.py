@@ -2,6 +2,7 @@
 
 Hand-written: reasoning-gym's arithmetic tasks give the expression but no steps.
 """
+
 from __future__ import annotations
 
 import ast

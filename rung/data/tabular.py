@@ -7,6 +7,7 @@ The answer is the answer cell itself, or read out of it (`answer_from` boxed / g
 Loading is deterministic: rows come in file (or dataset) order, and a size cap takes a seeded
 sample. Bad input raises InputError with one line naming `curate.sources.<name>.<field>`.
 """
+
 from __future__ import annotations
 
 import csv
@@ -23,13 +24,12 @@ import pyarrow.parquet as pq
 from datasets.exceptions import DatasetNotFoundError, DatasetsError
 
 from rung import files
-from rung.config import FileSource, HFSource, _TabularSource
-from rung.errors import InputError
 from rung.answers.latex import last_boxed
-from rung.data.rows import Row, plain_json, row_id
-from rung.seeding import derive
 from rung.answers.verify import is_known_task
-
+from rung.config import FileSource, HFSource, _TabularSource
+from rung.data.rows import Row, plain_json, row_id
+from rung.errors import InputError
+from rung.seeding import derive
 
 _SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
 # An answer extraction that yields nothing on this many leading rows is a misconfiguration, not data.
@@ -51,7 +51,9 @@ class Loaded:
 def load(source: FileSource | HFSource, seed: int) -> Loaded:
     """Read a source into schema rows; `seed` (the global seed) fixes the size-cap sample."""
     if not is_known_task(source.task):
-        raise InputError(f"{_key(source, 'task')}: unknown task {source.task!r}: use 'math' or a reasoning-gym task name")
+        raise InputError(
+            f"{_key(source, 'task')}: unknown task {source.task!r}: use 'math' or a reasoning-gym task name"
+        )
     if isinstance(source, FileSource):
         records, columns, origin = _read_file(source)
     elif isinstance(source, HFSource):
@@ -80,7 +82,9 @@ def _read_file(src: FileSource) -> tuple[list[dict[str, Any]], list[str], str]:
         raise InputError(f"{_key(src, 'path')}: file not found: {path}")
     fmt = src.format or _SUFFIXES.get(path.suffix.lower())
     if fmt is None:
-        raise InputError(f"{_key(src, 'format')}: cannot infer the format of {path} from its suffix; set jsonl, parquet or csv")
+        raise InputError(
+            f"{_key(src, 'format')}: cannot infer the format of {path} from its suffix; set jsonl, parquet or csv"
+        )
     try:
         if fmt == "parquet":
             table = pq.read_table(path)
@@ -113,7 +117,9 @@ def _csv_records(lines: Any, src: FileSource, path: Path) -> list[dict[str, Any]
     for rec in reader:
         # DictReader files surplus cells under the key None instead of failing.
         if None in rec:
-            raise InputError(f"{_key(src, 'path')}: cannot read {path} as csv: line {reader.line_num} has more cells than the header")
+            raise InputError(
+                f"{_key(src, 'path')}: cannot read {path} as csv: line {reader.line_num} has more cells than the header"
+            )
         records.append(rec)
     return records
 
@@ -202,7 +208,9 @@ def _no_answer(src: _TabularSource, probed: int, origin: str, example: str) -> I
     return InputError(f"{_key(src, 'answer_from')}: {src.answer_from}, but none of {where} has {mark}")
 
 
-def _to_rows(src: FileSource | HFSource, records: list[dict[str, Any]], columns: list[str], origin: str, seed: int) -> Loaded:
+def _to_rows(
+    src: FileSource | HFSource, records: list[dict[str, Any]], columns: list[str], origin: str, seed: int
+) -> Loaded:
     if not records:
         raise InputError(f"{_key(src, 'path' if isinstance(src, FileSource) else 'dataset')}: {origin} has no rows")
     mapped = {"prompt": src.columns.prompt, "answer": src.columns.answer, "solution": src.columns.solution}
@@ -229,19 +237,36 @@ def _to_rows(src: FileSource | HFSource, records: list[dict[str, Any]], columns:
             continue
         solution = _text(rec.get(mapped["solution"]), src, "columns.solution", n) if mapped["solution"] else worked
         meta = {k: v for k, v in rec.items() if k not in mapped.values()}
-        rows.append(dict(id=row_id(src.task, prompt, answer), source=src.name, task=src.task,
-                         prompt=prompt, answer=answer, solution=solution, meta=plain_json(meta)))
+        rows.append(
+            dict(
+                id=row_id(src.task, prompt, answer),
+                source=src.name,
+                task=src.task,
+                prompt=prompt,
+                answer=answer,
+                solution=solution,
+                meta=plain_json(meta),
+            )
+        )
     if probed and not any(ok for ok, _ in probed):
         raise _no_answer(src, len(probed), origin, probed[0][1])
     if not rows:
         why = f"{unmatched} not matching where, {empty} with an empty prompt or answer"
-        raise InputError(f"{_key(src, 'where' if unmatched == len(records) else 'columns')}: no usable rows in {origin} ({len(records)} read: {why})")
+        raise InputError(
+            f"{_key(src, 'where' if unmatched == len(records) else 'columns')}: no usable rows in {origin} ({len(records)} read: {why})"
+        )
     usable = len(rows)
     if src.size is not None and src.size < usable:
         rng = random.Random(derive(seed, "curate", src.name))
         rows = [rows[i] for i in sorted(rng.sample(range(usable), src.size))]
-    stats = dict(read=len(records), dropped_empty=empty, dropped_where=unmatched, dropped_no_answer=no_answer,
-                 dropped_size=usable - len(rows), rows=len(rows))
+    stats = dict(
+        read=len(records),
+        dropped_empty=empty,
+        dropped_where=unmatched,
+        dropped_no_answer=no_answer,
+        dropped_size=usable - len(rows),
+        rows=len(rows),
+    )
     return Loaded(rows, stats)
 
 
@@ -259,7 +284,10 @@ def mix(groups: dict[str, list[Row]], weights: dict[str, float], total: int, see
     key = "curate.mix.weights"
     if set(weights) != set(groups):
         missing, unknown = sorted(set(groups) - set(weights)), sorted(set(weights) - set(groups))
-        raise InputError(f"{key}: " + "; ".join([f"no weight for source {n!r}" for n in missing] + [f"no source named {n!r}" for n in unknown]))
+        raise InputError(
+            f"{key}: "
+            + "; ".join([f"no weight for source {n!r}" for n in missing] + [f"no source named {n!r}" for n in unknown])
+        )
     if bad := [n for n in groups if weights[n] < 0]:
         raise InputError(f"{key}.{bad[0]}: weight must be >= 0, got {weights[bad[0]]}")
     if (weight_sum := sum(weights.values())) <= 0:

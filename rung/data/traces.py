@@ -4,20 +4,18 @@
 Every target goes through rung.answers.formats, so SFT teaches exactly the format that the rewards
 and the evaluation read.
 """
+
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from rung import files, paths
 from rung.answers import formats
-
-from rung import files
-
-from rung import paths
+from rung.answers.verify import is_correct
 from rung.config import FormatParams, SampledTraces, SolutionTraces, TraceSource
 from rung.errors import InputError
-from rung.answers.verify import is_correct
 
 if TYPE_CHECKING:  # solution traces need no model: torch is imported by whoever loads one
     from rung.generate.completion import Generator
@@ -25,7 +23,9 @@ if TYPE_CHECKING:  # solution traces need no model: torch is imported by whoever
 Trace = dict[str, Any]  # id, prompt, target, origin
 
 
-def from_solutions(rows: list[dict[str, Any]], src: SolutionTraces, fmt: FormatParams, key: str = "sft.traces") -> list[Trace]:
+def from_solutions(
+    rows: list[dict[str, Any]], src: SolutionTraces, fmt: FormatParams, key: str = "sft.traces"
+) -> list[Trace]:
     """The worked solution (or, with answer_only, the bare answer) of each row, in the style.
 
     Refused when a target would not follow the style or would state another answer than the row's
@@ -33,12 +33,20 @@ def from_solutions(rows: list[dict[str, Any]], src: SolutionTraces, fmt: FormatP
     its answer column): training on them would teach a format the rewards do not read."""
     used = [r for r in rows if r.get("solution") or src.answer_only]
     targets = [formats.target(r["answer"], r.get("solution"), fmt) for r in used]
-    bad = [r["id"] for r, t in zip(used, targets, strict=True)
-           if not formats.follows_format(t, fmt) or not is_correct(formats.extract(t, fmt), r)]
+    bad = [
+        r["id"]
+        for r, t in zip(used, targets, strict=True)
+        if not formats.follows_format(t, fmt) or not is_correct(formats.extract(t, fmt), r)
+    ]
     if bad:
-        raise InputError(f"{key}: {len(bad)} of {len(used)} solution targets do not state the row's answer in format.style "
-                         f"{fmt.style} (first: id {bad[0]}); fix the solutions or use another style")
-    return [{"id": r["id"], "prompt": r["prompt"], "target": t, "origin": "solutions"} for r, t in zip(used, targets, strict=True)]
+        raise InputError(
+            f"{key}: {len(bad)} of {len(used)} solution targets do not state the row's answer in format.style "
+            f"{fmt.style} (first: id {bad[0]}); fix the solutions or use another style"
+        )
+    return [
+        {"id": r["id"], "prompt": r["prompt"], "target": t, "origin": "solutions"}
+        for r, t in zip(used, targets, strict=True)
+    ]
 
 
 def in_format(text: str, row: dict[str, Any], fmt: FormatParams) -> str | None:
@@ -54,7 +62,9 @@ def in_format(text: str, row: dict[str, Any], fmt: FormatParams) -> str | None:
     return fixed if formats.follows_format(fixed, fmt) else None  # e.g. stray tags of its own
 
 
-def sampled(gen: Generator, rows: list[dict[str, Any]], src: SampledTraces, fmt: FormatParams, seed: int) -> tuple[list[Trace], dict[str, Any]]:
+def sampled(
+    gen: Generator, rows: list[dict[str, Any]], src: SampledTraces, fmt: FormatParams, seed: int
+) -> tuple[list[Trace], dict[str, Any]]:
     """Verified-correct samples, at most `max_per_prompt` distinct ones per prompt; with counts."""
     rows = rows[: src.max_prompts]
     prompts = gen.render([formats.prompt(r["prompt"], fmt) for r in rows])
@@ -72,18 +82,35 @@ def sampled(gen: Generator, rows: list[dict[str, Any]], src: SampledTraces, fmt:
             if key in seen or len(seen) >= src.max_per_prompt:
                 continue
             seen.add(key)
-            traces.append({"id": row["id"], "prompt": row["prompt"], "target": target, "origin": f"{src.type}:{src.model}"})
+            traces.append(
+                {"id": row["id"], "prompt": row["prompt"], "target": target, "origin": f"{src.type}:{src.model}"}
+            )
         kept_per_prompt[len(seen)] += 1
-    stats = {"prompts": len(rows), "samples": len(rows) * src.num_samples, "correct_samples": correct,
-             "kept": len(traces), "prompts_with_trace": len(rows) - kept_per_prompt[0]}
+    stats = {
+        "prompts": len(rows),
+        "samples": len(rows) * src.num_samples,
+        "correct_samples": correct,
+        "kept": len(traces),
+        "prompts_with_trace": len(rows) - kept_per_prompt[0],
+    }
     return traces, stats
 
 
-def build(rows: list[dict[str, Any]], sources: list[TraceSource], fmt: FormatParams, seed: int, load: Callable[[str], Generator]) -> tuple[list[Trace], dict[str, Any]]:
+def build(
+    rows: list[dict[str, Any]],
+    sources: list[TraceSource],
+    fmt: FormatParams,
+    seed: int,
+    load: Callable[[str], Generator],
+) -> tuple[list[Trace], dict[str, Any]]:
     """Traces of every source in params order, and per-source counts. `load(model)` returns the
     generator for a sampled source's model ('base' or a teacher)."""
     # Solution targets first, whatever their place: a refused one stops the stage before any sampling.
-    solved = {i: from_solutions(rows, src, fmt, f"sft.traces[{i}]") for i, src in enumerate(sources) if isinstance(src, SolutionTraces)}
+    solved = {
+        i: from_solutions(rows, src, fmt, f"sft.traces[{i}]")
+        for i, src in enumerate(sources)
+        if isinstance(src, SolutionTraces)
+    }
     traces: list[Trace] = []
     stats: dict[str, Any] = {}
     for i, src in enumerate(sources):
@@ -98,8 +125,14 @@ def build(rows: list[dict[str, Any]], sources: list[TraceSource], fmt: FormatPar
     return traces, stats
 
 
-def run(rows: list[dict[str, Any]], sources: list[TraceSource], fmt: FormatParams, seed: int, load: Callable[[str], Generator],
-        enabled: bool = True) -> dict[str, Any]:
+def run(
+    rows: list[dict[str, Any]],
+    sources: list[TraceSource],
+    fmt: FormatParams,
+    seed: int,
+    load: Callable[[str], Generator],
+    enabled: bool = True,
+) -> dict[str, Any]:
     """The traces stage: write the SFT targets of every source at their layout path; returns the
     counts. With SFT disabled (zero-RL) nothing is built or sampled and the file is empty; with SFT
     enabled and no target at all, refused (one line) instead of failing inside the trainer."""
@@ -108,7 +141,9 @@ def run(rows: list[dict[str, Any]], sources: list[TraceSource], fmt: FormatParam
         return {"skipped": 1}
     traces, stats = build(rows, sources, fmt, seed, load)
     if not traces:
-        raise InputError(f"sft.traces: no SFT target from any source ({stats}); add a `solutions` source, "
-                         "sample more, or set sft.enabled: false")
+        raise InputError(
+            f"sft.traces: no SFT target from any source ({stats}); add a `solutions` source, "
+            "sample more, or set sft.enabled: false"
+        )
     files.write_jsonl(paths.TRACES, traces)
     return stats

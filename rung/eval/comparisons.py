@@ -2,6 +2,7 @@
 stage against its init and against base) and their paired tests (rung.eval.paired) on the
 per-prompt eval records under data/eval. The report stage writes and renders the result
 (rung.report.pipeline); nothing here formats text."""
+
 from __future__ import annotations
 
 from typing import cast
@@ -32,7 +33,9 @@ def comparisons(pairs: list[tuple[str, str]], confidence: float, resamples: int,
     out: dict[str, Comparison[GreedyTest]] = {}
     for new, old in pairs:
         sets: dict[str, GreedyTest] = {}
-        names = sorted(p.stem for p in (paths.EVAL / paths.checkpoint_slug(new)).glob("*.jsonl") if not p.stem.endswith(".samples"))
+        names = sorted(
+            p.stem for p in (paths.EVAL / paths.checkpoint_slug(new)).glob("*.jsonl") if not p.stem.endswith(".samples")
+        )
         for name in sorted(names, key=lambda n: (n != "test", n)):  # the held-out split first
             greedy_old, greedy_new = _records(old, f"{name}.jsonl"), _records(new, f"{name}.jsonl")
             if greedy_old is None or greedy_new is None:
@@ -41,6 +44,10 @@ def comparisons(pairs: list[tuple[str, str]], confidence: float, resamples: int,
             sets[name] = paired.greedy_test(greedy_old, greedy_new, confidence, resamples, seed, what)
             sampled_old, sampled_new = _records(old, f"{name}.samples.jsonl"), _records(new, f"{name}.samples.jsonl")
             if sampled_old and sampled_new:
-                sets[name].sampled = paired.sampled_test(sampled_old, sampled_new, confidence, resamples, seed, f"{what} (samples)")
+                sets[name].sampled = paired.sampled_test(
+                    sampled_old, sampled_new, confidence, resamples, seed, f"{what} (samples)"
+                )
         out[paired.key(new, old)] = Comparison[GreedyTest](new=new, old=old, sets=sets)
-    return Comparisons(level=paired.level(confidence), confidence=confidence, resamples=resamples, seed=seed, comparisons=out)
+    return Comparisons(
+        level=paired.level(confidence), confidence=confidence, resamples=resamples, seed=seed, comparisons=out
+    )

@@ -1,6 +1,7 @@
 """Evaluation of one checkpoint on one eval set: greedy accuracy with a bootstrap interval,
 format compliance, lengths, breakdowns by source and difficulty, and (with n samples per
 prompt) avg@n, unbiased pass@k and maj@k for every k <= n."""
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -30,13 +31,27 @@ def grade(rows: list[dict[str, Any]], samples: list[list[Completion]], fmt: Form
         graded = []
         for c in completions:
             strict = formats.extract(c.text, fmt)
-            graded.append(Graded(
-                completion=c.text, extracted=strict, correct=is_correct(strict, row),
-                correct_lenient=is_correct(formats.extract_lenient(c.text, fmt), row),
-                tokens=c.tokens, truncated=c.truncated,
-            ))
-        records.append(EvalRecord(id=row["id"], source=row["source"], task=row["task"], difficulty=difficulty_label(row),
-                            prompt=row["prompt"], answer=row["answer"], samples=graded))
+            graded.append(
+                Graded(
+                    completion=c.text,
+                    extracted=strict,
+                    correct=is_correct(strict, row),
+                    correct_lenient=is_correct(formats.extract_lenient(c.text, fmt), row),
+                    tokens=c.tokens,
+                    truncated=c.truncated,
+                )
+            )
+        records.append(
+            EvalRecord(
+                id=row["id"],
+                source=row["source"],
+                task=row["task"],
+                difficulty=difficulty_label(row),
+                prompt=row["prompt"],
+                answer=row["answer"],
+                samples=graded,
+            )
+        )
     return records
 
 
@@ -81,7 +96,11 @@ def summarize_sampled(records: list[Record]) -> dict[str, Any]:
 
 
 def evaluate(
-    gen: Generator, rows: list[dict[str, Any]], fmt: FormatParams, params: EvalParams, seed: int,
+    gen: Generator,
+    rows: list[dict[str, Any]],
+    fmt: FormatParams,
+    params: EvalParams,
+    seed: int,
     progress: Callable[[str], None] = lambda _: None,
 ) -> tuple[list[Record], list[Record], SetMetrics]:
     """Greedy (headline) and, when `params.samples` is set, sampled evaluation of `rows`.
@@ -101,8 +120,14 @@ def evaluate(
     return greedy, sampled, result
 
 
-def run(checkpoint: str, results: dict[str, tuple[list[Record], list[Record], SetMetrics]], set_paths: dict[str, Path], params: EvalParams,
-        fmt: FormatParams, seed: int) -> dict[str, Any]:
+def run(
+    checkpoint: str,
+    results: dict[str, tuple[list[Record], list[Record], SetMetrics]],
+    set_paths: dict[str, Path],
+    params: EvalParams,
+    fmt: FormatParams,
+    seed: int,
+) -> dict[str, Any]:
     """The eval stage's outputs for one checkpoint: per-sample records of every set (one directory,
     written atomically), the DVC plots of the held-out split (accuracy by difficulty, pass@k and
     maj@k), and the metrics (an EvalResult, returned as the dict the metrics file holds), which record
@@ -115,11 +140,16 @@ def run(checkpoint: str, results: dict[str, tuple[list[Record], list[Record], Se
             if sampled:
                 files.write_jsonl(tmp / f"{name}.samples.jsonl", sampled)
     test = results["test"][2]
-    files.write_json(paths.plot("accuracy_by_difficulty", slug), [{"difficulty": d, "accuracy": a} for d, a in test.accuracy_by_difficulty.items()])
+    files.write_json(
+        paths.plot("accuracy_by_difficulty", slug),
+        [{"difficulty": d, "accuracy": a} for d, a in test.accuracy_by_difficulty.items()],
+    )
     curve = [{"k": int(k), "pass_at_k": v, "maj_at_k": test.maj_at_k[k]} for k, v in test.pass_at_k.items()]
     files.write_json(paths.plot("pass_at_k", slug), curve)  # empty without eval.samples
     return EvalResult(
-        checkpoint=checkpoint, seed=seed, model_md5=files.md5(paths.checkpoint(checkpoint)),
+        checkpoint=checkpoint,
+        seed=seed,
+        model_md5=files.md5(paths.checkpoint(checkpoint)),
         data_md5={n: files.md5(p) for n, p in set_paths.items()},
         format={"style": fmt.style, "template": fmt.template},
         sampling=params.sampling.model_dump(),

@@ -3,6 +3,7 @@
 Pure functions on plain Python values (numpy only), so they can be tested without a model and
 reused by any stage that has per-sample correctness.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -93,7 +94,9 @@ def check_bootstrap(confidence: float, resamples: int) -> None:
         raise ValueError(f"resamples must be >= 1, got {resamples}")
 
 
-def bootstrap_ci(values: Sequence[float], confidence: float = 0.95, resamples: int = 1000, seed: int = 0) -> tuple[float, float]:
+def bootstrap_ci(
+    values: Sequence[float], confidence: float = 0.95, resamples: int = 1000, seed: int = 0
+) -> tuple[float, float]:
     """Percentile-bootstrap confidence interval of the mean of values.
 
     Deterministic: the same values, confidence, resamples and seed give the same interval.
@@ -109,4 +112,3 @@ def bootstrap_ci(values: Sequence[float], confidence: float = 0.95, resamples: i
     alpha = (1 - confidence) / 2
     lo, hi = np.quantile(means, [alpha, 1 - alpha])
     return float(lo), float(hi)
-

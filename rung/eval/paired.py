@@ -26,6 +26,7 @@ together, and the (seed, prompt) pair otherwise (the seed also changed the data)
 The prompt-level tests are conditional on the seeds run: they say whether these trained models
 differ on this population of prompts; the spread over seeds is reported next to them.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -35,9 +36,9 @@ from typing import Any
 import numpy as np
 from scipy.stats import binomtest, norm, ttest_rel
 
+from rung.errors import InputError
 from rung.eval import metrics
 from rung.eval.results import ArmsTest, EvalRecord, GreedyTest, MetricTest, SampledTest
-from rung.errors import InputError
 
 Record = EvalRecord
 
@@ -70,7 +71,11 @@ def align(old: Sequence[Record], new: Sequence[Record], what: str) -> list[tuple
 
 
 def paired_bootstrap(
-    old: Sequence[float], new: Sequence[float], confidence: float = 0.95, resamples: int = 1000, seed: int = 0,
+    old: Sequence[float],
+    new: Sequence[float],
+    confidence: float = 0.95,
+    resamples: int = 1000,
+    seed: int = 0,
     strata: Sequence[Any] | None = None,
 ) -> tuple[float, float, float]:
     """(mean(new - old), low, high): the mean per-prompt difference and its percentile-bootstrap
@@ -109,11 +114,18 @@ def mcnemar(old: Sequence[bool], new: Sequence[bool]) -> dict[str, int | float]:
     right_to_wrong, wrong_to_right = int((a & ~b).sum()), int((~a & b).sum())
     discordant = right_to_wrong + wrong_to_right
     p = binomtest(wrong_to_right, discordant, 0.5).pvalue if discordant else 1.0
-    return {"right_to_wrong": right_to_wrong, "wrong_to_right": wrong_to_right,
-            "both_right": int((a & b).sum()), "both_wrong": int((~a & ~b).sum()), "mcnemar_p": float(p)}
+    return {
+        "right_to_wrong": right_to_wrong,
+        "wrong_to_right": wrong_to_right,
+        "both_right": int((a & b).sum()),
+        "both_wrong": int((~a & ~b).sum()),
+        "mcnemar_p": float(p),
+    }
 
 
-def mcnemar_prompts_needed(right_to_wrong: int, wrong_to_right: int, n: int, alpha: float = 0.05, power: float = 0.8) -> int | None:
+def mcnemar_prompts_needed(
+    right_to_wrong: int, wrong_to_right: int, n: int, alpha: float = 0.05, power: float = 0.8
+) -> int | None:
     """Prompts a paired comparison needs for a two-sided McNemar test at `alpha` to detect, with
     probability `power`, the effect that these flips show (their rates on n prompts taken as the
     truth): Connor's (1987) normal-approximation formula n = (z_{1-alpha/2} sqrt(psi) + z_power
@@ -131,7 +143,9 @@ def mcnemar_prompts_needed(right_to_wrong: int, wrong_to_right: int, n: int, alp
     return int(np.ceil(root**2 / delta**2))
 
 
-def greedy_test(old: Sequence[Record], new: Sequence[Record], confidence: float, resamples: int, seed: int, what: str) -> GreedyTest:
+def greedy_test(
+    old: Sequence[Record], new: Sequence[Record], confidence: float, resamples: int, seed: int, what: str
+) -> GreedyTest:
     """Greedy accuracy of `new` against `old` (records of one eval set, the first sample graded):
     difference with its paired bootstrap interval, flips each way, exact McNemar p and verdict."""
     pairs = align(old, new, what)
@@ -142,13 +156,30 @@ def greedy_test(old: Sequence[Record], new: Sequence[Record], confidence: float,
     alpha = level(confidence)
     significant = test["mcnemar_p"] < alpha
     # Not significant: how many prompts would make this effect significant (80% power)?
-    needed = {} if significant else {"prompts_needed": mcnemar_prompts_needed(test["right_to_wrong"], test["wrong_to_right"], len(pairs), alpha)}
-    return GreedyTest(n=len(pairs), accuracy_old=float(np.mean(a)), accuracy_new=float(np.mean(b)),
-                      difference=diff, ci_low=lo, ci_high=hi, **test,
-                      significant=significant, verdict=verdict(significant, alpha), **needed)
+    needed = (
+        {}
+        if significant
+        else {
+            "prompts_needed": mcnemar_prompts_needed(test["right_to_wrong"], test["wrong_to_right"], len(pairs), alpha)
+        }
+    )
+    return GreedyTest(
+        n=len(pairs),
+        accuracy_old=float(np.mean(a)),
+        accuracy_new=float(np.mean(b)),
+        difference=diff,
+        ci_low=lo,
+        ci_high=hi,
+        **test,
+        significant=significant,
+        verdict=verdict(significant, alpha),
+        **needed,
+    )
 
 
-def sampled_test(old: Sequence[Record], new: Sequence[Record], confidence: float, resamples: int, seed: int, what: str) -> SampledTest:
+def sampled_test(
+    old: Sequence[Record], new: Sequence[Record], confidence: float, resamples: int, seed: int, what: str
+) -> SampledTest:
     """avg@n and pass@k (k = 1..n) of `new` against `old`, from n samples per prompt: per metric
     the difference with a paired bootstrap interval over prompts; significant at 1 - confidence
     when the interval excludes 0."""
@@ -157,13 +188,23 @@ def sampled_test(old: Sequence[Record], new: Sequence[Record], confidence: float
     hits = [([s["correct"] for s in o["samples"][:n]], [s["correct"] for s in m["samples"][:n]]) for o, m in pairs]
     alpha = level(confidence)
     out: dict[str, MetricTest] = {}
-    per_prompt = {f"avg@{n}": lambda c: float(np.mean(c)), **{f"pass@{k}": (lambda c, k=k: metrics.pass_at_k(n, int(sum(c)), k)) for k in range(1, n + 1)}}
+    per_prompt = {
+        f"avg@{n}": lambda c: float(np.mean(c)),
+        **{f"pass@{k}": (lambda c, k=k: metrics.pass_at_k(n, int(sum(c)), k)) for k in range(1, n + 1)},
+    }
     for name, f in per_prompt.items():
         a, b = [f(x) for x, _ in hits], [f(y) for _, y in hits]
         diff, lo, hi = paired_bootstrap(a, b, confidence, resamples, seed)
         significant = lo > 0 or hi < 0
-        out[name] = MetricTest(old=float(np.mean(a)), new=float(np.mean(b)), difference=diff, ci_low=lo, ci_high=hi,
-                               significant=significant, verdict=verdict(significant, alpha))
+        out[name] = MetricTest(
+            old=float(np.mean(a)),
+            new=float(np.mean(b)),
+            difference=diff,
+            ci_low=lo,
+            ci_high=hi,
+            significant=significant,
+            verdict=verdict(significant, alpha),
+        )
     return SampledTest(n=len(pairs), samples=n, metrics=out)
 
 
@@ -171,8 +212,14 @@ def _correct(records: Sequence[Record]) -> dict[str, bool]:
     return {r["id"]: bool(r["samples"][0]["correct"]) for r in records}
 
 
-def arms_test(old: Mapping[int, Sequence[Record]], new: Mapping[int, Sequence[Record]], confidence: float, resamples: int,
-              seed: int, what: str) -> ArmsTest:
+def arms_test(
+    old: Mapping[int, Sequence[Record]],
+    new: Mapping[int, Sequence[Record]],
+    confidence: float,
+    resamples: int,
+    seed: int,
+    what: str,
+) -> ArmsTest:
     """Greedy accuracy of arm `new` against arm `old` on one eval set, from their per-prompt records
     per seed (seeds both have): see the module docstring for the unit, interval and tests."""
     seeds = [s for s in old if s in new]
@@ -203,11 +250,24 @@ def arms_test(old: Mapping[int, Sequence[Record]], new: Mapping[int, Sequence[Re
     alpha = level(confidence)
     significant = p < alpha
     needed = {} if significant else {"prompts_needed": mcnemar_prompts_needed(down, up, len(x_old), alpha)}
-    return ArmsTest(seeds=seeds, unit="prompt" if shared else "seed, prompt", units=len(x_old),
-                    accuracy_old=float(np.mean(acc_old)), accuracy_new=float(np.mean(acc_new)),
-                    difference=diff, ci_low=lo, ci_high=hi, units_better=up, units_worse=down, sign_test_p=p,
-                    per_seed_difference={str(s): d for s, d in zip(seeds, diffs)}, seed_t_test_p=t_p,
-                    significant=significant, verdict=verdict(significant, alpha), **needed)
+    return ArmsTest(
+        seeds=seeds,
+        unit="prompt" if shared else "seed, prompt",
+        units=len(x_old),
+        accuracy_old=float(np.mean(acc_old)),
+        accuracy_new=float(np.mean(acc_new)),
+        difference=diff,
+        ci_low=lo,
+        ci_high=hi,
+        units_better=up,
+        units_worse=down,
+        sign_test_p=p,
+        per_seed_difference={str(s): d for s, d in zip(seeds, diffs)},
+        seed_t_test_p=t_p,
+        significant=significant,
+        verdict=verdict(significant, alpha),
+        **needed,
+    )
 
 
 def key(new: str, old: str) -> str:

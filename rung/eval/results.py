@@ -6,6 +6,7 @@ One rule keeps the files the same: a key is written exactly when it was given (`
 unset fields), and a number keeps the type it was computed with (`Number`: an int stays an int),
 so reading a file into its model and dumping it again gives the same JSON, byte for byte.
 """
+
 from __future__ import annotations
 
 from typing import Any, Generic, TypedDict, TypeVar
@@ -24,6 +25,7 @@ class Result(BaseModel):
 
 
 # ---- eval: what rung.eval.evaluate writes per checkpoint (data/metrics/eval-<ckpt>.json) ----
+
 
 class Graded(TypedDict, total=False):
     """One graded completion of an eval record."""
@@ -99,6 +101,7 @@ class EvalResult(Result):
 
 # ---- paired tests (rung.eval.paired) and the report's comparisons (rung.eval.comparisons) ----
 
+
 class MetricTest(Result):
     """One sampled metric of new against old: per-prompt mean difference and its paired interval."""
 
@@ -123,8 +126,11 @@ class SampledTest(Result):
     @classmethod
     def _nest(cls, data: Any) -> Any:
         if isinstance(data, dict) and "metrics" not in data:
-            data = {"n": data.get("n"), "samples": data.get("samples"),
-                    "metrics": {k: v for k, v in data.items() if k not in ("n", "samples")}}
+            data = {
+                "n": data.get("n"),
+                "samples": data.get("samples"),
+                "metrics": {k: v for k, v in data.items() if k not in ("n", "samples")},
+            }
         return data
 
     @model_serializer(mode="wrap")

@@ -4,6 +4,7 @@ Two backends behind one `Generator`: transformers and vLLM (optional, selected b
 `generation.backend`). The transformers backend runs rung's decode loop (rung.generate.decode) on the CPU
 and a compiled static-cache `generate` (rung.generate.compiled) on CUDA, with the batch sized for the device.
 """
+
 from __future__ import annotations
 
 import logging
@@ -18,10 +19,9 @@ from tqdm.auto import tqdm
 from transformers import CompileConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from rung import models, placement
-
+from rung.config import SamplingParams
 from rung.generate import compiled, decode, vllm
 from rung.generate.completion import Completion, Generator
-from rung.config import SamplingParams
 from rung.generate.prepacked import prepacked
 
 log = logging.getLogger(__name__)
@@ -31,6 +31,7 @@ CPU_ROWS = 32
 KV_SHARE = 0.5
 """Share of the GPU's free memory the KV cache and logits of one batch may take (the rest: activations)."""
 Engine = Literal["auto", "loop", "compiled"]
+
 
 def load(model_dir: Path | str, dtype: str = "auto", backend: str = "transformers", device: str = "auto") -> Generator:
     """A Generator for the model directory on the given backend ('transformers' or 'vllm'), placed
@@ -62,7 +63,13 @@ def generate(
     ids = tok(prompts, add_special_tokens=False)["input_ids"]
     eos_ids = sorted(set(_as_list(model.generation_config.eos_token_id) or [tok.eos_token_id]))
     out = generate_ids(model, ids, sampling, eos_ids, n, seed, desc)
-    return [[Completion(tok.decode(t[: len(t) - (not cut)], skip_special_tokens=True), len(t) - (not cut), cut) for t, cut in row] for row in out]
+    return [
+        [
+            Completion(tok.decode(t[: len(t) - (not cut)], skip_special_tokens=True), len(t) - (not cut), cut)
+            for t, cut in row
+        ]
+        for row in out
+    ]
 
 
 @torch.inference_mode()
@@ -121,7 +128,11 @@ _backed_off: WeakKeyDictionary[PreTrainedModel, int] = WeakKeyDictionary()
 def _back_off(model: PreTrainedModel, rows: int) -> None:
     torch.cuda.empty_cache()
     _backed_off[model] = max(1, rows // 2)
-    log.warning("CUDA out of memory at %d rows: cache emptied, retrying at %d rows for the rest of this stage", rows, _backed_off[model])
+    log.warning(
+        "CUDA out of memory at %d rows: cache emptied, retrying at %d rows for the rest of this stage",
+        rows,
+        _backed_off[model],
+    )
 
 
 def batch_rows(model: PreTrainedModel, sampling: SamplingParams, width: int) -> int:
@@ -141,7 +152,10 @@ def memory_rows(model: PreTrainedModel, length: int) -> int:
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    per_row = 2 * config.num_hidden_layers * kv_heads * head_dim * model.dtype.itemsize * compiled.round_up(length) + 24 * config.vocab_size
+    per_row = (
+        2 * config.num_hidden_layers * kv_heads * head_dim * model.dtype.itemsize * compiled.round_up(length)
+        + 24 * config.vocab_size
+    )
     free, _ = torch.cuda.mem_get_info(model.device)
     fits = int(free * KV_SHARE) // per_row
     return max([b for b in compiled.ROW_BUCKETS if b <= fits], default=1)

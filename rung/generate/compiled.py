@@ -7,6 +7,7 @@ from fixed buckets (rows, cache length) so each bucket compiles once per process
 rung's per-row seeded sampling is kept: a logits processor picks each row's token from that row's
 own stream (rung.generate.decode.pick), and generate's greedy step then takes exactly that token.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -43,19 +44,39 @@ class SeededPick(LogitsProcessor):
         return torch.full_like(scores, float("-inf")).scatter_(1, picked[:, None], 0.0)
 
 
-def generation_config(sampling: SamplingParams, eos_ids: list[int], cache_len: int, compile_config: CompileConfig) -> GenerationConfig:
+def generation_config(
+    sampling: SamplingParams, eos_ids: list[int], cache_len: int, compile_config: CompileConfig
+) -> GenerationConfig:
     """Greedy over rung's pick, a static cache of `cache_len`, compilation on; every processor a
     model's own generation_config could add is set off, so only rung's sampling applies."""
     return GenerationConfig(
-        max_new_tokens=sampling.max_new_tokens, min_new_tokens=0, do_sample=False, num_beams=1,
-        eos_token_id=eos_ids, pad_token_id=eos_ids[0], repetition_penalty=1.0, no_repeat_ngram_size=0,
-        cache_implementation="static", max_cache_len=cache_len, compile_config=compile_config, disable_compile=False,
+        max_new_tokens=sampling.max_new_tokens,
+        min_new_tokens=0,
+        do_sample=False,
+        num_beams=1,
+        eos_token_id=eos_ids,
+        pad_token_id=eos_ids[0],
+        repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        cache_implementation="static",
+        max_cache_len=cache_len,
+        compile_config=compile_config,
+        disable_compile=False,
     )
 
 
 @torch.inference_mode()
-def decode(model: PreTrainedModel, ids: list[list[int]], order: list[int], sampling: SamplingParams, n: int, seed: int,
-           eos_ids: list[int], capacity: int, compile_config: CompileConfig | None = None) -> Iterator[Row]:
+def decode(
+    model: PreTrainedModel,
+    ids: list[list[int]],
+    order: list[int],
+    sampling: SamplingParams,
+    n: int,
+    seed: int,
+    eos_ids: list[int],
+    capacity: int,
+    compile_config: CompileConfig | None = None,
+) -> Iterator[Row]:
     """The contract of rung.generate.decode.decode (n samples of each prompt in `order`, each Row as it is
     known), through compiled static-cache `generate` in batches of at most `capacity` rows."""
     compile_config = compile_config or CompileConfig()
@@ -65,14 +86,20 @@ def decode(model: PreTrainedModel, ids: list[list[int]], order: list[int], sampl
     config = generation_config(sampling, eos_ids, cache_len, compile_config)
     eos = set(eos_ids)
     for start in range(0, len(pairs), capacity):
-        chunk = pairs[start:start + capacity]
+        chunk = pairs[start : start + capacity]
         padded = chunk + [chunk[-1]] * (rows_bucket(len(chunk), capacity) - len(chunk))  # filler rows, dropped below
         width = round_up(max(len(ids[i]) for i, _ in padded))
-        input_ids = torch.tensor([[eos_ids[0]] * (width - len(ids[i])) + ids[i] for i, _ in padded], device="cpu").to(model.device)
-        mask = torch.tensor([[0] * (width - len(ids[i])) + [1] * len(ids[i]) for i, _ in padded], device="cpu").to(model.device)
+        input_ids = torch.tensor([[eos_ids[0]] * (width - len(ids[i])) + ids[i] for i, _ in padded], device="cpu").to(
+            model.device
+        )
+        mask = torch.tensor([[0] * (width - len(ids[i])) + [1] * len(ids[i]) for i, _ in padded], device="cpu").to(
+            model.device
+        )
         draws = draws_for(seed, padded, sampling, model.device)
         processors = LogitsProcessorList([SeededPick(draws, width, sampling)] if draws is not None else [])
-        out = model.generate(input_ids=input_ids, attention_mask=mask, generation_config=config, logits_processor=processors)
+        out = model.generate(
+            input_ids=input_ids, attention_mask=mask, generation_config=config, logits_processor=processors
+        )
         for (i, j), tokens in zip(chunk, out[:, width:].tolist()):
             end = next((t for t, x in enumerate(tokens) if x in eos), None)
             kept = tokens if end is None else tokens[: end + 1]

@@ -1,5 +1,6 @@
 """What every generation backend returns and is used through: a Completion per sample, and a
 Generator that renders prompts with the model's chat template and samples from them."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -24,7 +25,10 @@ def render(tok: PreTrainedTokenizerBase, prompts: list[Prompt]) -> list[str]:
     (already a string) is used as it is."""
     if any(not isinstance(p, str) for p in prompts) and tok.chat_template is None:
         raise InputError("format.template: chat, but the model's tokenizer has no chat template (use template: plain)")
-    return [p if isinstance(p, str) else tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
+    return [
+        p if isinstance(p, str) else tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
+        for p in prompts
+    ]
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ Device-correct by construction: host-side lists become tensors on the CPU and mo
 device once; every other tensor is made with `device=` or `x.new_*` (tests/test_device.py runs it
 with the default device set to meta).
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -49,8 +50,16 @@ class _Batch:
     """The token each row sampled last: the next step's input."""
 
 
-def decode(model: PreTrainedModel, ids: list[list[int]], order: list[int], sampling: SamplingParams, n: int, seed: int,
-           eos_ids: list[int], capacity: int) -> Iterator[Row]:
+def decode(
+    model: PreTrainedModel,
+    ids: list[list[int]],
+    order: list[int],
+    sampling: SamplingParams,
+    n: int,
+    seed: int,
+    eos_ids: list[int],
+    capacity: int,
+) -> Iterator[Row]:
     """Decode n samples of each prompt `ids[i]` for i in `order`, at most `capacity` rows at once;
     yield each finished Row (tokens include the EOS if one ended it)."""
     capacity = max(capacity, n)
@@ -67,7 +76,7 @@ def decode(model: PreTrainedModel, ids: list[list[int]], order: list[int], sampl
             pairs = [(i, j) for i in group for j in range(n)]
             draws = draws_for(seed, pairs, sampling, model.device)
             rows = [Row(i, j, None if draws is None else draws[r]) for r, (i, j) in enumerate(pairs)]
-            new, logits = _prefill(model, prefix_kv, len(prefix), [ids[i][len(prefix):] for i in group], n, rows)
+            new, logits = _prefill(model, prefix_kv, len(prefix), [ids[i][len(prefix) :] for i in group], n, rows)
             yield from _advance(new, logits, sampling, eos)
             batch = _merge(batch, new) if new.rows else batch
         else:
@@ -86,7 +95,9 @@ def shared_prefix(ids: list[list[int]]) -> list[int]:
     return first[:p]
 
 
-def draws_for(seed: int, pairs: list[tuple[int, int]], sampling: SamplingParams, device: torch.device) -> torch.Tensor | None:
+def draws_for(
+    seed: int, pairs: list[tuple[int, int]], sampling: SamplingParams, device: torch.device
+) -> torch.Tensor | None:
     """(rows, max_new_tokens) uniform draws, row r from the stream of (seed, prompt, sample) of
     pairs[r], made on the CPU (the same numbers on every device) and moved once; None when greedy."""
     if sampling.temperature == 0:
@@ -94,8 +105,14 @@ def draws_for(seed: int, pairs: list[tuple[int, int]], sampling: SamplingParams,
     rows = []
     for prompt, sample in pairs:
         stream = int(np.random.SeedSequence([seed, prompt, sample]).generate_state(1, np.uint64)[0])
-        rows.append(torch.rand(sampling.max_new_tokens, generator=torch.Generator(device="cpu").manual_seed(stream),
-                               dtype=torch.float64, device="cpu"))
+        rows.append(
+            torch.rand(
+                sampling.max_new_tokens,
+                generator=torch.Generator(device="cpu").manual_seed(stream),
+                dtype=torch.float64,
+                device="cpu",
+            )
+        )
     return torch.stack(rows).to(device)
 
 
@@ -119,19 +136,32 @@ def _prefill_prefix(model: PreTrainedModel, prefix: list[int]) -> list[tuple[tor
 
 
 def _prefill(
-    model: PreTrainedModel, prefix_kv: list[tuple[torch.Tensor, torch.Tensor]] | None, offset: int,
-    suffixes: list[list[int]], n: int, rows: list[Row],
+    model: PreTrainedModel,
+    prefix_kv: list[tuple[torch.Tensor, torch.Tensor]] | None,
+    offset: int,
+    suffixes: list[list[int]],
+    n: int,
+    rows: list[Row],
 ) -> tuple[_Batch, torch.Tensor]:
     """Encode a group of prompts after the shared prefix (left-padded), repeated n times."""
     k, width = len(suffixes), max(len(s) for s in suffixes)
     device = model.device
     input_ids = torch.tensor([[0] * (width - len(s)) + s for s in suffixes], dtype=torch.long, device="cpu").to(device)
-    mask = torch.tensor([[1] * offset + [0] * (width - len(s)) + [1] * len(s) for s in suffixes], dtype=torch.long, device="cpu").to(device)
+    mask = torch.tensor(
+        [[1] * offset + [0] * (width - len(s)) + [1] * len(s) for s in suffixes], dtype=torch.long, device="cpu"
+    ).to(device)
     # positions as model.generate gives them: real tokens count from 0, pads get 1
     pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)[:, offset:]
     parts = [[(kk.expand(k, -1, -1, -1), v.expand(k, -1, -1, -1)) for kk, v in prefix_kv]] if prefix_kv else []
     cache = _cache(parts, model.config.num_hidden_layers, offset)
-    out = model(input_ids=input_ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    out = model(
+        input_ids=input_ids,
+        attention_mask=mask,
+        position_ids=pos,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
     logits = out.logits[:, -1]
     nxt = pos[:, -1] + 1
     if n > 1:
@@ -171,7 +201,9 @@ class _Layer(DynamicLayer):
         self._k, self._v = self._k[index, :, lo:], self._v[index, :, lo:]
         self._window(0, self._hi - lo)
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         new = key_states.shape[2]
         if not self.is_initialized:
             self.build([(key_states, value_states)], new)
@@ -195,8 +227,13 @@ def _cache(parts: list[list[tuple[torch.Tensor, torch.Tensor]]], layers: int, wi
 def _step(model: PreTrainedModel, batch: _Batch) -> torch.Tensor:
     """One decode step of every row; its next-token logits (batch, vocab)."""
     batch.mask = torch.cat([batch.mask, batch.mask.new_ones(len(batch.rows), 1)], 1)
-    out = model(input_ids=batch.last[:, None], attention_mask=batch.mask, position_ids=batch.pos[:, None],
-                past_key_values=batch.cache, use_cache=True)
+    out = model(
+        input_ids=batch.last[:, None],
+        attention_mask=batch.mask,
+        position_ids=batch.pos[:, None],
+        past_key_values=batch.cache,
+        use_cache=True,
+    )
     batch.pos = batch.pos + 1
     return out.logits[:, -1]
 

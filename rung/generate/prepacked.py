@@ -7,6 +7,7 @@ without compiling: PyTorch has no public call for it, so this uses the same oper
 emits (`mkldnn._reorder_linear_weight`, `mkldnn._linear_pointwise`). Results differ from the
 default GEMM in the last bits of fp32 summation order only; greedy completions are tested equal.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -42,8 +43,14 @@ def prepacked(model: nn.Module, rows: int) -> Iterator[None]:
     for about `rows` input rows (any row count works). A no-op on GPU, for other dtypes, where
     oneDNN is unavailable, or when gradients are on (the packed path has no backward). Weights are
     packed on entry, so a model trained between two blocks decodes with its new weights."""
-    linears = [m for m in model.modules() if type(m) is nn.Linear and m.weight.device.type == "cpu"
-               and m.weight.dtype in (torch.float32, torch.bfloat16) and available(m.weight.dtype)]
+    linears = [
+        m
+        for m in model.modules()
+        if type(m) is nn.Linear
+        and m.weight.device.type == "cpu"
+        and m.weight.dtype in (torch.float32, torch.bfloat16)
+        and available(m.weight.dtype)
+    ]
     if not linears or torch.is_grad_enabled():
         yield
         return

@@ -1,4 +1,5 @@
 """The vLLM backend (params `generation.backend: vllm`): a Generator over `vllm.LLM`."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -27,9 +28,15 @@ def load(model_dir: Path, dtype: str) -> Generator:
     llm = vllm.LLM(model=str(model_dir), dtype=dtype, seed=0)
     tok = models.load_tokenizer(model_dir)
 
-    def sample(prompts: list[str], sampling: SamplingParams, n: int = 1, seed: int = 0, desc: str = "generate") -> list[list[Completion]]:
-        params = vllm.SamplingParams(n=n, temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_new_tokens, seed=seed)
+    def sample(
+        prompts: list[str], sampling: SamplingParams, n: int = 1, seed: int = 0, desc: str = "generate"
+    ) -> list[list[Completion]]:
+        params = vllm.SamplingParams(
+            n=n, temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_new_tokens, seed=seed
+        )
         outputs = llm.generate(prompts, params, use_tqdm=True)
-        return [[Completion(o.text, len(o.token_ids), o.finish_reason == "length") for o in out.outputs] for out in outputs]
+        return [
+            [Completion(o.text, len(o.token_ids), o.finish_reason == "length") for o in out.outputs] for out in outputs
+        ]
 
     return Generator(tok, sample, "cuda", dtype)

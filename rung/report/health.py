@@ -1,5 +1,6 @@
 """Signs that an experiment is degenerate, one place for all of them: a stage's metrics are checked
 when it finishes, and what is found is logged, tagged on its MLflow run and shown in the report."""
+
 from __future__ import annotations
 
 import fnmatch
@@ -14,13 +15,19 @@ def warnings(stage: str, metrics: dict[str, Any]) -> list[str]:
     """What is wrong with the experiment, as the metrics of `stage` (a metrics file stem) show it."""
     out = []
     if stage == "sft" and metrics.get("truncated_fraction", 0) > SFT_TRUNCATED:
-        out.append(f"sft: {metrics['truncated_fraction']:.0%} of SFT examples are longer than sft.max_length and were truncated")
+        out.append(
+            f"sft: {metrics['truncated_fraction']:.0%} of SFT examples are longer than sft.max_length and were truncated"
+        )
     if stage == "difficulty":
         for side in ("solved", "unsolved"):
             if metrics.get(f"{side}_fraction", 0) >= DIFFICULTY_ONE_SIDED:
-                out.append(f"difficulty: {metrics[f'{side}_fraction']:.0%} of prompts are {side} by every rollout: little for RL to learn from")
+                out.append(
+                    f"difficulty: {metrics[f'{side}_fraction']:.0%} of prompts are {side} by every rollout: little for RL to learn from"
+                )
     if fnmatch.fnmatch(stage, "rl-*") and metrics.get("frac_reward_zero_std", 0) > RL_ZERO_VARIANCE:
-        out.append(f"{stage}: {metrics['frac_reward_zero_std']:.0%} of generated groups had zero reward variance (no gradient)")
+        out.append(
+            f"{stage}: {metrics['frac_reward_zero_std']:.0%} of generated groups had zero reward variance (no gradient)"
+        )
     if fnmatch.fnmatch(stage, "eval-*"):
         for name, m in metrics.get("sets", {}).items():
             if m.get("format_rate") == 0:

@@ -4,6 +4,7 @@ The page reads offline: no external CSS, JavaScript or fonts, and the plots are 
 inlined in the document, with their text kept as SVG text (the viewer's sans-serif font) so it
 stays small, searchable and selectable. The same inputs give the same bytes.
 """
+
 from __future__ import annotations
 
 import html
@@ -87,7 +88,9 @@ _NUMERIC = re.compile(r"^([0-9+\-−]|< ?[0-9])")
 def extra_table(t: Extra) -> str:
     """An Extra table (and its notes) as HTML."""
     body = [[(_e(c), bool(_NUMERIC.match(c))) for c in row] for row in t.rows]
-    return "\n".join([_table(t.table_id, t.caption, t.header, body), *(f'<p class="note">{_e(n)}</p>' for n in t.notes)])
+    return "\n".join(
+        [_table(t.table_id, t.caption, t.header, body), *(f'<p class="note">{_e(n)}</p>' for n in t.notes)]
+    )
 
 
 def _e(value: Any) -> str:
@@ -108,8 +111,15 @@ def _table(table_id: str, caption: str, header: Sequence[str], body: Sequence[Se
         for row in body
     ]
     return "\n".join(
-        [f'<table id="{table_id}">', f"<caption>{_e(caption)}</caption>", f"<thead><tr>{head}</tr></thead>",
-         "<tbody>", *rows, "</tbody>", "</table>"]
+        [
+            f'<table id="{table_id}">',
+            f"<caption>{_e(caption)}</caption>",
+            f"<thead><tr>{head}</tr></thead>",
+            "<tbody>",
+            *rows,
+            "</tbody>",
+            "</table>",
+        ]
     )
 
 
@@ -142,8 +152,10 @@ def _sources(evals: Mapping[str, Mapping[str, Any]]) -> list[str]:
 def _by_source(evals: Mapping[str, Mapping[str, Any]]) -> str:
     body = [
         [(_e(s), False)]
-        + [(_pct(m["accuracy_by_source"][s]) if s in m.get("accuracy_by_source", {}) else _MISSING, True)
-           for m in evals.values()]
+        + [
+            (_pct(m["accuracy_by_source"][s]) if s in m.get("accuracy_by_source", {}) else _MISSING, True)
+            for m in evals.values()
+        ]
         for s in _sources(evals)
     ]
     return _table("by-source", "Held-out accuracy per task source", ["source", *evals], body)
@@ -155,7 +167,9 @@ def settings_table(settings: Mapping[str, Any]) -> str:
 
 
 def _pass_at_k_plot(evals: Mapping[str, Mapping[str, Any]], colors: Mapping[str, str]) -> Figure | None:
-    curves = {name: sorted((int(k), v) for k, v in m["pass_at_k"].items()) for name, m in evals.items() if m.get("pass_at_k")}
+    curves = {
+        name: sorted((int(k), v) for k, v in m["pass_at_k"].items()) for name, m in evals.items() if m.get("pass_at_k")
+    }
     if not curves:
         return None
     fig = Figure(figsize=_FIGSIZE, layout="constrained")
@@ -186,8 +200,12 @@ def _by_source_plot(evals: Mapping[str, Mapping[str, Any]], colors: Mapping[str,
         by = evals[name]["accuracy_by_source"]
         heights = [100 * by[s] if s in by else np.nan for s in sources]  # no bar where a source is missing
         ax.bar(x + (i - (len(names) - 1) / 2) * width, heights, width, color=colors[name], label=_mpl_text(name))
-    ax.set_xticks(x, labels=[_mpl_text(s) for s in sources], rotation=25 if len(sources) > 3 else 0,
-                  ha="right" if len(sources) > 3 else "center")
+    ax.set_xticks(
+        x,
+        labels=[_mpl_text(s) for s in sources],
+        rotation=25 if len(sources) > 3 else 0,
+        ha="right" if len(sources) > 3 else "center",
+    )
     ax.grid(axis="x", visible=False)
     ax.set_ylim(bottom=0)
     ax.set(ylabel="accuracy (%)")
@@ -200,7 +218,7 @@ def _svg(fig: Figure, prefix: str) -> str:
     buf = io.StringIO()
     fig.savefig(buf, format="svg", metadata={"Date": None})  # no date: same bytes on every render
     text = buf.getvalue()
-    text = text[text.index("<svg"):]  # the XML declaration and DOCTYPE have no place inside HTML
+    text = text[text.index("<svg") :]  # the XML declaration and DOCTYPE have no place inside HTML
     # All inline SVGs share the page's id namespace and matplotlib numbers ids afresh in each
     # (figure_1, axes_1, ...): prefix every id and every reference to one.
     return re.sub(r'(id="|url\(#|href="#)', rf"\1{prefix}-", text)
@@ -244,7 +262,9 @@ def band_plot(curves: Mapping[str, Sequence[tuple[float, ...]]], xlabel: str, yl
     ax = fig.add_subplot()
     for i, (name, points) in enumerate(curves.items()):
         x, mid, *band = zip(*points)
-        ax.plot(x, mid, marker="o" if len(points) <= 40 else None, markersize=4, color=f"C{i % 10}", label=_mpl_text(name))
+        ax.plot(
+            x, mid, marker="o" if len(points) <= 40 else None, markersize=4, color=f"C{i % 10}", label=_mpl_text(name)
+        )
         if band:
             ax.fill_between(x, *band, color=f"C{i % 10}", alpha=0.2, linewidth=0)
     ax.set(xlabel=xlabel, ylabel=ylabel)
@@ -266,7 +286,18 @@ def page(title: str, tables: Sequence[str], figures_html: Sequence[str] = (), wa
         "<body>",
         "<main>",
         f"<h1>{_e(title)}</h1>",
-        *(['<section id="warnings">', "<h2>Warnings</h2>", "<ul>", *(f"<li>{_e(w)}</li>" for w in warnings), "</ul>", "</section>"] if warnings else []),
+        *(
+            [
+                '<section id="warnings">',
+                "<h2>Warnings</h2>",
+                "<ul>",
+                *(f"<li>{_e(w)}</li>" for w in warnings),
+                "</ul>",
+                "</section>",
+            ]
+            if warnings
+            else []
+        ),
         '<section id="tables">',
         *tables,
         "</section>",
@@ -277,9 +308,15 @@ def page(title: str, tables: Sequence[str], figures_html: Sequence[str] = (), wa
     return "\n".join(parts)
 
 
-def render(evals: Mapping[str, Mapping[str, Any]], reward_curves: Mapping[str, Sequence[tuple[int, float]]] | None = None,
-           *, title: str = "rung results", settings: Mapping[str, Any] | None = None, extra: Sequence[Extra] = (),
-           warnings: Sequence[str] = ()) -> str:
+def render(
+    evals: Mapping[str, Mapping[str, Any]],
+    reward_curves: Mapping[str, Sequence[tuple[int, float]]] | None = None,
+    *,
+    title: str = "rung results",
+    settings: Mapping[str, Any] | None = None,
+    extra: Sequence[Extra] = (),
+    warnings: Sequence[str] = (),
+) -> str:
     """The whole HTML document.
 
     evals maps checkpoint name to its metrics (keys accuracy, format_rate, mean_tokens,
@@ -290,15 +327,27 @@ def render(evals: Mapping[str, Mapping[str, Any]], reward_curves: Mapping[str, S
     are listed above everything else.
     """
     colors = {name: f"C{i % 10}" for i, name in enumerate(evals)}  # one colour per checkpoint in every plot
-    figures_html = figures([
-        ("plot-pass-at-k", lambda: _pass_at_k_plot(evals, colors),
-         "pass@k per checkpoint: the chance that at least one of k samples is correct "
-         "(unbiased estimator of Chen et al. 2021)."),
-        ("plot-by-source", lambda: _by_source_plot(evals, colors), "Held-out accuracy per task source and checkpoint."),
-        ("plot-reward", lambda: band_plot(reward_curves or {}, "training step", "mean reward"),
-         "Mean reward per logged training step of each RL stage: of the groups trained on, and, with dynamic sampling, "
-         "of all generated groups (zero-variance groups included)."),
-    ])
+    figures_html = figures(
+        [
+            (
+                "plot-pass-at-k",
+                lambda: _pass_at_k_plot(evals, colors),
+                "pass@k per checkpoint: the chance that at least one of k samples is correct "
+                "(unbiased estimator of Chen et al. 2021).",
+            ),
+            (
+                "plot-by-source",
+                lambda: _by_source_plot(evals, colors),
+                "Held-out accuracy per task source and checkpoint.",
+            ),
+            (
+                "plot-reward",
+                lambda: band_plot(reward_curves or {}, "training step", "mean reward"),
+                "Mean reward per logged training step of each RL stage: of the groups trained on, and, with dynamic sampling, "
+                "of all generated groups (zero-variance groups included).",
+            ),
+        ]
+    )
     tables = [_headline(evals), *(extra_table(t) for t in extra)]
     if _sources(evals):
         tables.append(_by_source(evals))
@@ -307,12 +356,20 @@ def render(evals: Mapping[str, Mapping[str, Any]], reward_curves: Mapping[str, S
     return page(title, tables, figures_html, warnings)
 
 
-def write(path: str | Path, evals: Mapping[str, Mapping[str, Any]],
-          reward_curves: Mapping[str, Sequence[tuple[int, float]]] | None = None,
-          *, title: str = "rung results", settings: Mapping[str, Any] | None = None, extra: Sequence[Extra] = (),
-          warnings: Sequence[str] = ()) -> Path:
+def write(
+    path: str | Path,
+    evals: Mapping[str, Mapping[str, Any]],
+    reward_curves: Mapping[str, Sequence[tuple[int, float]]] | None = None,
+    *,
+    title: str = "rung results",
+    settings: Mapping[str, Any] | None = None,
+    extra: Sequence[Extra] = (),
+    warnings: Sequence[str] = (),
+) -> Path:
     """Render the report and write it to path (parent directories created); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render(evals, reward_curves, title=title, settings=settings, extra=extra, warnings=warnings), encoding="utf-8")
+    path.write_text(
+        render(evals, reward_curves, title=title, settings=settings, extra=extra, warnings=warnings), encoding="utf-8"
+    )
     return path

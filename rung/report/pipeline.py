@@ -1,6 +1,7 @@
 """The report stage's pages: every evaluated checkpoint side by side, the paired comparisons of
 checkpoints (computed by rung.eval.comparisons) and the RL stages, as markdown and as HTML; the
 tables themselves come from rung.report.tables."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -26,9 +27,17 @@ def rl_summary(stage: Any, metrics: Mapping[str, float]) -> dict[str, str]:
         "curriculum": stage.curriculum.type + (f" + dynamic sampling ({ds.max_rounds} rounds)" if ds else ""),
         "steps": f"{metrics.get('steps', 0):.0f} x {stage.prompts_per_step} prompts x {stage.num_generations}, lr {stage.learning_rate:g}",
         "zero-variance groups": f"{metrics.get('frac_reward_zero_std', float('nan')):.2f} generated, {metrics.get('frac_zero_std_trained', float('nan')):.2f} trained"
-        + (f"; {metrics.get('dropped_share', 0.0):.2f} of generated groups dropped, {metrics.get('extra_generations', 0.0):.0f} extra completions" if ds else ""),
+        + (
+            f"; {metrics.get('dropped_share', 0.0):.2f} of generated groups dropped, {metrics.get('extra_generations', 0.0):.0f} extra completions"
+            if ds
+            else ""
+        ),
         "last reward": f"{metrics.get('reward_last', float('nan')):.3f} trained on"
-        + (f", {metrics['reward_generated_last']:.3f} all generated" if ds and "reward_generated_last" in metrics else ""),
+        + (
+            f", {metrics['reward_generated_last']:.3f} all generated"
+            if ds and "reward_generated_last" in metrics
+            else ""
+        ),
     }
 
 
@@ -37,54 +46,119 @@ def paired_markdown(result: Comparisons) -> str:
     greedy, sampled = tables.paired_rows(result)
     greedy_header, sampled_header = tables.paired_headers(result)
     first, second = tables.paired_explanation(result)
-    lines = ["## Paired comparisons", "", first, "", second, "", "Greedy accuracy:", "", *tables.md_table(greedy_header, greedy)]
+    lines = [
+        "## Paired comparisons",
+        "",
+        first,
+        "",
+        second,
+        "",
+        "Greedy accuracy:",
+        "",
+        *tables.md_table(greedy_header, greedy),
+    ]
     if sampled:
         lines += ["", "Sampled (avg@n, pass@n):", "", *tables.md_table(sampled_header, sampled)]
     return "\n".join(lines) + "\n"
 
 
-def markdown(evals: Mapping[str, EvalResult], rl: Mapping[str, Mapping[str, str]] | None = None, compared: Comparisons | None = None,
-             warnings: list[str] | None = None) -> str:
+def markdown(
+    evals: Mapping[str, EvalResult],
+    rl: Mapping[str, Mapping[str, str]] | None = None,
+    compared: Comparisons | None = None,
+    warnings: list[str] | None = None,
+) -> str:
     """A markdown table (checkpoints in pipeline order) plus the settings every number depends on."""
     views = {name: tables.headline(m) for name, m in evals.items()}
     first = next(iter(evals.values()))
     n = next(iter(views.values()))["n"]
     sampling = ", ".join(f"{k}={v}" for k, v in sorted(first.sampling.items()))
     confidence = (first.bootstrap or {}).get("confidence", 0.95)
-    notes = [f"Held-out split: {n} prompts; headline decoding: {sampling}; accuracy with its {100 * confidence:.0f}% bootstrap interval "
-             "(of that checkpoint alone: whether two checkpoints differ is read from the paired comparisons, not from overlapping intervals)."]
+    notes = [
+        f"Held-out split: {n} prompts; headline decoding: {sampling}; accuracy with its {100 * confidence:.0f}% bootstrap interval "
+        "(of that checkpoint alone: whether two checkpoints differ is read from the paired comparisons, not from overlapping intervals)."
+    ]
     if first.format is not None:  # metrics written before format.style existed have none
-        notes.append(f"Answer format: style {first.format['style']} ({formats.STYLES[first.format['style']].description}), {first.format['template']} template; "
-                     "accuracy reads the answer only where the style puts it, 'any format' also the last number, format rate is the style's strict check.")
+        notes.append(
+            f"Answer format: style {first.format['style']} ({formats.STYLES[first.format['style']].description}), {first.format['template']} template; "
+            "accuracy reads the answer only where the style puts it, 'any format' also the last number, format rate is the style's strict check."
+        )
     if first.samples:
         s = first.samples
-        notes.append(f"avg@{s['n']}: {s['n']} samples per prompt at temperature {s['temperature']}, top_p {s['top_p']}.")
+        notes.append(
+            f"avg@{s['n']}: {s['n']} samples per prompt at temperature {s['temperature']}, top_p {s['top_p']}."
+        )
     rl_lines = ["", "RL stages:", "", *tables.md_table(*tables.rl_table(rl))] if rl else []
     paired_lines = ["", paired_markdown(compared).rstrip("\n")] if compared and compared.comparisons else []
     warning_lines = ["", "Warnings (rung.health):", "", *(f"- {w}" for w in warnings)] if warnings else []
-    return "\n".join(["# rung results", "", *notes, "", *tables.md_table(*tables.checkpoint_table(views)), *paired_lines, *rl_lines, *warning_lines, ""])
+    return "\n".join(
+        [
+            "# rung results",
+            "",
+            *notes,
+            "",
+            *tables.md_table(*tables.checkpoint_table(views)),
+            *paired_lines,
+            *rl_lines,
+            *warning_lines,
+            "",
+        ]
+    )
 
 
-def html(evals: Mapping[str, EvalResult], reward_curves: Mapping[str, list[dict[str, float]]], settings: Mapping[str, Any], path: Path,
-         compared: Comparisons | None = None, warnings: list[str] | None = None) -> None:
+def html(
+    evals: Mapping[str, EvalResult],
+    reward_curves: Mapping[str, list[dict[str, float]]],
+    settings: Mapping[str, Any],
+    path: Path,
+    compared: Comparisons | None = None,
+    warnings: list[str] | None = None,
+) -> None:
     """The self-contained HTML report (tables and inline SVG plots)."""
     curves = {name: [(int(c["step"]), c["reward"]) for c in points] for name, points in reward_curves.items()}
     for name, points in reward_curves.items():  # with dynamic sampling the reward of all generated groups differs
         if any(c.get("reward_generated", c["reward"]) != c["reward"] for c in points):
-            curves[f"{name} (all generated)"] = [(int(c["step"]), c["reward_generated"]) for c in points if "reward_generated" in c]
+            curves[f"{name} (all generated)"] = [
+                (int(c["step"]), c["reward_generated"]) for c in points if "reward_generated" in c
+            ]
     extra = []
     if compared and compared.comparisons:
         greedy, sampled = tables.paired_rows(compared)
         greedy_header, sampled_header = tables.paired_headers(compared)
-        extra.append(htmlpage.Extra("paired", "Paired comparisons: greedy accuracy (same prompts)", greedy_header, greedy, tables.paired_explanation(compared)))
+        extra.append(
+            htmlpage.Extra(
+                "paired",
+                "Paired comparisons: greedy accuracy (same prompts)",
+                greedy_header,
+                greedy,
+                tables.paired_explanation(compared),
+            )
+        )
         if sampled:
-            extra.append(htmlpage.Extra("paired-sampled", "Paired comparisons: avg@n and pass@n (same prompts)", sampled_header, sampled, []))
-    htmlpage.write(path, {name: tables.headline(m) for name, m in evals.items()}, curves, title="rung results", settings=settings, extra=extra,
-                   warnings=warnings or ())
+            extra.append(
+                htmlpage.Extra(
+                    "paired-sampled", "Paired comparisons: avg@n and pass@n (same prompts)", sampled_header, sampled, []
+                )
+            )
+    htmlpage.write(
+        path,
+        {name: tables.headline(m) for name, m in evals.items()},
+        curves,
+        title="rung results",
+        settings=settings,
+        extra=extra,
+        warnings=warnings or (),
+    )
 
 
-def run(evals: Mapping[str, EvalResult], curves: Mapping[str, list[dict[str, float]]], rl: Mapping[str, Mapping[str, str]],
-        settings: Mapping[str, Any], compared: Comparisons | None = None, warnings: list[str] | None = None) -> str:
+def run(
+    evals: Mapping[str, EvalResult],
+    curves: Mapping[str, list[dict[str, float]]],
+    rl: Mapping[str, Mapping[str, str]],
+    settings: Mapping[str, Any],
+    compared: Comparisons | None = None,
+    warnings: list[str] | None = None,
+) -> str:
     """The report stage: write the paired comparisons (DVC metrics file), the markdown and the HTML
     report at their layout paths; returns the markdown."""
     if compared is not None:

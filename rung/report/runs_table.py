@@ -1,5 +1,6 @@
 """Side-by-side comparison of MLflow runs or DVC experiments (`rung compare`): the columns of
 MLflow runs, and the table of any columns (DVC experiments come from tasks.dvc.experiments)."""
+
 from __future__ import annotations
 
 import fnmatch
@@ -17,10 +18,15 @@ def mlflow_columns(run_ids: list[str], experiment: str, last: int, name_glob: st
     if run_ids:
         runs = [mlflow.get_run(i) for i in run_ids]
     else:
-        found = mlflow.search_runs(experiment_names=[experiment], order_by=["attributes.start_time DESC"], output_format="list")
+        found = mlflow.search_runs(
+            experiment_names=[experiment], order_by=["attributes.start_time DESC"], output_format="list"
+        )
         runs = [r for r in found if fnmatch.fnmatch(r.info.run_name or "", name_glob)][:last]
     return {
-        f"{r.info.run_name} {r.info.run_id[:8]}": {**{f"param:{k}": v for k, v in r.data.params.items()}, **r.data.metrics}
+        f"{r.info.run_name} {r.info.run_id[:8]}": {
+            **{f"param:{k}": v for k, v in r.data.params.items()},
+            **r.data.metrics,
+        }
         for r in runs
     }
 

@@ -20,6 +20,7 @@ spread of every headline metric over seeds, the learning curves, and between arm
 of rung.eval.paired.arms_test (its docstring says which unit is resampled and which tests are
 run). rung.report.studypage renders and writes the study page.
 """
+
 from __future__ import annotations
 
 import re
@@ -67,6 +68,7 @@ class Study(BaseModel):
                 raise ValueError(f"arms.{arm}: sets {self.seed_key}, the seed key; the study sets it per seed")
         return self
 
+
 def load(path: str | Path) -> Study:
     """Read and validate a study definition; InputError with one line naming the file and key."""
     data = config.read_yaml(path)
@@ -75,6 +77,7 @@ def load(path: str | Path) -> Study:
     except ValidationError as e:
         raise InputError(f"{path}: {config._one_line(e)}") from None  # the params file's one-line error format
 
+
 class Point(TypedDict):
     """One experiment of a study: its arm, seed and the dotted params overrides it runs with."""
 
@@ -82,12 +85,21 @@ class Point(TypedDict):
     seed: int
     point: dict[str, Any]
 
+
 def points(study: Study) -> dict[str, Point]:
     """Experiment name -> {arm, seed, point}: every arm for every seed, seeds varying slowest. A
     nested mapping is set key by key (merged into params.yaml, as `dvc exp run -S` merges; DVC's
     Hydra overrides cannot take a JSON mapping as one value)."""
-    return {f"{study.name}-{arm}-{seed}": {"arm": arm, "seed": seed, "point": {**files.flatten({**study.params, **overrides}), study.seed_key: seed}}
-            for seed in study.seeds for arm, overrides in study.arms.items()}
+    return {
+        f"{study.name}-{arm}-{seed}": {
+            "arm": arm,
+            "seed": seed,
+            "point": {**files.flatten({**study.params, **overrides}), study.seed_key: seed},
+        }
+        for seed in study.seeds
+        for arm, overrides in study.arms.items()
+    }
+
 
 def stage_of(study: Study, params: config.Params) -> str:
     """The RL stage the study compares (InputError when params has no such stage)."""
@@ -95,6 +107,7 @@ def stage_of(study: Study, params: config.Params) -> str:
     if stage not in params.rl.stages:
         raise InputError(f"study {study.name}: stage: no RL stage {stage!r} (have {list(params.rl.stages)})")
     return stage
+
 
 def flat_metrics(eval_metrics: EvalResult, rl_metrics: Mapping[str, Any]) -> dict[str, float]:
     """The numbers aggregated over seeds: per eval set its headline metrics, avg@n, pass@k and maj@k
@@ -106,16 +119,21 @@ def flat_metrics(eval_metrics: EvalResult, rl_metrics: Mapping[str, Any]) -> dic
                 out[f"{name}/{k}"] = float(v)
             elif k in ("pass_at_k", "maj_at_k"):
                 out.update({f"{name}/{k.split('_')[0]}@{kk}": float(vv) for kk, vv in v.items()})
-    out.update({f"rl/{k}": float(v) for k, v in rl_metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    out.update(
+        {f"rl/{k}": float(v) for k, v in rl_metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    )
     return out
+
 
 def _spread(values: list[float]) -> Spread:
     return Spread(mean=mean(values), sd=stdev(values) if len(values) > 1 else None, values=values)
+
 
 def _band(per_seed: list[dict[int, float]]) -> list[Band]:
     """(step, mean, min, max) over the seeds that logged each step."""
     steps = sorted({s for curve in per_seed for s in curve})
     return [(float(s), mean(v), min(v), max(v)) for s in steps for v in [[c[s] for c in per_seed if s in c]]]
+
 
 def curves(runs: Sequence[StudyRun]) -> dict[str, dict[str, list[Band]]]:
     """Per arm: training reward and training-batch accuracy against step, and held-out accuracy at
@@ -133,10 +151,15 @@ def curves(runs: Sequence[StudyRun]) -> dict[str, dict[str, list[Band]]]:
             last = int(r["rl"].get("steps") or max((c["step"] for c in r["curve"]), default=0))
             during = {int(c["step"]): c["heldout_accuracy"] for c in r["curve"] if "heldout_accuracy" in c}
             held.append({**points, **during, last: r["eval"].sets["test"].accuracy})
-        out[arm] = {"reward": _band([{int(c["step"]): c["reward"] for c in r["curve"] if "reward" in c} for r in rs]),
-                    "train_accuracy": _band([{int(c["step"]): c["accuracy"] for c in r["curve"] if "accuracy" in c} for r in rs]),
-                    "held_out_accuracy": _band(held)}
+        out[arm] = {
+            "reward": _band([{int(c["step"]): c["reward"] for c in r["curve"] if "reward" in c} for r in rs]),
+            "train_accuracy": _band(
+                [{int(c["step"]): c["accuracy"] for c in r["curve"] if "accuracy" in c} for r in rs]
+            ),
+            "held_out_accuracy": _band(held),
+        }
     return out
+
 
 def aggregate(study: Study, runs: Sequence[StudyRun], confidence: float, resamples: int, seed: int) -> StudyResult:
     """The study's result from its runs (each {arm, seed, eval, rl, init_eval, records: {set:
@@ -156,11 +179,25 @@ def aggregate(study: Study, runs: Sequence[StudyRun], confidence: float, resampl
     for j, new in enumerate(names):
         for old in names[:j]:
             sets: dict[str, ArmsTest] = {}
-            set_names = [n for n in records[(new, arms[new].seeds[0])] if all(n in records[(old, s)] for s in arms[old].seeds)]
+            set_names = [
+                n for n in records[(new, arms[new].seeds[0])] if all(n in records[(old, s)] for s in arms[old].seeds)
+            ]
             for name in sorted(set_names, key=lambda n: (n != "test", n)):
                 per = {arm: {s: records[(arm, s)][name] for s in arms[arm].seeds} for arm in (old, new)}
-                sets[name] = paired.arms_test(per[old], per[new], confidence, resamples, seed, f"{new} vs {old} on {name}")
+                sets[name] = paired.arms_test(
+                    per[old], per[new], confidence, resamples, seed, f"{new} vs {old} on {name}"
+                )
             comparisons[paired.key(new, old)] = Comparison[ArmsTest](new=new, old=old, sets=sets)
-    return StudyResult(name=study.name, seed_key=study.seed_key, seeds=study.seeds, definition=study.model_dump(mode="json"),
-                       level=paired.level(confidence), confidence=confidence, resamples=resamples, seed=seed,
-                       arms=arms, comparisons=comparisons, curves=curves(runs))
+    return StudyResult(
+        name=study.name,
+        seed_key=study.seed_key,
+        seeds=study.seeds,
+        definition=study.model_dump(mode="json"),
+        level=paired.level(confidence),
+        confidence=confidence,
+        resamples=resamples,
+        seed=seed,
+        arms=arms,
+        comparisons=comparisons,
+        curves=curves(runs),
+    )

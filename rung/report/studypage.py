@@ -1,6 +1,7 @@
 """A seed study's page: data/studies/<name>/study.{json,md,html} and its learning curves as SVG,
 rendered from the typed StudyResult of rung.report.study (tables from rung.report.tables, HTML
 from rung.report.htmlpage)."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -18,8 +19,15 @@ def markdown(result: StudyResult, settings: Mapping[str, Any]) -> str:
     arms_header, arms = tables.arm_table(result)
     tests_header, tests = tables.arms_test_table(result)
     first, second = tables.study_explanation(result)
-    lines = [f"# Study {result.name}", "", ", ".join(f"{k}: {v}" for k, v in settings.items()), "", first, "",
-             *tables.md_table(arms_header, arms)]
+    lines = [
+        f"# Study {result.name}",
+        "",
+        ", ".join(f"{k}: {v}" for k, v in settings.items()),
+        "",
+        first,
+        "",
+        *tables.md_table(arms_header, arms),
+    ]
     if tests:
         lines += ["", "## Paired comparisons between arms", "", second, "", *tables.md_table(tests_header, tests)]
     return "\n".join([*lines, ""])
@@ -35,12 +43,21 @@ def plots(result: StudyResult) -> list[htmlpage.Plot]:
         return {arm: [(x, 100 * m, 100 * lo, 100 * hi) for x, m, lo, hi in pts] for arm, pts in pick(key).items()}
 
     return [
-        ("plot-held-out", lambda: htmlpage.band_plot(pct("held_out_accuracy"), "training step", "held-out accuracy (%)"),
-         "Held-out greedy accuracy per arm at step 0 (the init checkpoint), every eval_every steps and after the last step: mean over seeds, band from min to max."),
-        ("plot-reward", lambda: htmlpage.band_plot(pick("reward"), "training step", "mean reward"),
-         "Training reward per step (of the groups trained on): mean over seeds, band from min to max."),
-        ("plot-train-accuracy", lambda: htmlpage.band_plot(pct("train_accuracy"), "training step", "training-batch accuracy (%)"),
-         "Accuracy of the training batch per step: mean over seeds, band from min to max."),
+        (
+            "plot-held-out",
+            lambda: htmlpage.band_plot(pct("held_out_accuracy"), "training step", "held-out accuracy (%)"),
+            "Held-out greedy accuracy per arm at step 0 (the init checkpoint), every eval_every steps and after the last step: mean over seeds, band from min to max.",
+        ),
+        (
+            "plot-reward",
+            lambda: htmlpage.band_plot(pick("reward"), "training step", "mean reward"),
+            "Training reward per step (of the groups trained on): mean over seeds, band from min to max.",
+        ),
+        (
+            "plot-train-accuracy",
+            lambda: htmlpage.band_plot(pct("train_accuracy"), "training step", "training-batch accuracy (%)"),
+            "Accuracy of the training batch per step: mean over seeds, band from min to max.",
+        ),
     ]
 
 
@@ -51,7 +68,13 @@ def html(result: StudyResult, settings: Mapping[str, Any]) -> str:
     figures = htmlpage.figures(plots(result))
     parts = [htmlpage.extra_table(htmlpage.Extra("arms", "Per arm: mean ± sd over seeds", arms_header, arms, [first]))]
     if tests:
-        parts.append(htmlpage.extra_table(htmlpage.Extra("paired", "Paired comparisons between arms: greedy accuracy", tests_header, tests, [second])))
+        parts.append(
+            htmlpage.extra_table(
+                htmlpage.Extra(
+                    "paired", "Paired comparisons between arms: greedy accuracy", tests_header, tests, [second]
+                )
+            )
+        )
     parts.append(htmlpage.settings_table(settings))
     return htmlpage.page(f"Study {result.name}", parts, figures)
 

@@ -3,6 +3,7 @@ verdicts), the rows and headers of the pipeline report's tables (checkpoints, pa
 comparisons, RL stages) and of a study page's (arms, paired tests between arms), the words under
 them, and markdown tables. rung.report.pipeline and rung.report.studypage lay these out as
 markdown and HTML (rung.report.htmlpage); the numbers come typed from rung.eval.results."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -23,7 +24,11 @@ COLUMNS = [
 
 
 def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|", *("| " + " | ".join(r) + " |" for r in rows)]
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" for _ in header) + "|",
+        *("| " + " | ".join(r) + " |" for r in rows),
+    ]
 
 
 def pct(v: float) -> str:
@@ -50,10 +55,13 @@ def verdict(test: GreedyTest | ArmsTest, unit: str = "prompts") -> str:
     if test.significant:
         return test.verdict
     n = test.prompts_needed
-    return test.verdict + (f" (needs about {n} {unit} at this effect)" if n else " (the flips balance: no effect to detect)")
+    return test.verdict + (
+        f" (needs about {n} {unit} at this effect)" if n else " (the flips balance: no effect to detect)"
+    )
 
 
 # ---- the pipeline report ----
+
 
 def headline(metrics: EvalResult) -> dict[str, Any]:
     """The report's view of one eval metrics file: the held-out split's numbers, with the other
@@ -78,7 +86,10 @@ def checkpoint_table(views: Mapping[str, Mapping[str, Any]]) -> Table:
     """Checkpoints in pipeline order: the headline columns and avg@n of each."""
     sample_cols = sorted({k for v in views.values() for k in v if k.startswith("avg@")})
     header = ["checkpoint", *(title for _, title in COLUMNS), *sample_cols]
-    rows = [[name, *(_cell(key, v) for key, _ in COLUMNS), *(pct(v[c]) if c in v else "—" for c in sample_cols)] for name, v in views.items()]
+    rows = [
+        [name, *(_cell(key, v) for key, _ in COLUMNS), *(pct(v[c]) if c in v else "—" for c in sample_cols)]
+        for name, v in views.items()
+    ]
     return header, rows
 
 
@@ -91,8 +102,20 @@ def rl_table(rl: Mapping[str, Mapping[str, str]]) -> Table:
 def paired_headers(result: Comparisons) -> tuple[list[str], list[str]]:
     """Column names of the (greedy, sampled) paired tables."""
     diff = f"difference, points [{100 * result.confidence:g}% CI]"
-    return (["comparison (new vs old)", "eval set", "prompts", "accuracy old → new", diff, "right → wrong", "wrong → right", "exact McNemar p", "verdict"],
-            ["comparison (new vs old)", "eval set", "prompts", "metric", "old → new", diff, "verdict"])
+    return (
+        [
+            "comparison (new vs old)",
+            "eval set",
+            "prompts",
+            "accuracy old → new",
+            diff,
+            "right → wrong",
+            "wrong → right",
+            "exact McNemar p",
+            "verdict",
+        ],
+        ["comparison (new vs old)", "eval set", "prompts", "metric", "old → new", diff, "verdict"],
+    )
 
 
 def paired_rows(result: Comparisons) -> tuple[list[list[str]], list[list[str]]]:
@@ -101,13 +124,34 @@ def paired_rows(result: Comparisons) -> tuple[list[list[str]], list[list[str]]]:
     for c in result.comparisons.values():
         label = f"{c.new} vs {c.old}"
         for name, g in c.sets.items():
-            greedy.append([label, name, str(g.n), f"{pct(g.accuracy_old)} → {pct(g.accuracy_new)}", interval(g.difference, g.ci_low, g.ci_high),
-                           str(g.right_to_wrong), str(g.wrong_to_right), p_text(g.mcnemar_p), verdict(g)])
+            greedy.append(
+                [
+                    label,
+                    name,
+                    str(g.n),
+                    f"{pct(g.accuracy_old)} → {pct(g.accuracy_new)}",
+                    interval(g.difference, g.ci_low, g.ci_high),
+                    str(g.right_to_wrong),
+                    str(g.wrong_to_right),
+                    p_text(g.mcnemar_p),
+                    verdict(g),
+                ]
+            )
             s = g.sampled
             if s:
                 for metric in (f"avg@{s.samples}", f"pass@{s.samples}"):
                     m = s.metrics[metric]
-                    sampled.append([label, name, str(s.n), metric, f"{pct(m.old)} → {pct(m.new)}", interval(m.difference, m.ci_low, m.ci_high), m.verdict])
+                    sampled.append(
+                        [
+                            label,
+                            name,
+                            str(s.n),
+                            metric,
+                            f"{pct(m.old)} → {pct(m.new)}",
+                            interval(m.difference, m.ci_low, m.ci_high),
+                            m.verdict,
+                        ]
+                    )
     return greedy, sampled
 
 
@@ -120,14 +164,15 @@ def paired_explanation(result: Comparisons) -> list[str]:
         "Right → wrong and wrong → right count the prompts whose greedy answer changed grade; the exact McNemar test asks "
         "whether those flips lean one way more than chance would, and gives the verdict of the accuracy row. "
         f"For avg@n and pass@n the verdict is whether the {100 * conf:g}% paired interval excludes 0.",
-        f"\"Not significant at {alpha:g}\" means these prompts do not establish a difference either way; "
-        "it does not mean the checkpoints are equal. \"Needs about N prompts\": the number of prompts at which the exact "
+        f'"Not significant at {alpha:g}" means these prompts do not establish a difference either way; '
+        'it does not mean the checkpoints are equal. "Needs about N prompts": the number of prompts at which the exact '
         f"McNemar test would find the observed effect significant at {alpha:g} with 80% power, taking these flip rates as "
         "the truth (Connor 1987; rung.eval.paired.mcnemar_prompts_needed).",
     ]
 
 
 # ---- a study page ----
+
 
 def _pm(s: Spread, as_pct: bool) -> str:
     """'mean ± sd' (in % for rates, 1 decimal; else 3 decimals); only the mean for one seed."""
@@ -144,29 +189,61 @@ def arm_table(result: StudyResult) -> Table:
     cols += [(f"{s}/accuracy", f"{s} accuracy %", True) for s in sets if s != "test"]
     cols += [("test/format_rate", "format rate %", True), ("test/mean_tokens", "mean tokens", False)]
     cols += [(f"test/{k}", f"{k} %", True) for k in samples]
-    cols += [("rl/reward_last", "last reward", False), ("rl/frac_reward_zero_std", "zero-variance groups generated", False),
-             ("rl/frac_zero_std_trained", "zero-variance groups trained", False)]
+    cols += [
+        ("rl/reward_last", "last reward", False),
+        ("rl/frac_reward_zero_std", "zero-variance groups generated", False),
+        ("rl/frac_zero_std_trained", "zero-variance groups trained", False),
+    ]
     cols = [c for c in cols if c[0] in metrics]
     header = ["arm", "seeds", *(title for _, title, _ in cols), "held-out accuracy per seed %"]
     rows = []
     for arm, a in result.arms.items():
         m = a.metrics
-        rows.append([arm, str(len(a.seeds)), *(_pm(m[k], as_pct) for k, _, as_pct in cols), ", ".join(f"{100 * v:.1f}" for v in m["test/accuracy"].values)])
+        rows.append(
+            [
+                arm,
+                str(len(a.seeds)),
+                *(_pm(m[k], as_pct) for k, _, as_pct in cols),
+                ", ".join(f"{100 * v:.1f}" for v in m["test/accuracy"].values),
+            ]
+        )
     return header, rows
 
 
 def arms_test_table(result: StudyResult) -> Table:
     """The paired tests between arms, one row per pair and eval set."""
-    header = ["comparison (new vs old)", "eval set", "seeds", "units", "accuracy old → new",
-              f"difference, points [{100 * result.confidence:g}% CI]", "per-seed differences", "units better / worse",
-              "sign test p", "verdict", "t-test over seeds p"]
+    header = [
+        "comparison (new vs old)",
+        "eval set",
+        "seeds",
+        "units",
+        "accuracy old → new",
+        f"difference, points [{100 * result.confidence:g}% CI]",
+        "per-seed differences",
+        "units better / worse",
+        "sign test p",
+        "verdict",
+        "t-test over seeds p",
+    ]
     rows = []
     for c in result.comparisons.values():
         for name, g in c.sets.items():
             t = "—" if g.seed_t_test_p is None else p_text(g.seed_t_test_p)
-            rows.append([f"{c.new} vs {c.old}", name, str(len(g.seeds)), f"{g.units} ({g.unit})", f"{pct(g.accuracy_old)} → {pct(g.accuracy_new)}",
-                         interval(g.difference, g.ci_low, g.ci_high), ", ".join(signed_points(v) for v in g.per_seed_difference.values()),
-                         f"{g.units_better} / {g.units_worse}", p_text(g.sign_test_p), verdict(g, "units"), t])
+            rows.append(
+                [
+                    f"{c.new} vs {c.old}",
+                    name,
+                    str(len(g.seeds)),
+                    f"{g.units} ({g.unit})",
+                    f"{pct(g.accuracy_old)} → {pct(g.accuracy_new)}",
+                    interval(g.difference, g.ci_low, g.ci_high),
+                    ", ".join(signed_points(v) for v in g.per_seed_difference.values()),
+                    f"{g.units_better} / {g.units_worse}",
+                    p_text(g.sign_test_p),
+                    verdict(g, "units"),
+                    t,
+                ]
+            )
     return header, rows
 
 
@@ -183,6 +260,6 @@ def study_explanation(result: StudyResult) -> list[str]:
         "within each seed for (seed, prompt) units). The exact sign test counts units where the new arm does better against "
         "units where it does worse (with one seed: exact McNemar) and gives the verdict; it is conditional on these seeds. "
         "The t-test over seeds compares the per-seed accuracies (scipy ttest_rel) and asks whether the arm wins across "
-        f"training runs. \"Not significant at {alpha:g}\" does not mean the arms are equal; \"needs about N units\": the units at "
+        f'training runs. "Not significant at {alpha:g}" does not mean the arms are equal; "needs about N units": the units at '
         f"which the sign test would find this effect significant with 80% power (rung.eval.paired.mcnemar_prompts_needed).",
     ]

@@ -8,6 +8,7 @@ et al. 2025) and pools (prime-rl's online difficulty pools). Each step the train
 `metrics` are logged and `state_dict` is checkpointed. All randomness comes from one seeded
 numpy Generator whose state is part of `state_dict`, so a resumed run draws exactly the same.
 """
+
 # hand-written: no maintained library implements these RL curricula
 from __future__ import annotations
 
@@ -50,7 +51,14 @@ class Scheduler:
     _state: tuple[str, ...] = ("step", "last")
     """Attributes (JSON-able) that change while training, besides the rng."""
 
-    def __init__(self, rows: Sequence[Mapping[str, Any]], params: Curriculum, buckets: dict[str, float], max_steps: int, seed: int) -> None:
+    def __init__(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        params: Curriculum,
+        buckets: dict[str, float],
+        max_steps: int,
+        seed: int,
+    ) -> None:
         if not rows:
             raise ValueError("curriculum: no prompts to draw from")
         self.params = params
@@ -90,8 +98,10 @@ class Scheduler:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if (state.get("type"), state.get("rows")) != (self.params.type, len(self.pass_rates)):
-            raise ValueError(f"curriculum: state of a {state.get('type')} curriculum over {state.get('rows')} prompts "
-                             f"cannot resume a {self.params.type} one over {len(self.pass_rates)}")
+            raise ValueError(
+                f"curriculum: state of a {state.get('type')} curriculum over {state.get('rows')} prompts "
+                f"cannot resume a {self.params.type} one over {len(self.pass_rates)}"
+            )
         self.rng.bit_generator.state = copy.deepcopy(state["rng"])
         for k in self._state:
             setattr(self, k, copy.deepcopy(state[k]))
@@ -149,7 +159,11 @@ class Staged(Scheduler):
 
     def _metrics(self) -> dict[str, float]:
         phase = self._phase(self.step)
-        return {"phase": float(phase), "prompts": float(len(self._pool(phase))), "fallback": float(not self.phase_rows[phase])}
+        return {
+            "phase": float(phase),
+            "prompts": float(len(self._pool(phase))),
+            "fallback": float(not self.phase_rows[phase]),
+        }
 
 
 class Scheduled(Scheduler):
@@ -261,7 +275,7 @@ class Bandit(Scheduler):
             if p.method == "sec":
                 self.value[arm] = p.step_size * signal + (1 - p.step_size) * self.value[arm]
             else:
-                self.window[arm] = [*self.window[arm], signal][-p.window:]
+                self.window[arm] = [*self.window[arm], signal][-p.window :]
 
     def _metrics(self) -> dict[str, float]:
         if self.params.method == "sec":
@@ -320,10 +334,17 @@ class Pools(Scheduler):
 
 
 _SCHEDULERS: dict[str, type[Scheduler]] = {
-    "uniform": Uniform, "staged": Staged, "scheduled": Scheduled, "adaptive": Adaptive, "bandit": Bandit, "pools": Pools,
+    "uniform": Uniform,
+    "staged": Staged,
+    "scheduled": Scheduled,
+    "adaptive": Adaptive,
+    "bandit": Bandit,
+    "pools": Pools,
 }
 
 
-def build(rows: Sequence[Mapping[str, Any]], params: Curriculum, *, buckets: dict[str, float], max_steps: int, seed: int) -> Scheduler:
+def build(
+    rows: Sequence[Mapping[str, Any]], params: Curriculum, *, buckets: dict[str, float], max_steps: int, seed: int
+) -> Scheduler:
     """The scheduler of `params.type` over `rows` (dicts with id, task, source, pass_rate, bucket)."""
     return _SCHEDULERS[params.type](rows, params, buckets, max_steps, seed)

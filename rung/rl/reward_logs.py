@@ -1,6 +1,7 @@
 """Per-step reward metrics of a trainer with dynamic sampling: TRL's `reward`, `reward_std` and
 `rewards/<func>/*` rewritten to describe the groups trained on, the same for everything generated
 logged apart (`reward_generated`, `rewards_generated/<func>/mean`), and accuracy per difficulty bucket."""
+
 from __future__ import annotations
 
 from collections import defaultdict

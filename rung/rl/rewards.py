@@ -3,6 +3,7 @@
 `rung.answers.verify` decides correctness; this module turns it into scores. Each reward is a picklable
 callable whose __name__ is its params.yaml name and its metric key (rewards/<name>/mean).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -10,9 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 from rung.answers import formats
+from rung.answers.verify import is_correct
 from rung.config import FormatParams, RewardParams, RLStageParams
 from rung.errors import InputError
-from rung.answers.verify import is_correct
 
 RewardFunc = Callable[..., list[float | None]]
 
@@ -22,7 +23,14 @@ def _text(completion: Any) -> str:
     return completion[-1]["content"] if isinstance(completion, list) else completion
 
 
-def correct(completions: list[Any], answer: list[str], task: list[str], prompt_text: list[str], meta: list[str], fmt: FormatParams) -> list[bool]:
+def correct(
+    completions: list[Any],
+    answer: list[str],
+    task: list[str],
+    prompt_text: list[str],
+    meta: list[str],
+    fmt: FormatParams,
+) -> list[bool]:
     """Whether each completion's formatted final answer passes its task's verifier."""
     return [
         is_correct(formats.extract(_text(c), fmt), dict(answer=a, task=t, prompt=p, meta=m))
@@ -38,7 +46,15 @@ class Accuracy:
     def __init__(self, fmt: FormatParams, stage: RLStageParams):
         self.fmt = fmt
 
-    def __call__(self, completions: list[Any], answer: list[str], task: list[str], prompt_text: list[str], meta: list[str], **_: Any) -> list[float | None]:
+    def __call__(
+        self,
+        completions: list[Any],
+        answer: list[str],
+        task: list[str],
+        prompt_text: list[str],
+        meta: list[str],
+        **_: Any,
+    ) -> list[float | None]:
         return [float(ok) for ok in correct(completions, answer, task, prompt_text, meta, self.fmt)]
 
 
@@ -74,7 +90,9 @@ class Overlong:
         self.max_len = stage.max_completion_length
         self.buffer = buffer if buffer is not None else max(1, self.max_len // 5)
         if not 0 < self.buffer <= self.max_len:
-            raise InputError(f"rewards.overlong.args.buffer: {self.buffer} must be in [1, max_completion_length={self.max_len}]")
+            raise InputError(
+                f"rewards.overlong.args.buffer: {self.buffer} must be in [1, max_completion_length={self.max_len}]"
+            )
         self.penalty = penalty
 
     def __call__(self, completions: list[Any], completion_ids: list[list[int]], **_: Any) -> list[float | None]:
@@ -93,20 +111,35 @@ class ConditionalLength:
         self.max_len = stage.max_completion_length
         self.group = stage.num_generations
 
-    def __call__(self, completions: list[Any], completion_ids: list[list[int]], answer: list[str], task: list[str], prompt_text: list[str], meta: list[str], **_: Any) -> list[float | None]:
+    def __call__(
+        self,
+        completions: list[Any],
+        completion_ids: list[list[int]],
+        answer: list[str],
+        task: list[str],
+        prompt_text: list[str],
+        meta: list[str],
+        **_: Any,
+    ) -> list[float | None]:
         ok = correct(completions, answer, task, prompt_text, meta, self.fmt)
         out: list[float | None] = []
         # TRL lays a prompt's generations out contiguously, num_generations at a time.
         for start in range(0, len(ok), self.group):
-            all_ok = all(ok[start:start + self.group])
-            out += [1.0 - len(ids) / self.max_len if all_ok else 0.0 for ids in completion_ids[start:start + self.group]]
+            all_ok = all(ok[start : start + self.group])
+            out += [
+                1.0 - len(ids) / self.max_len if all_ok else 0.0 for ids in completion_ids[start : start + self.group]
+            ]
         return out
 
 
 # rung.config.BUILTIN_REWARDS lists the same names, so that params validate without importing this
 # module (tests/test_rewards.py checks that they match).
 REGISTRY: dict[str, Callable[..., RewardFunc]] = {
-    "accuracy": Accuracy, "format": Format, "format_partial": FormatPartial, "overlong": Overlong, "conditional_length": ConditionalLength,
+    "accuracy": Accuracy,
+    "format": Format,
+    "format_partial": FormatPartial,
+    "overlong": Overlong,
+    "conditional_length": ConditionalLength,
 }
 
 
@@ -125,9 +158,12 @@ class Guarded:
         except Exception:  # noqa: BLE001 - any failure of user code falls back to per-completion scoring
             scores, failed = [], 0
             for i in range(len(completions)):
-                one = {k: v[i:i + 1] if isinstance(v, list) and len(v) == len(completions) else v for k, v in kwargs.items()}
+                one = {
+                    k: v[i : i + 1] if isinstance(v, list) and len(v) == len(completions) else v
+                    for k, v in kwargs.items()
+                }
                 try:
-                    scores.append(self.func(completions=completions[i:i + 1], **one)[0])
+                    scores.append(self.func(completions=completions[i : i + 1], **one)[0])
                 except Exception:  # noqa: BLE001 - a reward's failure must not stop training
                     scores.append(0.0)
                     failed += 1

@@ -8,6 +8,7 @@ GRPOTrainer and RLOOTrainer (rung.compat lists the private methods it overrides)
 Anything these paths do not cover (vLLM, TRL's continuous batching, tools, images, several
 processes, sampling settings rung's sampler lacks) goes to TRL's own methods.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -18,8 +19,8 @@ from trl import RLOOTrainer
 from trl.models import unwrap_model_for_generation
 
 from rung.config import SamplingParams
-from rung.generate.decode import shared_prefix
 from rung.generate.api import generate_ids
+from rung.generate.decode import shared_prefix
 from rung.seeding import derive
 
 # Below this many shared tokens, encoding them once saves less than the extra forward costs.
@@ -38,45 +39,96 @@ class Rollouts:
         prompt, sample), so a resumed run generates what an unkilled one would."""
         if not self._rung_generates(images, multimodal_fields):
             return super()._generate_single_turn(prompt_ids, images, multimodal_fields, *args, **kwargs)
-        step, calls = self._rollout_calls if self._rollout_calls[0] == self.state.global_step else (self.state.global_step, 0)
+        step, calls = (
+            self._rollout_calls if self._rollout_calls[0] == self.state.global_step else (self.state.global_step, 0)
+        )
         self._rollout_calls = (step, calls + 1)
         seed = derive(self.args.seed, "rollouts", str(step), str(calls), str(self.accelerator.process_index))
         # TRL repeats each prompt for its group: generate the group's samples from one prompt encoding
         g = self.num_generations
-        n = g if len(prompt_ids) % g == 0 and all(prompt_ids[i] == prompt_ids[i - i % g] for i in range(len(prompt_ids))) else 1
+        n = (
+            g
+            if len(prompt_ids) % g == 0 and all(prompt_ids[i] == prompt_ids[i - i % g] for i in range(len(prompt_ids)))
+            else 1
+        )
         # every rollout of the step in one batch where memory allows (rung.generate.api sizes it on CUDA)
-        sampling = SamplingParams(temperature=self.temperature, top_p=self.top_p, max_new_tokens=self.max_completion_length, batch_size=len(prompt_ids))
-        with unwrap_model_for_generation(self.model_wrapped, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation,
-                                         gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs) as unwrapped:
+        sampling = SamplingParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            max_new_tokens=self.max_completion_length,
+            batch_size=len(prompt_ids),
+        )
+        with unwrap_model_for_generation(
+            self.model_wrapped,
+            self.accelerator,
+            gather_deepspeed3_params=self.args.ds3_gather_for_generation,
+            gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
+        ) as unwrapped:
             out = generate_ids(unwrapped, prompt_ids[::n], sampling, self.eos_token_ids, n=n, seed=seed, desc=None)
         ids = [tokens for samples in out for tokens, _ in samples]
         return ids if isinstance(self, RLOOTrainer) else (ids, None)  # RLOO's returns no log-probs
 
     def _rung_generates(self, images: Any, multimodal_fields: Any) -> bool:
-        return not (self.use_vllm or getattr(self, "use_transformers_continuous_batching", False) or images or multimodal_fields
-                    or getattr(self, "tools", None) or self.args.generation_kwargs or self.top_k or self.min_p is not None
-                    or self.repetition_penalty != 1.0 or self.temperature == 0)
+        return not (
+            self.use_vllm
+            or getattr(self, "use_transformers_continuous_batching", False)
+            or images
+            or multimodal_fields
+            or getattr(self, "tools", None)
+            or self.args.generation_kwargs
+            or self.top_k
+            or self.min_p is not None
+            or self.repetition_penalty != 1.0
+            or self.temperature == 0
+        )
 
-    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,  # type: ignore[no-untyped-def]
-                                           compute_entropy=False, compute_aux_loss=False, **multimodal):
+    def _get_per_token_logps_and_entropies(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,  # type: ignore[no-untyped-def]
+        compute_entropy=False,
+        compute_aux_loss=False,
+        **multimodal,
+    ):
         """TRL's per-token log-probs (and entropies) of the completions, with the prompts' shared
         prefix run once and its keys and values broadcast to every row (gradients flow back through
         the broadcast). Rows are laid out as in generation: [prefix][left padding][rest of the prompt]
         [completion], positions counted over real tokens (TRL's forward counts left pads as
         positions; rung.generate.api, like `model.generate`, does not)."""
         prompt_len = input_ids.shape[1] - logits_to_keep
-        rows = [ids[mask.bool()].tolist() for ids, mask in zip(input_ids[:, :prompt_len], attention_mask[:, :prompt_len])]
+        rows = [
+            ids[mask.bool()].tolist() for ids, mask in zip(input_ids[:, :prompt_len], attention_mask[:, :prompt_len])
+        ]
         prefix = shared_prefix(rows) if len(rows) > 1 else []
-        if (len(prefix) < MIN_SHARED_PREFIX or compute_aux_loss or any(v is not None for v in multimodal.values())
-                or self.accelerator.num_processes > 1 or getattr(model, "peft_config", None)):
-            return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, batch_size,
-                                                              compute_entropy, compute_aux_loss, **multimodal)
+        if (
+            len(prefix) < MIN_SHARED_PREFIX
+            or compute_aux_loss
+            or any(v is not None for v in multimodal.values())
+            or self.accelerator.num_processes > 1
+            or getattr(model, "peft_config", None)
+        ):
+            return super()._get_per_token_logps_and_entropies(
+                model,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                batch_size,
+                compute_entropy,
+                compute_aux_loss,
+                **multimodal,
+            )
         p = len(prefix)
         width = max(len(r) for r in rows) - p
         # built on the host, moved once; pads (0) are masked
-        rest = torch.tensor([[0] * (width - len(r) + p) + r[p:] for r in rows], dtype=input_ids.dtype, device="cpu").to(input_ids.device)
-        rest_mask = torch.tensor([[0] * (width - len(r) + p) + [1] * (len(r) - p) for r in rows], dtype=attention_mask.dtype,
-                                 device="cpu").to(attention_mask.device)
+        rest = torch.tensor([[0] * (width - len(r) + p) + r[p:] for r in rows], dtype=input_ids.dtype, device="cpu").to(
+            input_ids.device
+        )
+        rest_mask = torch.tensor(
+            [[0] * (width - len(r) + p) + [1] * (len(r) - p) for r in rows], dtype=attention_mask.dtype, device="cpu"
+        ).to(attention_mask.device)
         block = torch.cat([rest, input_ids[:, prompt_len:]], 1)
         mask = torch.cat([attention_mask.new_ones(len(rows), p), rest_mask, attention_mask[:, prompt_len:]], 1)
         positions = (mask.cumsum(1) - 1).clamp(min=0)[:, p:]
@@ -85,14 +137,24 @@ class Rollouts:
         batch_size = batch_size or len(rows)
         logps, entropies = [], []
         with self.accelerator.autocast():
-            kv = model(input_ids=torch.tensor([prefix], device=input_ids.device), use_cache=True, logits_to_keep=1).past_key_values
+            kv = model(
+                input_ids=torch.tensor([prefix], device=input_ids.device), use_cache=True, logits_to_keep=1
+            ).past_key_values
             for start in range(0, len(rows), batch_size):
                 end = min(start + batch_size, len(rows))
                 cache = DynamicCache(config=self.model.config)
                 for i, layer in enumerate(kv.layers):
-                    cache.update(layer.keys.expand(end - start, -1, -1, -1), layer.values.expand(end - start, -1, -1, -1), i)
-                out = model(input_ids=block[start:end], attention_mask=mask[start:end], position_ids=positions[start:end],
-                            past_key_values=cache, labels=labels[start:end], fused_lm_head=True)
+                    cache.update(
+                        layer.keys.expand(end - start, -1, -1, -1), layer.values.expand(end - start, -1, -1, -1), i
+                    )
+                out = model(
+                    input_ids=block[start:end],
+                    attention_mask=mask[start:end],
+                    position_ids=positions[start:end],
+                    past_key_values=cache,
+                    labels=labels[start:end],
+                    fused_lm_head=True,
+                )
                 logps.append(out.log_probs[:, -logits_to_keep:])
                 if compute_entropy:
                     entropies.append(out.entropy[:, -logits_to_keep:])

@@ -6,6 +6,7 @@ Overrides TRL 1.16's private `_generate_and_score_completions`, `_calculate_rewa
 `_save_checkpoint` and `_load_optimizer_and_scheduler` (rung/compat.py lists them; tests/test_rl.py
 and tests/test_compat.py cover them because private hooks can move).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -36,7 +37,9 @@ class CurriculumSampling:
     (their share of what was generated) and the extra completions the refills cost.
     """
 
-    def setup_curriculum(self, scheduler: curricula.Scheduler, rows: list[dict[str, Any]], dynamic: DynamicSamplingParams | None) -> None:
+    def setup_curriculum(
+        self, scheduler: curricula.Scheduler, rows: list[dict[str, Any]], dynamic: DynamicSamplingParams | None
+    ) -> None:
         self.curriculum, self.rows, self.dynamic = scheduler, rows, dynamic
         self._last_rewards: torch.Tensor | None = None
 
@@ -50,22 +53,30 @@ class CurriculumSampling:
         prompts_local = n_local // g
         global_idx = self.curriculum.draw(prompts_local * world, step=self.state.global_step)
         self._metrics["train"]["curriculum/prompts"].append(float(len(set(global_idx))))
-        mine = global_idx[rank * prompts_local:(rank + 1) * prompts_local]
+        mine = global_idx[rank * prompts_local : (rank + 1) * prompts_local]
         return global_idx, [self.train_dataset[i] for i in mine for _ in range(g)]
 
-    def _score_groups(self, global_idx: list[int], out: dict[str, Any]) -> tuple[list[curricula.GroupResult], torch.Tensor]:
+    def _score_groups(
+        self, global_idx: list[int], out: dict[str, Any]
+    ) -> tuple[list[curricula.GroupResult], torch.Tensor]:
         """Per-group results of the last generation (all processes) and a zero-variance flag per group."""
         g = self.num_generations
         r = self._last_rewards
         weights = self.reward_weights.to(r.device)
         total = (r * weights).nansum(dim=1).view(-1, g)
-        acc = r[:, self.reward_func_names.index("accuracy")].view(-1, g) if "accuracy" in self.reward_func_names else total
+        acc = (
+            r[:, self.reward_func_names.index("accuracy")].view(-1, g)
+            if "accuracy" in self.reward_func_names
+            else total
+        )
         adv = self.accelerator.gather(out["advantages"]).view(-1, g)
         std = total.std(dim=1)
         zero = torch.isclose(total.max(dim=1).values, total.min(dim=1).values)
         results = [
             curricula.GroupResult(index=i, accuracy=float(a), reward_std=float(s), abs_advantage=float(v))
-            for i, a, s, v in zip(global_idx, acc.nanmean(dim=1).tolist(), std.tolist(), adv.abs().mean(dim=1).tolist(), strict=True)
+            for i, a, s, v in zip(
+                global_idx, acc.nanmean(dim=1).tolist(), std.tolist(), adv.abs().mean(dim=1).tolist(), strict=True
+            )
         ]
         return results, zero
 
@@ -88,7 +99,9 @@ class CurriculumSampling:
             return out
         return self._refill(out, zero, n_local // g, world, rank, marks)
 
-    def _refill(self, out: dict[str, Any], zero: torch.Tensor, per_rank: int, world: int, rank: int, marks: dict[str, int]) -> dict[str, Any]:
+    def _refill(
+        self, out: dict[str, Any], zero: torch.Tensor, per_rank: int, world: int, rank: int, marks: dict[str, int]
+    ) -> dict[str, Any]:
         g = self.num_generations
         Group = tuple[dict[str, Any], int, torch.Tensor]  # (generation output, local group index, its reward rows)
         kept: list[list[Group]] = [[] for _ in range(world)]  # per rank
@@ -98,7 +111,7 @@ class CurriculumSampling:
         def sort(out: dict[str, Any], zero: torch.Tensor) -> None:
             for j, z in enumerate(zero.tolist()):
                 owner, local = divmod(j, per_rank)
-                (dropped if z else kept)[owner].append((out, local, rewards[-1][j * g:(j + 1) * g]))
+                (dropped if z else kept)[owner].append((out, local, rewards[-1][j * g : (j + 1) * g]))
 
         sort(out, zero)
         generated, zero_groups, rounds = len(zero), int(zero.sum()), 0
@@ -117,8 +130,12 @@ class CurriculumSampling:
         metrics = self._metrics["train"]
         metrics["dynamic_sampling/rounds"].append(float(rounds))
         metrics["dynamic_sampling/zero_std_generated"].append(zero_groups / generated)
-        metrics["dynamic_sampling/dropped_share"].append((zero_groups - trained_zero) / generated)  # generated, not trained on
-        metrics["dynamic_sampling/extra_generations"].append(float((generated - per_rank * world) * g))  # completions beyond one batch
+        metrics["dynamic_sampling/dropped_share"].append(
+            (zero_groups - trained_zero) / generated
+        )  # generated, not trained on
+        metrics["dynamic_sampling/extra_generations"].append(
+            float((generated - per_rank * world) * g)
+        )  # completions beyond one batch
         metrics["frac_zero_std_trained"].append(trained_zero / (per_rank * world))
         self._log_rewards(torch.cat([r for batch in trained for _, _, r in batch]), torch.cat(rewards), marks)
         return self._merge(trained[rank])
@@ -130,7 +147,7 @@ class CurriculumSampling:
         for key, first in chosen[0][0].items():
             if key == "num_items_in_batch" or not isinstance(first, torch.Tensor):
                 continue
-            rows = [row for out, j, _ in chosen for row in out[key][j * g:(j + 1) * g]]
+            rows = [row for out, j, _ in chosen for row in out[key][j * g : (j + 1) * g]]
             if first.dim() == 1:
                 merged[key] = torch.stack(rows)
                 continue
@@ -145,7 +162,10 @@ class CurriculumSampling:
         # The curriculum state first: TRL writes trainer_state.json last and then deletes the previous
         # checkpoint, so wherever a kill lands a complete checkpoint (rung.train.checkpoints) is left.
         if self.args.should_save:
-            files.write_json(Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}" / CURRICULUM_STATE, self.curriculum.state_dict())
+            files.write_json(
+                Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}" / CURRICULUM_STATE,
+                self.curriculum.state_dict(),
+            )
         super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):  # type: ignore[no-untyped-def]

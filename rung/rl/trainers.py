@@ -1,6 +1,7 @@
 """RL stages with TRL's GRPOTrainer or RLOOTrainer on verifiable rewards: the trainer classes (TRL's,
 with rung's curriculum sampling, reward logs and shared-prefix rollouts mixed in), their arguments
 from params, the held-out accuracy callback, and the job entry point (`python -m rung.rl.trainers`)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,25 +15,20 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
 
-from rung import compat, models, placement
-
+from rung import compat, files, models, placement
 from rung.answers import formats
-
-from rung.rl import curricula
-
-from rung import files
-
-from rung.rl import rewards
 from rung.config import FormatParams, RLStageParams, SamplingParams
 from rung.errors import InputError
 from rung.eval.evaluate import grade
 from rung.generate.api import generate
 from rung.generate.completion import render
-from rung.train.jobs import JobResult, RLJob, main
+from rung.rl import curricula, rewards
 from rung.rl.reward_logs import RewardLogs
 from rung.rl.rollouts import Rollouts
 from rung.rl.sampling import CurriculumSampling
 from rung.train.harness import common_args, finalize, fit, train_loss
+from rung.train.jobs import JobResult, RLJob, main
+
 
 def prompts(rows: list[dict[str, Any]], fmt: FormatParams) -> Dataset:
     """Conversational prompts plus the columns the reward functions read."""
@@ -52,14 +48,35 @@ def prompts(rows: list[dict[str, Any]], fmt: FormatParams) -> Dataset:
 
 # rung's stage fields that are TRL config fields under the same name.
 _PASSTHROUGH = (
-    "max_steps", "learning_rate", "num_generations", "num_iterations", "max_completion_length",
-    "mask_truncated_completions", "temperature", "top_p", "beta", "loss_type", "epsilon", "epsilon_high",
-    "scale_rewards", "importance_sampling_level", "top_entropy_quantile", "use_vllm", "vllm_mode",
+    "max_steps",
+    "learning_rate",
+    "num_generations",
+    "num_iterations",
+    "max_completion_length",
+    "mask_truncated_completions",
+    "temperature",
+    "top_p",
+    "beta",
+    "loss_type",
+    "epsilon",
+    "epsilon_high",
+    "scale_rewards",
+    "importance_sampling_level",
+    "top_entropy_quantile",
+    "use_vllm",
+    "vllm_mode",
 )
 
 
-def trl_config(stage: RLStageParams, weights: list[float], seed: int, work_dir: Path, dtype: str = "float32", key: str = "rl.stages.main",
-               device: str = "auto") -> GRPOConfig | RLOOConfig:
+def trl_config(
+    stage: RLStageParams,
+    weights: list[float],
+    seed: int,
+    work_dir: Path,
+    dtype: str = "float32",
+    key: str = "rl.stages.main",
+    device: str = "auto",
+) -> GRPOConfig | RLOOConfig:
     """TRL's GRPOConfig (or RLOOConfig) from a stage's params; TRL's own names pass straight through."""
     cls = RLOOConfig if stage.algorithm == "rloo" else GRPOConfig
     fields = {f.name for f in dataclasses.fields(cls)}
@@ -74,7 +91,9 @@ def trl_config(stage: RLStageParams, weights: list[float], seed: int, work_dir: 
         **common_args(seed, work_dir, dtype, stage.save_steps, device),
         **{k: getattr(stage, k) for k in _PASSTHROUGH if k in fields},
         # prompts_per_step counts over all processes (torchrun and accelerate set WORLD_SIZE)
-        per_device_train_batch_size=stage.prompts_per_step // int(os.environ.get("WORLD_SIZE", "1")) * stage.num_generations,
+        per_device_train_batch_size=stage.prompts_per_step
+        // int(os.environ.get("WORLD_SIZE", "1"))
+        * stage.num_generations,
         reward_weights=weights,
         lr_scheduler_type="constant",
         **stage.trl,
@@ -95,8 +114,23 @@ class HeldOut(TrainerCallback):
     trains on, graded as the eval stage grades (rung.eval.evaluate). Every process generates the same
     greedy completions (so sharded models work); the main process logs them."""
 
-    def __init__(self, trainer: Any, rows: list[dict[str, Any]], fmt: FormatParams, sampling: SamplingParams, every: int, tok: Any):
-        self.trainer, self.rows, self.fmt, self.sampling, self.every, self.tok = trainer, rows, fmt, sampling, every, tok
+    def __init__(
+        self,
+        trainer: Any,
+        rows: list[dict[str, Any]],
+        fmt: FormatParams,
+        sampling: SamplingParams,
+        every: int,
+        tok: Any,
+    ):
+        self.trainer, self.rows, self.fmt, self.sampling, self.every, self.tok = (
+            trainer,
+            rows,
+            fmt,
+            sampling,
+            every,
+            tok,
+        )
         self.prompts = render(tok, [formats.prompt(r["prompt"], fmt) for r in rows])
 
     def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **_: Any) -> None:
@@ -105,9 +139,15 @@ class HeldOut(TrainerCallback):
         was_training = model.training
         model.eval()
         with torch.no_grad():
-            records = grade(self.rows, generate(model, self.tok, self.prompts, self.sampling, desc=f"held-out @{state.global_step}"), self.fmt)
+            records = grade(
+                self.rows,
+                generate(model, self.tok, self.prompts, self.sampling, desc=f"held-out @{state.global_step}"),
+                self.fmt,
+            )
         model.train(was_training)
-        self.trainer._metrics["train"]["heldout/accuracy"].append(mean(float(r["samples"][0]["correct"]) for r in records))
+        self.trainer._metrics["train"]["heldout/accuracy"].append(
+            mean(float(r["samples"][0]["correct"]) for r in records)
+        )
 
 
 # Per-step curves kept for plots and the report: our name -> TRL's (or rung's) log key.
@@ -136,7 +176,9 @@ def select(rows: list[dict[str, Any]], stage: RLStageParams, key: str = "rl.stag
     """The stage's training prompts: all filtered rows, or those of its difficulty buckets."""
     chosen = rows if stage.buckets is None else [r for r in rows if r.get("bucket") in stage.buckets]
     if len(chosen) < stage.prompts_per_step:
-        raise InputError(f"{key}.buckets: {len(chosen)} prompts in {stage.buckets}, fewer than prompts_per_step={stage.prompts_per_step}")
+        raise InputError(
+            f"{key}.buckets: {len(chosen)} prompts in {stage.buckets}, fewer than prompts_per_step={stage.prompts_per_step}"
+        )
     return chosen
 
 
@@ -149,12 +191,30 @@ def trainer_for(job: RLJob, callbacks: list[Any] | None = None) -> GRPO | RLOO:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=placement.resolve(job.device, job.dtype)[1])
     funcs, weights = rewards.build(stage, job.format, f"{job.key}.rewards")
     cls = RLOO if stage.algorithm == "rloo" else GRPO
-    trainer = cls(model=model, reward_funcs=funcs, args=trl_config(stage, weights, job.seed, job.work_dir, job.dtype, job.key, job.device), train_dataset=prompts(rows, job.format),
-                  processing_class=tok, callbacks=[*job.trainer_callbacks(), *(callbacks or [])])
-    trainer.setup_curriculum(curricula.build(rows, stage.curriculum, buckets=job.buckets, max_steps=stage.max_steps, seed=job.seed), rows, stage.dynamic_sampling)
+    trainer = cls(
+        model=model,
+        reward_funcs=funcs,
+        args=trl_config(stage, weights, job.seed, job.work_dir, job.dtype, job.key, job.device),
+        train_dataset=prompts(rows, job.format),
+        processing_class=tok,
+        callbacks=[*job.trainer_callbacks(), *(callbacks or [])],
+    )
+    trainer.setup_curriculum(
+        curricula.build(rows, stage.curriculum, buckets=job.buckets, max_steps=stage.max_steps, seed=job.seed),
+        rows,
+        stage.dynamic_sampling,
+    )
     if stage.eval_every is not None and job.heldout is not None:
-        trainer.add_callback(HeldOut(trainer, files.read_jsonl(job.heldout), job.format, job.heldout_sampling, stage.eval_every,
-                                     models.load_tokenizer(model_dir)))
+        trainer.add_callback(
+            HeldOut(
+                trainer,
+                files.read_jsonl(job.heldout),
+                job.format,
+                job.heldout_sampling,
+                stage.eval_every,
+                models.load_tokenizer(model_dir),
+            )
+        )
     return trainer
 
 
@@ -165,11 +225,19 @@ def train(job: RLJob, callbacks: list[Any] | None = None) -> JobResult:
     funcs, tok = trainer.reward_funcs, trainer.processing_class
     fit(trainer, job.resume)
     curves = [
-        {"step": h["step"], **{name: float(h[key]) for name, key in CURVES.items() if key in h},
-         **{key: float(v) for key, v in h.items() if key.startswith(TRACKED_PREFIXES)}}
-        for h in trainer.state.log_history if "reward" in h
+        {
+            "step": h["step"],
+            **{name: float(h[key]) for name, key in CURVES.items() if key in h},
+            **{key: float(v) for key, v in h.items() if key.startswith(TRACKED_PREFIXES)},
+        }
+        for h in trainer.state.log_history
+        if "reward" in h
     ]
-    summary = {"train_loss": train_loss(trainer.state), "steps": float(trainer.state.global_step), "reward_errors": float(sum(f.errors for f in funcs))}
+    summary = {
+        "train_loss": train_loss(trainer.state),
+        "steps": float(trainer.state.global_step),
+        "reward_errors": float(sum(f.errors for f in funcs)),
+    }
     if curves:
         summary["reward_last"] = curves[-1]["reward"]
         summary["reward_generated_last"] = curves[-1].get("reward_generated", curves[-1]["reward"])

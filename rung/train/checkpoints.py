@@ -1,5 +1,6 @@
 """A training job's scratch directory: its checkpoints, which of them are complete, the fingerprint of
 the inputs they were written for (a resume from other inputs starts over), and its removal."""
+
 from __future__ import annotations
 
 import json
@@ -35,7 +36,9 @@ def complete_checkpoints(work_dir: Path, complete: tuple[str, ...] = ("trainer_s
     return sorted(found, key=lambda c: int(c.name.rsplit("-", 1)[1]))
 
 
-def resume_point(work_dir: Path, fingerprint: dict[str, Any], complete: tuple[str, ...] = ("trainer_state.json",)) -> str | None:
+def resume_point(
+    work_dir: Path, fingerprint: dict[str, Any], complete: tuple[str, ...] = ("trainer_state.json",)
+) -> str | None:
     """The last complete checkpoint in `work_dir` (complete_checkpoints) if it was written for the
     same inputs, else None.
 

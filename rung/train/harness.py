@@ -1,5 +1,6 @@
 """What rung's TRL trainers (SFT and RL) share around `trainer.train()`: the arguments, a fit that
 resumes, the loss over a resumed run, and the final model directory."""
+
 from __future__ import annotations
 
 import importlib.util

@@ -1,6 +1,7 @@
 """The job a training process runs, typed: one pydantic model per kind, written once as job.json
 (`model_dump_json`) and read once by the kind's entry point (`python -m rung.train.sft JOB.json`,
 `python -m rung.rl.trainers JOB.json`, started on every rank by rung.train.launch) or handed over in-process."""
+
 from __future__ import annotations
 
 import importlib

@@ -5,6 +5,7 @@ checkpoint, and publish the trained model at the stage's output directory.
 A distributed job is written once as job.json and read by its kind's entry point on every rank
 (`python -m rung.train.sft|rung.rl.trainers job.json`); rank 0 writes the result into the work directory.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -16,13 +17,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rung import models
-
-from rung import files
+from rung import files, models
 from rung.config import LaunchParams
 from rung.errors import InputError
-from rung.train.jobs import RESULT, JobResult, RLJob, TrainJob
 from rung.train.checkpoints import CURRICULUM_STATE, FINAL, discard, resume_point
+from rung.train.jobs import RESULT, JobResult, RLJob, TrainJob
 
 log = logging.getLogger(__name__)
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "accelerate"
@@ -32,7 +31,9 @@ def accelerate_config(name: str, key: str) -> Path:
     """configs/accelerate/<name>.yaml for a short name, else the path itself."""
     path = CONFIGS / f"{name}.yaml" if "/" not in name and not name.endswith((".yaml", ".yml")) else Path(name)
     if not path.is_file():
-        raise InputError(f"{key}.accelerate_config: {path} not found (short names: {sorted(p.stem for p in CONFIGS.glob('*.yaml'))})")
+        raise InputError(
+            f"{key}.accelerate_config: {path} not found (short names: {sorted(p.stem for p in CONFIGS.glob('*.yaml'))})"
+        )
     return path
 
 
@@ -56,11 +57,29 @@ def command(launch: LaunchParams, job_path: Path, entry: str, key: str) -> list[
         return None
     worker = ["-m", entry, str(job_path)]
     if launch.accelerate_config is not None:
-        return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(accelerate_config(launch.accelerate_config, key)),
-                "--num_processes", str(launch.num_processes), *worker]
+        return [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(accelerate_config(launch.accelerate_config, key)),
+            "--num_processes",
+            str(launch.num_processes),
+            *worker,
+        ]
     # torchrun, not `accelerate launch --cpu`, which starts a single process on CPU.
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(launch.num_processes),
-            "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), *worker]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(launch.num_processes),
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(_free_port()),
+        *worker,
+    ]
 
 
 def _free_port() -> int:
@@ -77,7 +96,9 @@ def train(job: TrainJob, launch: LaunchParams, out_dir: Path) -> dict[str, float
     check(launch, key)
     # An RL checkpoint is complete with the curriculum state (written before TRL's files) and TRL's trainer_state.json (written last).
     complete = ("trainer_state.json", CURRICULUM_STATE) if isinstance(job, RLJob) else ("trainer_state.json",)
-    resume = resume_point(job.work_dir, {**job.fingerprint(), "init": files.md5(job.init), "data": files.md5(job.data)}, complete)
+    resume = resume_point(
+        job.work_dir, {**job.fingerprint(), "init": files.md5(job.init), "data": files.md5(job.data)}, complete
+    )
     if resume:
         log.info("resuming from %s", resume)
     job = job.model_copy(update={"resume": resume})
@@ -102,7 +123,11 @@ def run(job: TrainJob, launch: LaunchParams) -> JobResult:
 
     # The ranks log into the stage's MLflow run: TRL's callback resumes MLFLOW_RUN_ID.
     active = mlflow.active_run()
-    env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow.get_tracking_uri(), **({"MLFLOW_RUN_ID": active.info.run_id} if active else {})}
+    env = {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": mlflow.get_tracking_uri(),
+        **({"MLFLOW_RUN_ID": active.info.run_id} if active else {}),
+    }
     if not torch.cuda.is_available():
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // launch.num_processes))
     done = subprocess.run(cmd, env=env, check=False)  # the exit code is turned into one error below

@@ -1,5 +1,6 @@
 """SFT warm-start with TRL's SFTTrainer: completion-only loss on chat-formatted traces, optional
 LoRA (peft) and packing."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -9,20 +10,19 @@ from peft import LoraConfig
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import SFTConfig, SFTTrainer
 
-from rung import placement
-
+from rung import files, placement
 from rung.answers import formats
-
-from rung import files
 from rung.config import FormatParams
-from rung.train.jobs import JobResult, SFTJob, main
 from rung.train.harness import common_args, finalize, fit, train_loss
+from rung.train.jobs import JobResult, SFTJob, main
 
 
 def examples(traces: list[dict[str, Any]], fmt: FormatParams) -> Dataset:
     """Prompt/completion pairs, conversations for a chat template or plain text (TRL appends EOS):
     TRL masks the prompt, so only the response is learned."""
-    return Dataset.from_list([{"prompt": formats.prompt(t["prompt"], fmt), "completion": _completion(t["target"], fmt)} for t in traces])
+    return Dataset.from_list(
+        [{"prompt": formats.prompt(t["prompt"], fmt), "completion": _completion(t["target"], fmt)} for t in traces]
+    )
 
 
 def _completion(target: str, fmt: FormatParams) -> list[dict[str, str]] | str:
@@ -49,13 +49,35 @@ def train(job: SFTJob) -> JobResult:
         packing=params.packing,
     )
     lora = params.lora
-    peft_config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules, task_type="CAUSAL_LM") if lora else None
-    trainer = SFTTrainer(model=model, args=config, train_dataset=examples(traces, job.format), processing_class=tok,
-                         peft_config=peft_config, callbacks=job.trainer_callbacks())
+    peft_config = (
+        LoraConfig(
+            r=lora.r,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=lora.target_modules,
+            task_type="CAUSAL_LM",
+        )
+        if lora
+        else None
+    )
+    trainer = SFTTrainer(
+        model=model,
+        args=config,
+        train_dataset=examples(traces, job.format),
+        processing_class=tok,
+        peft_config=peft_config,
+        callbacks=job.trainer_callbacks(),
+    )
     fit(trainer, job.resume)
     finalize(trainer, tok, job.work_dir)
-    return JobResult(metrics={"train_loss": train_loss(trainer.state), "steps": float(trainer.state.global_step), "examples": float(len(traces)),
-                              "truncated_fraction": truncated_fraction(traces, job.format, tok, params.max_length)})
+    return JobResult(
+        metrics={
+            "train_loss": train_loss(trainer.state),
+            "steps": float(trainer.state.global_step),
+            "examples": float(len(traces)),
+            "truncated_fraction": truncated_fraction(traces, job.format, tok, params.max_length),
+        }
+    )
 
 
 def truncated_fraction(traces: list[dict[str, Any]], fmt: FormatParams, tok: Any, max_length: int) -> float:
@@ -63,7 +85,8 @@ def truncated_fraction(traces: list[dict[str, Any]], fmt: FormatParams, tok: Any
     if not traces:
         return 0.0
     texts = [
-        f"{p}{t['target']}{tok.eos_token}" if isinstance(p := formats.prompt(t["prompt"], fmt), str)
+        f"{p}{t['target']}{tok.eos_token}"
+        if isinstance(p := formats.prompt(t["prompt"], fmt), str)
         else tok.apply_chat_template([*p, {"role": "assistant", "content": t["target"]}], tokenize=False)
         for t in traces
     ]
