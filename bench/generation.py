@@ -13,7 +13,8 @@ cores): compare the ratios of one run, not seconds across runs.
     python bench/generation.py                        # base model at data/models/base
     python bench/generation.py --model embedded --prompts 96
     python bench/generation.py --model data/models/rl --shapes eval   # a trained policy: short answers
-    python bench/generation.py --model data/models/sft --rows data/curated/test.jsonl --shapes eval   # the held-out split
+    # the held-out split:
+    python bench/generation.py --model data/models/sft --rows data/curated/test.jsonl --shapes eval
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import argparse
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -157,15 +159,16 @@ def main() -> None:
     for shape in args.shapes:
         sampling, n = SHAPES[shape]
         # peer first, then rung: a slower machine later in the run only penalizes rung
-        theirs, t_peer = timed(lambda: peer(model, tok, prompts, sampling, n=n))
-        ours, t_rung = timed(lambda: generate(model, tok, prompts, sampling, n=n, desc=shape))
+        theirs, t_peer = timed(partial(peer, model, tok, prompts, sampling, n=n))
+        ours, t_rung = timed(partial(generate, model, tok, prompts, sampling, n=n, desc=shape))
         mean_len = tokens(ours) / (len(prompts) * n)
         flops = flops_per_token(model, prompt_tokens + mean_len / 2)
         rates = {}
         for name, outs, secs in (("model.generate", theirs, t_peer), ("rung", ours, t_rung)):
             rates[name] = tokens(outs) / secs
             print(
-                f"{shape:12}{name:18}{tokens(outs):>8}{secs:>9.1f}{rates[name]:>10.1f}{flops * rates[name] / 1e9 / peak:>10.1%}"
+                f"{shape:12}{name:18}{tokens(outs):>8}{secs:>9.1f}{rates[name]:>10.1f}"
+                f"{flops * rates[name] / 1e9 / peak:>10.1%}"
             )
         print(
             f"{shape:12}speed-up {rates['rung'] / rates['model.generate']:.2f}x   "
@@ -173,7 +176,7 @@ def main() -> None:
             f"peer {tokens(theirs) / (len(prompts) * n):.1f})"
         )
         if sampling.temperature == 0:
-            same = sum(a == b for a, b in zip(ours, theirs))
+            same = sum(a == b for a, b in zip(ours, theirs, strict=True))
             print(
                 f"{shape:12}greedy completions identical to model.generate: {'yes' if same == len(prompts) else 'no'} "
                 f"({same}/{len(prompts)})"

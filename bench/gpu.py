@@ -29,6 +29,8 @@ import json
 import resource
 import tempfile
 import time
+from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -162,28 +164,7 @@ def bench_generation(
         ids = tok(prompts, add_special_tokens=False)["input_ids"]
         sampling = SamplingParams(temperature=0.0 if n == 1 else 1.0, max_new_tokens=new)
         rows = batch_rows(model, sampling, max(map(len, ids)))
-        contenders = {
-            "rung (compiled static cache)" if model.device.type == "cuda" or smoke else "rung": lambda: [
-                t
-                for r in generate_ids(
-                    model,
-                    ids,
-                    sampling,
-                    [eos],
-                    n,
-                    seed=0,
-                    desc=None,
-                    engine="compiled" if smoke else "auto",
-                    compile_config=compile_config,
-                )
-                for t, _ in r
-            ],
-            "rung loop": lambda: [
-                t for r in generate_ids(model, ids, sampling, [eos], n, seed=0, desc=None, engine="loop") for t, _ in r
-            ],
-            "generate, dynamic cache": lambda: peer(model, ids, sampling, n, rows, eos, False, None),
-            "generate, static cache compiled": lambda: peer(model, ids, sampling, n, rows, eos, True, compile_config),
-        }
+        contenders = _contenders(model, ids, sampling, n, rows, eos, smoke, compile_config)
         seen: dict[str, list[list[int]]] = {}
         for name, fn in contenders.items():
             _, first = _timed(fn)
@@ -207,8 +188,43 @@ def bench_generation(
         if n == 1:  # greedy: rows identical to dynamic-cache generate (cut at the first end token)
             ref = [_cut(t, eos) for t in seen["generate, dynamic cache"]]
             for r in results[-len(contenders) :]:
-                r["greedy_identical"] = sum(_cut(a, eos) == b for a, b in zip(seen[r["contender"]], ref))
+                r["greedy_identical"] = sum(_cut(a, eos) == b for a, b in zip(seen[r["contender"]], ref, strict=True))
     return results
+
+
+def _contenders(
+    model: PreTrainedModel,
+    ids: list[list[int]],
+    sampling: SamplingParams,
+    n: int,
+    rows: int,
+    eos: int,
+    smoke: bool,
+    compile_config: CompileConfig | None,
+) -> dict[str, Callable[[], list[list[int]]]]:
+    """The generators timed on one shape, by name (each returns the generated token ids per sample)."""
+    return {
+        "rung (compiled static cache)" if model.device.type == "cuda" or smoke else "rung": lambda: [
+            t
+            for r in generate_ids(
+                model,
+                ids,
+                sampling,
+                [eos],
+                n,
+                seed=0,
+                desc=None,
+                engine="compiled" if smoke else "auto",
+                compile_config=compile_config,
+            )
+            for t, _ in r
+        ],
+        "rung loop": lambda: [
+            t for r in generate_ids(model, ids, sampling, [eos], n, seed=0, desc=None, engine="loop") for t, _ in r
+        ],
+        "generate, dynamic cache": lambda: peer(model, ids, sampling, n, rows, eos, False, None),
+        "generate, static cache compiled": lambda: peer(model, ids, sampling, n, rows, eos, True, compile_config),
+    }
 
 
 def _cut(tokens: list[int], eos: int) -> list[int]:
@@ -263,7 +279,7 @@ def bench_rl(model: PreTrainedModel, tok: Any, dtype: str, shape: tuple[int, int
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     result = run("rung", trainer)
-    result["step_seconds"] = [b - a for a, b in zip([t0, *clock.ends], clock.ends)]
+    result["step_seconds"] = [b - a for a, b in pairwise([t0, *clock.ends])]
     result["peak_gib"] = (
         torch.cuda.max_memory_allocated()
         if torch.cuda.is_available()
@@ -289,17 +305,20 @@ def main() -> None:
     device, dtype = placement.resolve("cpu" if args.smoke else args.device, args.dtype)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(
-        f"{name}, {dtype}, torch {torch.__version__}, {'tiny model (smoke)' if args.smoke else 'SmolLM2-135M architecture, random weights'}"
+        f"{name}, {dtype}, torch {torch.__version__}, "
+        f"{'tiny model (smoke)' if args.smoke else 'SmolLM2-135M architecture, random weights'}"
     )
     model, tok = random_model(device, dtype, args.smoke)
     gen = bench_generation(model, tok, SMOKE_SHAPES if args.smoke else SHAPES, args.smoke)
     print(
-        "\n| shape | rows/batch | contender | tokens/s | compile + warm-up s | greedy identical |\n|---|---|---|---|---|---|"
+        "\n| shape | rows/batch | contender | tokens/s | compile + warm-up s | greedy identical |"
+        "\n|---|---|---|---|---|---|"
     )
     for r in gen:
         same = f"{r['greedy_identical']}/{r['prompts']}" if "greedy_identical" in r else ""
         print(
-            f"| {r['shape']} {r['prompts']}x{r['samples']}x{r['new_tokens']} | {r['rows_per_batch']} | {r['contender']} | "
+            f"| {r['shape']} {r['prompts']}x{r['samples']}x{r['new_tokens']} | {r['rows_per_batch']} | "
+            f"{r['contender']} | "
             f"{r['tokens_per_s']:,.0f} | {r['compile_s']:.1f} | {same} |"
         )
     rl_result = bench_rl(
@@ -309,7 +328,8 @@ def main() -> None:
     print(
         f"\nRL, dapo, {rl_result['shape']['prompts']} prompts x {rl_result['shape']['generations']} generations x "
         f"{rl_result['shape']['new_tokens']} tokens: {len(steps)} steps, first {steps[0]:.1f} s, then "
-        f"{sum(steps[1:]) / max(1, len(steps) - 1):.1f} s a step; {rl_result['tokens']} tokens generated; peak {rl_result['peak_gib']:.1f} GiB"
+        f"{sum(steps[1:]) / max(1, len(steps) - 1):.1f} s a step; {rl_result['tokens']} tokens generated; "
+        f"peak {rl_result['peak_gib']:.1f} GiB"
     )
     print("| phase | seconds (all steps) | share |\n|---|---|---|")
     for p in PHASES:

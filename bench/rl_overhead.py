@@ -17,7 +17,8 @@ compare the ratio of one run, not seconds across runs.
 
     python bench/rl_overhead.py                     # after `make demo`: data/models/sft, params.yaml
     python bench/rl_overhead.py --steps 10 --out bench/results/rl_overhead.json
-    python bench/rl_overhead.py --as-configured       # rung alone, the stage as params.yaml has it (curriculum, dynamic sampling)
+    # rung alone, the stage as params.yaml has it (curriculum, dynamic sampling):
+    python bench/rl_overhead.py --as-configured
 """
 
 from __future__ import annotations
@@ -88,7 +89,8 @@ def main() -> None:
     ]
 
     print(
-        f"{len(rows)} prompts, {stage.max_steps} steps x {stage.prompts_per_step} prompts x {stage.num_generations} samples, "
+        f"{len(rows)} prompts, {stage.max_steps} steps x {stage.prompts_per_step} prompts x "
+        f"{stage.num_generations} samples, "
         f"{stage.max_completion_length} new tokens at most, {torch.get_num_threads()} threads, fp32"
     )
     print(
@@ -98,7 +100,8 @@ def main() -> None:
     for r in results:
         shares = "  ".join(f"{r['phases'][p]:>8.1f}s {r['phases'][p] / r['seconds']:>5.0%}" for p in PHASES)
         print(
-            f"{r['contender']:18}{r['seconds']:>9.1f}{r['tokens']:>8}{r['ms_per_token']:>10.1f}{r['mean_reward']:>8.3f}  {shares}"
+            f"{r['contender']:18}{r['seconds']:>9.1f}{r['tokens']:>8}{r['ms_per_token']:>10.1f}"
+            f"{r['mean_reward']:>8.3f}  {shares}"
         )
     if args.as_configured:
         print(

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from itertools import pairwise
 from pathlib import Path
 
 import yaml
@@ -148,7 +149,7 @@ def stage_times(ws: Path, stage: str, stage_env: dict[str, str]) -> dict[str, fl
     marks = json.loads(marks_file.read_text())
     order = ["start", "imports", "preflight", "flow run", "mlflow run", "work", "exit handlers"]
     phases = {"interpreter": marks["start"] - started}
-    phases.update({b: marks[b] - marks[a] for a, b in zip(order, order[1:])})
+    phases.update({b: marks[b] - marks[a] for a, b in pairwise(order)})
     phases["shutdown"] = ended - marks["exit handlers"]
     phases["to first work"] = marks["mlflow run"] - started
     phases["total"] = ended - started

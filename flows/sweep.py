@@ -43,7 +43,7 @@ def load_grid(text: str) -> dict[str, list[Any]]:
 
 def points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
     """The cartesian product of the grid, first key varying slowest."""
-    return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
+    return [dict(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())]
 
 
 def check(todo: dict[str, dict[str, Any]], params_file: str | Path = paths.PARAMS) -> dict[str, config.Params]:

@@ -48,5 +48,6 @@ def check(installed: dict[str, str] | None = None) -> None:
         if version != minor and not version.startswith(f"{minor}."):
             methods = ", ".join(f"GRPOTrainer.{m}" for m in OVERRIDDEN)
             raise InputError(
-                f"{name} {version} is outside the tested {minor}.x: rung overrides {methods}; install {name}=={minor}.* (pyproject.toml)"
+                f"{name} {version} is outside the tested {minor}.x: rung overrides {methods}; "
+                f"install {name}=={minor}.* (pyproject.toml)"
             )

@@ -78,7 +78,8 @@ def _chat_template(source: str, key: str) -> None:
     found = _has_chat_template(source)
     if found is False:
         raise InputError(
-            f"format.template: chat, but {key} {source!r} has no chat template (use template: plain with a plain_template)"
+            f"format.template: chat, but {key} {source!r} has no chat template "
+            "(use template: plain with a plain_template)"
         )
 
 
@@ -155,5 +156,6 @@ def _reward(path: str, factory: bool, key: str) -> None:
     names = {p.name for p in params}
     if not takes_kwargs and not names & {"completions", "completion_ids", "prompts"}:
         raise InputError(
-            f"{key}.import: {path!r} must accept completions (TRL calls reward(prompts=, completions=, completion_ids=, **columns))"
+            f"{key}.import: {path!r} must accept completions "
+            "(TRL calls reward(prompts=, completions=, completion_ids=, **columns))"
         )

@@ -60,7 +60,8 @@ def test_default_params_are_valid(default_params):
         (
             ("rl", "stages", "main", "curriculum"),
             {"type": "staged", "phases": [{"buckets": ["easy"]}, {"buckets": ["hard"]}]},
-            "params.yaml: rl.stages.main.curriculum.staged.phases: every phase but the last needs an increasing until_step",
+            "params.yaml: rl.stages.main.curriculum.staged.phases: "
+            "every phase but the last needs an increasing until_step",
         ),
         (
             ("rl", "stages", "main", "rewards"),
@@ -150,7 +151,8 @@ def test_bandit_step_size_and_its_deprecated_name(default_params, caplog):
     assert params.rl.stages["main"].curriculum.step_size == 0.25
     assert params.rl.stages["main"].learning_rate == 3e-6  # the optimizer's rate is untouched
     assert warned == [
-        "params.yaml: rl.stages.main.curriculum.learning_rate: deprecated, renamed step_size; read as step_size (rename it)"
+        "params.yaml: rl.stages.main.curriculum.learning_rate: deprecated, renamed step_size; "
+        "read as step_size (rename it)"
     ]
     stage["curriculum"] = {"type": "bandit", "learning_rate": 0.25, "step_size": 0.5}
     assert (

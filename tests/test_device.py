@@ -98,7 +98,8 @@ def _run_without_absent(code: str, timeout: int = 600) -> subprocess.CompletedPr
 
 def test_generation_rollouts_verifier_and_trainers_import_without_reasoning_gym():
     done = _run_without_absent(
-        "from rung.generate import api\nfrom rung.rl import rollouts, trainers\nfrom rung.train import sft\nfrom rung.answers import verify\n"
+        "from rung.generate import api\nfrom rung.rl import rollouts, trainers\n"
+        "from rung.train import sft\nfrom rung.answers import verify\n"
         "row = {'task': 'math', 'answer': '7', 'prompt': 'What is 3 + 4?', 'meta': {}}\n"
         "assert verify.is_correct('\\\\boxed{7}', row) and not verify.is_correct('8', row)\n"
     )

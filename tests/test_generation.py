@@ -121,7 +121,7 @@ def test_top_p_keeps_the_nucleus(loaded):
     prompts = render(tok, [[{"role": "user", "content": r["prompt"]}] for r in ROWS])
     greedy = generate(model, tok, prompts, SamplingParams(temperature=0, max_new_tokens=6))
     nucleus = generate(model, tok, prompts, SamplingParams(temperature=1.0, top_p=1e-6, max_new_tokens=6), n=2, seed=3)
-    assert all(s == g[0] for g, x in zip(greedy, nucleus) for s in x)  # only the top token survives
+    assert all(s == g[0] for g, x in zip(greedy, nucleus, strict=True) for s in x)  # only the top token survives
 
 
 def test_greedy_with_several_samples_is_refused(loaded):

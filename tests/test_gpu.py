@@ -91,7 +91,9 @@ def test_bf16_compiled_agrees_with_dynamic_cache_generate(small_model):
         seqs = model.generate(**enc, do_sample=False, max_new_tokens=16, pad_token_id=tok.pad_token_id)
     eos = tok.eos_token_id
     theirs = [ids[: ids.index(eos)] if eos in ids else ids for ids in seqs[:, enc["input_ids"].shape[1] :].tolist()]
-    agree = sum(c[0].text == tok.decode(t, skip_special_tokens=True) for c, t in zip(ours, theirs)) / len(prompts)
+    agree = sum(c[0].text == tok.decode(t, skip_special_tokens=True) for c, t in zip(ours, theirs, strict=True)) / len(
+        prompts
+    )
     print(f"bf16 greedy agreement, compiled vs dynamic-cache generate: {agree:.0%}")
     assert agree >= 0.75
 

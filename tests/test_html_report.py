@@ -115,7 +115,8 @@ def test_render_is_byte_identical(page, tmp_path):
     # a fresh interpreter too: SVG ids come from the fixed hash salt, not from per-process state
     out = tmp_path / "sub" / "report.html"
     code = (
-        "import sys; from rung.report import htmlpage; from tests.test_html_report import EVALS, CURVES, TITLE, SETTINGS; "
+        "import sys; from rung.report import htmlpage; "
+        "from tests.test_html_report import EVALS, CURVES, TITLE, SETTINGS; "
         "htmlpage.write(sys.argv[1], EVALS, CURVES, title=TITLE, settings=SETTINGS)"
     )
     subprocess.run([sys.executable, "-c", code, str(out)], check=True, cwd=Path(__file__).resolve().parents[1])

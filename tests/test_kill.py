@@ -217,9 +217,10 @@ def _kill_and_rerun(stage: Stage, rng: random.Random, steps: int, save_steps: in
         if kind == "startup":  # a random moment of start-up (imports excepted) or of the first steps
             # (the unkilled run's start-up also created the MLflow store: a rerun's took about a quarter)
             delay = rng.uniform(0, seen[first] / 4)
-            until = lambda t, d=delay, nxt=stage.work / f"checkpoint-{r + save_steps}": (
-                time.time() - t >= d or _new(nxt, t)
-            )  # noqa: E731
+
+            def until(t, d=delay, nxt=stage.work / f"checkpoint-{r + save_steps}"):
+                return time.time() - t >= d or _new(nxt, t)
+
         elif kind == "final" or target >= steps:  # the final save, the publishing or the clean-up
             kind, target = "final", steps
             until = lambda t, r=r: _new(stage.work / FINAL, t) or (r < steps and steps in stage.steps())  # noqa: E731

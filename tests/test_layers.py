@@ -81,7 +81,7 @@ def test_the_code_overriding_private_trainer_methods_lives_where_compat_says():
     from rung import compat
 
     overriding = {}
-    for name, path in imports.modules().items():
+    for _, path in imports.modules().items():
         text = path.read_text()
         for method in compat.OVERRIDDEN:
             if f"def {method}(" in text:

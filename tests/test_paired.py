@@ -82,7 +82,8 @@ def test_prompts_needed_for_80_percent_power():
     # The default run's flips (README): 12 wrong -> right, 5 right -> wrong on 95 prompts, p = 0.14.
     n = paired.mcnemar_prompts_needed(5, 12, 95)
     assert n == 257 == paired.mcnemar_prompts_needed(12, 5, 95)  # the direction does not matter
-    # Connor's formula is a normal approximation; the exact test's power there is close to 80%, and far below at half the size.
+    # Connor's formula is a normal approximation; the exact test's power there is close to 80%, and far below
+    # at half the size.
     assert 0.75 < _exact_power(5, 12, 95, n) < 0.85 and _exact_power(5, 12, 95, n // 2) < 0.5
     assert paired.mcnemar_prompts_needed(5, 12, 95, power=0.9) > n > paired.mcnemar_prompts_needed(5, 20, 95)
     assert paired.mcnemar_prompts_needed(4, 4, 95) is None and paired.mcnemar_prompts_needed(0, 0, 95) is None
@@ -137,7 +138,8 @@ def test_records_pair_by_id_and_refuse_different_prompts():
     assert (g.right_to_wrong, g.wrong_to_right, g.both_right, g.both_wrong) == (0, 1, 1, 1)
     with pytest.raises(
         InputError,
-        match=r"^sft vs base on test: the two checkpoints were evaluated on different prompts \(1 ids only in the first, 1 only in the second, e.g. 'c'\)",
+        match=r"^sft vs base on test: the two checkpoints were evaluated on different prompts "
+        r"\(1 ids only in the first, 1 only in the second, e.g. 'c'\)",
     ):
         paired.greedy_test(old, _greedy([True, True, True], ids=["a", "b", "d"]), 0.95, 200, 0, "sft vs base on test")
     with pytest.raises(InputError, match="duplicate prompt ids"):
@@ -233,8 +235,8 @@ def test_report_writes_the_comparisons_in_words(evaluated):
     p = f"{test.mcnemar_p:.2f}"
     signed = lambda v: f"{100 * v:+.1f}".replace("-", "−")  # noqa: E731
     assert (
-        f"| 60 | {100 * test.accuracy_old:.1f}% → {100 * test.accuracy_new:.1f}% | +11.7 [{signed(test.ci_low)}, {signed(test.ci_high)}] |"
-        in row
+        f"| 60 | {100 * test.accuracy_old:.1f}% → {100 * test.accuracy_new:.1f}% | "
+        f"+11.7 [{signed(test.ci_low)}, {signed(test.ci_high)}] |" in row
     )
     assert row.endswith(f"| 5 | 12 | {p} | not significant at 0.05 (needs about 162 prompts at this effect) |")
     assert "| rl/main vs sft | test | 10 | pass@3 |" in text

@@ -279,8 +279,8 @@ def test_bad_params_fail_fast_and_keep_outputs(workspace):
         res = run(*cmd)
         assert res.returncode == 2, cmd
         assert (
-            res.stderr.strip().splitlines()[-1]
-            == "error: params.yaml: rl.stages.main.learning_rate: Input should be a valid number, unable to parse string as a number"
+            res.stderr.strip().splitlines()[-1] == "error: params.yaml: rl.stages.main.learning_rate: "
+            "Input should be a valid number, unable to parse string as a number"
         )
     assert (ws / "data/reports/report.md").read_text() == report
 

@@ -74,7 +74,8 @@ CASES = {
     ),
     "reward without completions": (
         [("rl.stages.main.rewards", {"mine": {"import": "tests.test_preflight:_reward_not_taking_completions"}})],
-        "error: rl.stages.main.rewards.mine.import: 'tests.test_preflight:_reward_not_taking_completions' must accept completions",
+        "error: rl.stages.main.rewards.mine.import: "
+        "'tests.test_preflight:_reward_not_taking_completions' must accept completions",
     ),
     "answer_pattern that does not compile": (
         [("eval.sets", [{"type": "file", "name": "bench", "path": "bench.jsonl", "answer_pattern": "(\\d+"}])],

@@ -46,7 +46,7 @@ def test_eval_metrics_files_round_trip(path):
 
 def _greedy(correct, ids=None):
     ids = ids or [str(i) for i in range(len(correct))]
-    return [{"id": i, "samples": [{"correct": bool(c)}]} for i, c in zip(ids, correct)]
+    return [{"id": i, "samples": [{"correct": bool(c)}]} for i, c in zip(ids, correct, strict=True)]
 
 
 def _sampled(counts, n):

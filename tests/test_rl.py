@@ -212,7 +212,7 @@ def test_rollouts_take_rungs_generation_seeded_by_step(tiny_model, tmp_path):
         runs.append((decided, [p.detach().clone() for p in trainer.model.parameters()]))
     (rung_a, weights_a), (rung_b, weights_b), (rung_k, _) = runs
     assert rung_a == rung_b == [True, True] and rung_k == [False, False]
-    assert all(torch.equal(x, y) for x, y in zip(weights_a, weights_b))
+    assert all(torch.equal(x, y) for x, y in zip(weights_a, weights_b, strict=True))
 
 
 def _rollout_batch(tok, prompts: list[str], lengths: list[int]):
@@ -222,7 +222,7 @@ def _rollout_batch(tok, prompts: list[str], lengths: list[int]):
     torch.manual_seed(0)
     completions = [torch.randint(0, tok.vocab_size, (n,)).tolist() for n in lengths]
     rows, masks = [], []
-    for p, c in zip(ids, completions):
+    for p, c in zip(ids, completions, strict=True):
         pad_l, pad_r = width - len(p), max(lengths) - len(c)
         rows.append([0] * pad_l + p + c + [0] * pad_r)
         masks.append([0] * pad_l + [1] * (len(p) + len(c)) + [0] * pad_r)
@@ -236,7 +236,7 @@ def test_shared_prefix_log_probs_equal_each_row_alone_with_their_gradients(tiny_
     tok, model = trainer.processing_class, trainer.model
     prompts = render(tok, [formats.prompt(r["prompt"] + " Explain." * (i % 3), FMT) for i, r in enumerate(ROWS[:4])])
     input_ids, mask, keep = _rollout_batch(tok, prompts, [5, 3, 5, 2])
-    assert len(shared_prefix([r[m.bool()].tolist() for r, m in zip(input_ids, mask)])) >= 8
+    assert len(shared_prefix([r[m.bool()].tolist() for r, m in zip(input_ids, mask, strict=True)])) >= 8
 
     def grads(loss):
         model.zero_grad()

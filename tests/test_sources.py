@@ -145,7 +145,8 @@ def test_empty_sources(tmp_path):
     blank = write(tmp_path / "blank.jsonl", [{"q": " ", "a": 1, "why": None}, {"q": "x", "a": None, "why": None}])
     with pytest.raises(
         InputError,
-        match=r"^curate.sources.ext.columns: no usable rows in .*\(2 read: 0 not matching where, 2 with an empty prompt or answer\)$",
+        match=r"^curate.sources.ext.columns: no usable rows in .*"
+        r"\(2 read: 0 not matching where, 2 with an empty prompt or answer\)$",
     ):
         load(file_source(blank), seed=0)
     with pytest.raises(

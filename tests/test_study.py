@@ -1,6 +1,7 @@
 """Seed studies: the definition and the aggregation over seeds (rung/report/study.py), the paired
-tests between arms (rung.eval.paired.arms_test), the page (rung/report/studypage.py), and `rung study` end to end: two arms x two seeds of the tiny model as DVC
-experiments in a temporary git + DVC repo, against a Prefect server on loopback."""
+tests between arms (rung.eval.paired.arms_test), the page (rung/report/studypage.py), and `rung study`
+end to end: two arms x two seeds of the tiny model as DVC experiments in a temporary git + DVC repo,
+against a Prefect server on loopback."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from tests.workspace import make_workspace
 
 def _records(correct: list[bool], ids: list[str] | None = None) -> list[dict]:
     ids = ids or [f"p{i}" for i in range(len(correct))]
-    return [{"id": i, "samples": [{"correct": c}]} for i, c in zip(ids, correct)]
+    return [{"id": i, "samples": [{"correct": c}]} for i, c in zip(ids, correct, strict=True)]
 
 
 def _write(tmp_path, text: str):
@@ -228,7 +229,8 @@ def test_rung_study_runs_two_arms_by_two_seeds(tiny_model, prefect_server, tmp_p
     (tmp / "bad.yaml").write_text(STUDY.replace("{type: pools}", "{type: pools}, rl.stages.main.learning_rate: -1"))
     res = run("rung", "study", str(tmp / "bad.yaml"))
     assert res.returncode == 2 and res.stderr.strip().splitlines() == [
-        "error: params.yaml with tiny-pools-1 {'rl.stages.main.curriculum.type': 'pools', 'rl.stages.main.learning_rate': -1, "
+        "error: params.yaml with tiny-pools-1 {'rl.stages.main.curriculum.type': 'pools', "
+        "'rl.stages.main.learning_rate': -1, "
         "'rl.stages.main.seed': 1}: rl.stages.main.learning_rate: Input should be greater than 0"
     ], res.stderr[-2000:]
     assert json.loads(run("dvc", "exp", "show", "--json").stdout)[0].get("experiments") is None  # nothing queued

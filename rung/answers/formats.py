@@ -140,7 +140,8 @@ class Tags(Style):
     description = "<think> ... </think> <answer> ... </answer>"
     instruction = (
         "A conversation between User and Assistant. The user asks a question, and the Assistant solves it. "
-        "The assistant first thinks about the reasoning process in the mind and then provides the user with the answer. "
+        "The assistant first thinks about the reasoning process in the mind and then provides the user "
+        "with the answer. "
         "The reasoning process and answer are enclosed within <think> </think> and <answer> </answer> tags, "
         "respectively, i.e., <think> reasoning process here </think> <answer> answer here </answer>"
     )

@@ -137,7 +137,8 @@ class Params(Section):
                 used |= {b for p in stage.curriculum.phases for b in p.buckets}
             if used - known:
                 raise ValueError(
-                    f"rl.stages.{name}: unknown difficulty buckets {sorted(used - known)} (difficulty.buckets has {sorted(known)})"
+                    f"rl.stages.{name}: unknown difficulty buckets {sorted(used - known)} "
+                    f"(difficulty.buckets has {sorted(known)})"
                 )
         return self
 
@@ -202,7 +203,8 @@ def with_overrides(data: dict[str, Any], sets: dict[str, Any]) -> dict[str, Any]
                     node = node.setdefault(p, {})
             else:
                 raise ConfigError(
-                    f"{key}: no key {p!r} here ({'list index out of range' if isinstance(node, list) else 'not a mapping'})"
+                    f"{key}: no key {p!r} here "
+                    f"({'list index out of range' if isinstance(node, list) else 'not a mapping'})"
                 )
     return data
 

@@ -272,7 +272,8 @@ class RLStageParams(Section):
             raise ValueError("dynamic_sampling: supported with algorithm grpo only")
         if self.prompts_per_step % self.launch.num_processes:
             raise ValueError(
-                f"prompts_per_step: {self.prompts_per_step} is not divisible by launch.num_processes {self.launch.num_processes}"
+                f"prompts_per_step: {self.prompts_per_step} is not divisible by "
+                f"launch.num_processes {self.launch.num_processes}"
             )
         for name, reward in self.rewards.items():
             if reward.import_path is None and name not in BUILTIN_REWARDS:

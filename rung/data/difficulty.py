@@ -85,7 +85,8 @@ def run(
     kept = keep(scores, params)
     if not kept:
         raise InputError(
-            f"difficulty: no prompt has a pass rate in [{params.pass_rate_min}, {params.pass_rate_max}]; widen the window"
+            f"difficulty: no prompt has a pass rate in [{params.pass_rate_min}, {params.pass_rate_max}]; "
+            "widen the window"
         )
     files.write_jsonl(paths.SCORES, scores)
     by_id = {s["id"]: {"pass_rate": s["pass_rate"], "bucket": s["bucket"]} for s in scores}

@@ -172,7 +172,7 @@ def near_duplicates(
         # bulk() draws the seeded permutations once for the whole group.
         hashes = MinHash.bulk([[s.encode() for s in sorted(sets[i])] for i in members], num_perm=num_perm, seed=seed)
         lsh = MinHashLSH(threshold=threshold, num_perm=num_perm, weights=_LSH_WEIGHTS)
-        for i, mh in zip(members, hashes):  # members are in row order: the first occurrence wins
+        for i, mh in zip(members, hashes, strict=True):  # members are in row order: the first occurrence wins
             drop[i] = any(jaccard(sets[i], sets[j]) >= threshold for j in lsh.query(mh))
             if not drop[i]:
                 lsh.insert(i, mh)

@@ -253,7 +253,8 @@ def _to_rows(
     if not rows:
         why = f"{unmatched} not matching where, {empty} with an empty prompt or answer"
         raise InputError(
-            f"{_key(src, 'where' if unmatched == len(records) else 'columns')}: no usable rows in {origin} ({len(records)} read: {why})"
+            f"{_key(src, 'where' if unmatched == len(records) else 'columns')}: "
+            f"no usable rows in {origin} ({len(records)} read: {why})"
         )
     usable = len(rows)
     if src.size is not None and src.size < usable:

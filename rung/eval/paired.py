@@ -244,7 +244,7 @@ def arms_test(
     p = float(binomtest(up, up + down, 0.5).pvalue) if up + down else 1.0
     acc_old = [mean(a[s].values()) for s in seeds]
     acc_new = [mean(b[s].values()) for s in seeds]
-    diffs = [n - o for n, o in zip(acc_new, acc_old)]
+    diffs = [n - o for n, o in zip(acc_new, acc_old, strict=True)]
     # the t-test needs differences that vary (scipy gives nan, with a warning, for identical ones)
     t_p = float(ttest_rel(acc_new, acc_old).pvalue) if len(set(diffs)) > 1 else None
     alpha = level(confidence)
@@ -262,7 +262,7 @@ def arms_test(
         units_better=up,
         units_worse=down,
         sign_test_p=p,
-        per_seed_difference={str(s): d for s, d in zip(seeds, diffs)},
+        per_seed_difference={str(s): d for s, d in zip(seeds, diffs, strict=True)},
         seed_t_test_p=t_p,
         significant=significant,
         verdict=verdict(significant, alpha),

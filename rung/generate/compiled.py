@@ -100,7 +100,8 @@ def decode(
         out = model.generate(
             input_ids=input_ids, attention_mask=mask, generation_config=config, logits_processor=processors
         )
-        for (i, j), tokens in zip(chunk, out[:, width:].tolist()):
+        # strict=False: out also has the filler rows of `padded`, past the end of `chunk`
+        for (i, j), tokens in zip(chunk, out[:, width:].tolist(), strict=False):
             end = next((t for t, x in enumerate(tokens) if x in eos), None)
             kept = tokens if end is None else tokens[: end + 1]
             yield Row(i, j, None, kept[: sampling.max_new_tokens], truncated=end is None)

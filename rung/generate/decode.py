@@ -243,7 +243,7 @@ def _advance(batch: _Batch, logits: torch.Tensor, sampling: SamplingParams, eos:
     u = None if sampling.temperature == 0 else torch.stack([row.draws[len(row.tokens)] for row in batch.rows])  # type: ignore[index]
     batch.last = pick(logits, u, sampling)
     keep = []
-    for r, (row, t) in enumerate(zip(batch.rows, batch.last.tolist())):
+    for r, (row, t) in enumerate(zip(batch.rows, batch.last.tolist(), strict=True)):
         row.tokens.append(t)
         row.truncated = t not in eos and len(row.tokens) == sampling.max_new_tokens
         if t in eos or row.truncated:

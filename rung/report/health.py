@@ -16,13 +16,15 @@ def warnings(stage: str, metrics: dict[str, Any]) -> list[str]:
     out = []
     if stage == "sft" and metrics.get("truncated_fraction", 0) > SFT_TRUNCATED:
         out.append(
-            f"sft: {metrics['truncated_fraction']:.0%} of SFT examples are longer than sft.max_length and were truncated"
+            f"sft: {metrics['truncated_fraction']:.0%} of SFT examples are longer than sft.max_length "
+            "and were truncated"
         )
     if stage == "difficulty":
         for side in ("solved", "unsolved"):
             if metrics.get(f"{side}_fraction", 0) >= DIFFICULTY_ONE_SIDED:
                 out.append(
-                    f"difficulty: {metrics[f'{side}_fraction']:.0%} of prompts are {side} by every rollout: little for RL to learn from"
+                    f"difficulty: {metrics[f'{side}_fraction']:.0%} of prompts are {side} by every rollout: "
+                    "little for RL to learn from"
                 )
     if fnmatch.fnmatch(stage, "rl-*") and metrics.get("frac_reward_zero_std", 0) > RL_ZERO_VARIANCE:
         out.append(

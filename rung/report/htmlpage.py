@@ -175,7 +175,7 @@ def _pass_at_k_plot(evals: Mapping[str, Mapping[str, Any]], colors: Mapping[str,
     fig = Figure(figsize=_FIGSIZE, layout="constrained")
     ax = fig.add_subplot()
     for name, points in curves.items():
-        ks, values = zip(*points)
+        ks, values = zip(*points, strict=True)
         ax.plot(ks, [100 * v for v in values], marker="o", color=colors[name], label=_mpl_text(name))
     ks = sorted({k for points in curves.values() for k, _ in points})
     ax.set_xscale("log", base=2)  # k is usually 1, 2, 4, ...: evenly spaced on a log2 axis
@@ -261,7 +261,7 @@ def band_plot(curves: Mapping[str, Sequence[tuple[float, ...]]], xlabel: str, yl
     fig = Figure(figsize=_FIGSIZE, layout="constrained")
     ax = fig.add_subplot()
     for i, (name, points) in enumerate(curves.items()):
-        x, mid, *band = zip(*points)
+        x, mid, *band = zip(*points, strict=True)
         ax.plot(
             x, mid, marker="o" if len(points) <= 40 else None, markersize=4, color=f"C{i % 10}", label=_mpl_text(name)
         )
@@ -343,7 +343,8 @@ def render(
             (
                 "plot-reward",
                 lambda: band_plot(reward_curves or {}, "training step", "mean reward"),
-                "Mean reward per logged training step of each RL stage: of the groups trained on, and, with dynamic sampling, "
+                "Mean reward per logged training step of each RL stage: of the groups trained on, "
+                "and, with dynamic sampling, "
                 "of all generated groups (zero-variance groups included).",
             ),
         ]

@@ -23,12 +23,22 @@ def rl_summary(stage: Any, metrics: Mapping[str, float]) -> dict[str, str]:
     ds = stage.dynamic_sampling
     return {
         "init": stage.init,
-        "recipe": f"{stage.algorithm}, {stage.preset or 'custom'}: {stage.loss_type} loss, clip {stage.epsilon}/{stage.epsilon_high or stage.epsilon}, beta {stage.beta}",
+        "recipe": (
+            f"{stage.algorithm}, {stage.preset or 'custom'}: {stage.loss_type} loss, "
+            f"clip {stage.epsilon}/{stage.epsilon_high or stage.epsilon}, beta {stage.beta}"
+        ),
         "curriculum": stage.curriculum.type + (f" + dynamic sampling ({ds.max_rounds} rounds)" if ds else ""),
-        "steps": f"{metrics.get('steps', 0):.0f} x {stage.prompts_per_step} prompts x {stage.num_generations}, lr {stage.learning_rate:g}",
-        "zero-variance groups": f"{metrics.get('frac_reward_zero_std', float('nan')):.2f} generated, {metrics.get('frac_zero_std_trained', float('nan')):.2f} trained"
+        "steps": (
+            f"{metrics.get('steps', 0):.0f} x {stage.prompts_per_step} prompts x {stage.num_generations}, "
+            f"lr {stage.learning_rate:g}"
+        ),
+        "zero-variance groups": (
+            f"{metrics.get('frac_reward_zero_std', float('nan')):.2f} generated, "
+            f"{metrics.get('frac_zero_std_trained', float('nan')):.2f} trained"
+        )
         + (
-            f"; {metrics.get('dropped_share', 0.0):.2f} of generated groups dropped, {metrics.get('extra_generations', 0.0):.0f} extra completions"
+            f"; {metrics.get('dropped_share', 0.0):.2f} of generated groups dropped, "
+            f"{metrics.get('extra_generations', 0.0):.0f} extra completions"
             if ds
             else ""
         ),
@@ -75,13 +85,17 @@ def markdown(
     sampling = ", ".join(f"{k}={v}" for k, v in sorted(first.sampling.items()))
     confidence = (first.bootstrap or {}).get("confidence", 0.95)
     notes = [
-        f"Held-out split: {n} prompts; headline decoding: {sampling}; accuracy with its {100 * confidence:.0f}% bootstrap interval "
-        "(of that checkpoint alone: whether two checkpoints differ is read from the paired comparisons, not from overlapping intervals)."
+        f"Held-out split: {n} prompts; headline decoding: {sampling}; "
+        f"accuracy with its {100 * confidence:.0f}% bootstrap interval "
+        "(of that checkpoint alone: whether two checkpoints differ is read from the paired comparisons, "
+        "not from overlapping intervals)."
     ]
     if first.format is not None:  # metrics written before format.style existed have none
         notes.append(
-            f"Answer format: style {first.format['style']} ({formats.STYLES[first.format['style']].description}), {first.format['template']} template; "
-            "accuracy reads the answer only where the style puts it, 'any format' also the last number, format rate is the style's strict check."
+            f"Answer format: style {first.format['style']} ({formats.STYLES[first.format['style']].description}), "
+            f"{first.format['template']} template; "
+            "accuracy reads the answer only where the style puts it, 'any format' also the last number, "
+            "format rate is the style's strict check."
         )
     if first.samples:
         s = first.samples

@@ -46,7 +46,8 @@ def plots(result: StudyResult) -> list[htmlpage.Plot]:
         (
             "plot-held-out",
             lambda: htmlpage.band_plot(pct("held_out_accuracy"), "training step", "held-out accuracy (%)"),
-            "Held-out greedy accuracy per arm at step 0 (the init checkpoint), every eval_every steps and after the last step: mean over seeds, band from min to max.",
+            "Held-out greedy accuracy per arm at step 0 (the init checkpoint), every eval_every steps and "
+            "after the last step: mean over seeds, band from min to max.",
         ),
         (
             "plot-reward",

@@ -159,14 +159,16 @@ def paired_explanation(result: Comparisons) -> list[str]:
     """What the paired tables mean, in words."""
     conf, alpha = result.confidence, result.level
     return [
-        f"Each row compares two checkpoints on the same prompts. Difference: new minus old, in percentage points, with its "
-        f"{100 * conf:g}% paired bootstrap interval ({result.resamples} resamples of the prompts). "
-        "Right → wrong and wrong → right count the prompts whose greedy answer changed grade; the exact McNemar test asks "
+        "Each row compares two checkpoints on the same prompts. Difference: new minus old, in percentage points, "
+        f"with its {100 * conf:g}% paired bootstrap interval ({result.resamples} resamples of the prompts). "
+        "Right → wrong and wrong → right count the prompts whose greedy answer changed grade; "
+        "the exact McNemar test asks "
         "whether those flips lean one way more than chance would, and gives the verdict of the accuracy row. "
         f"For avg@n and pass@n the verdict is whether the {100 * conf:g}% paired interval excludes 0.",
         f'"Not significant at {alpha:g}" means these prompts do not establish a difference either way; '
         'it does not mean the checkpoints are equal. "Needs about N prompts": the number of prompts at which the exact '
-        f"McNemar test would find the observed effect significant at {alpha:g} with 80% power, taking these flip rates as "
+        f"McNemar test would find the observed effect significant at {alpha:g} with 80% power, "
+        "taking these flip rates as "
         "the truth (Connor 1987; rung.eval.paired.mcnemar_prompts_needed).",
     ]
 
@@ -251,15 +253,22 @@ def study_explanation(result: StudyResult) -> list[str]:
     """What the per-arm table and the tests between arms mean, in words."""
     conf, alpha = result.confidence, result.level
     return [
-        f"Mean ± sd over seeds (seeds at params key {result.seed_key}). The curves show training reward and training-batch "
+        f"Mean ± sd over seeds (seeds at params key {result.seed_key}). "
+        "The curves show training reward and training-batch "
         "accuracy per step, and held-out greedy accuracy at step 0 (the checkpoint RL starts from), every "
         "rl.stages.<name>.eval_every steps when the stage sets it, and at the last step.",
-        "Paired comparisons: each later arm against each earlier one, on the same prompts in each seed. A unit is a prompt with "
-        "its outcomes in every seed when all seeds answered the same prompts, else a (seed, prompt) pair. Difference: new minus "
-        f"old accuracy in points, with its {100 * conf:g}% paired bootstrap interval ({result.resamples} resamples of the units, "
-        "within each seed for (seed, prompt) units). The exact sign test counts units where the new arm does better against "
-        "units where it does worse (with one seed: exact McNemar) and gives the verdict; it is conditional on these seeds. "
-        "The t-test over seeds compares the per-seed accuracies (scipy ttest_rel) and asks whether the arm wins across "
-        f'training runs. "Not significant at {alpha:g}" does not mean the arms are equal; "needs about N units": the units at '
-        f"which the sign test would find this effect significant with 80% power (rung.eval.paired.mcnemar_prompts_needed).",
+        "Paired comparisons: each later arm against each earlier one, on the same prompts in each seed. "
+        "A unit is a prompt with its outcomes in every seed when all seeds answered the same prompts, "
+        "else a (seed, prompt) pair. Difference: new minus "
+        f"old accuracy in points, with its {100 * conf:g}% paired bootstrap interval "
+        f"({result.resamples} resamples of the units, "
+        "within each seed for (seed, prompt) units). "
+        "The exact sign test counts units where the new arm does better against "
+        "units where it does worse (with one seed: exact McNemar) and gives the verdict; "
+        "it is conditional on these seeds. "
+        "The t-test over seeds compares the per-seed accuracies (scipy ttest_rel) and asks whether the arm wins "
+        f'across training runs. "Not significant at {alpha:g}" does not mean the arms are equal; '
+        '"needs about N units": the units at '
+        "which the sign test would find this effect significant with 80% power "
+        "(rung.eval.paired.mcnemar_prompts_needed).",
     ]

@@ -100,7 +100,8 @@ class Rollouts:
         positions; rung.generate.api, like `model.generate`, does not)."""
         prompt_len = input_ids.shape[1] - logits_to_keep
         rows = [
-            ids[mask.bool()].tolist() for ids, mask in zip(input_ids[:, :prompt_len], attention_mask[:, :prompt_len])
+            ids[mask.bool()].tolist()
+            for ids, mask in zip(input_ids[:, :prompt_len], attention_mask[:, :prompt_len], strict=True)
         ]
         prefix = shared_prefix(rows) if len(rows) > 1 else []
         if (

@@ -177,7 +177,8 @@ def select(rows: list[dict[str, Any]], stage: RLStageParams, key: str = "rl.stag
     chosen = rows if stage.buckets is None else [r for r in rows if r.get("bucket") in stage.buckets]
     if len(chosen) < stage.prompts_per_step:
         raise InputError(
-            f"{key}.buckets: {len(chosen)} prompts in {stage.buckets}, fewer than prompts_per_step={stage.prompts_per_step}"
+            f"{key}.buckets: {len(chosen)} prompts in {stage.buckets}, "
+            f"fewer than prompts_per_step={stage.prompts_per_step}"
         )
     return chosen
 

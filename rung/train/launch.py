@@ -94,7 +94,8 @@ def train(job: TrainJob, launch: LaunchParams, out_dir: Path) -> dict[str, float
     job's summary metrics."""
     key = f"{job.key}.launch"
     check(launch, key)
-    # An RL checkpoint is complete with the curriculum state (written before TRL's files) and TRL's trainer_state.json (written last).
+    # An RL checkpoint is complete with the curriculum state (written before TRL's files) and TRL's
+    # trainer_state.json (written last).
     complete = ("trainer_state.json", CURRICULUM_STATE) if isinstance(job, RLJob) else ("trainer_state.json",)
     resume = resume_point(
         job.work_dir, {**job.fingerprint(), "init": files.md5(job.init), "data": files.md5(job.data)}, complete
