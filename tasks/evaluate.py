@@ -11,13 +11,14 @@ from rung.config import EvalParams, FormatParams
 from rung.eval import evaluate
 
 if TYPE_CHECKING:  # a type only: torch is imported by whoever loads the model (tasks.generation), after the preflight
+    from rung.eval.results import SetMetrics
     from rung.generate.completion import Generator
 
 
 @task(cache_policy=NO_CACHE, task_run_name="eval {name}")
 def evaluate_set(
     gen: Generator, name: str, rows: list[dict[str, Any]], fmt: FormatParams, params: EvalParams, seed: int
-) -> tuple[list[Any], list[Any], dict[str, Any]]:
+) -> tuple[list[Any], list[Any], SetMetrics]:
     """(greedy records, sampled records, metrics) of one eval set."""
     log = get_run_logger()
     return evaluate.evaluate(gen, rows, fmt, params, seed, progress=lambda m: log.info("%s: %s", name, m))

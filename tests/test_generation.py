@@ -142,11 +142,9 @@ def test_difficulty_and_eval_records(loaded):
         sampling=SamplingParams(temperature=0, max_new_tokens=4), samples=dict(n=3, max_new_tokens=4, max_prompts=2)
     )
     greedy, sampled, metrics = evaluate(gen, ROWS, FMT, params, seed=0)
-    assert len(greedy) == 5 and metrics["n"] == 5 and metrics["truncation_rate"] == 1.0
+    assert len(greedy) == 5 and metrics.n == 5 and metrics.truncation_rate == 1.0
     assert len(sampled) == 2 and all(len(r["samples"]) == 3 for r in sampled)
-    assert set(metrics["pass_at_k"]) == {"1", "2", "3"} and metrics["accuracy_by_difficulty"] == {
-        "unknown": metrics["accuracy"]
-    }
+    assert set(metrics.pass_at_k) == {"1", "2", "3"} and metrics.accuracy_by_difficulty == {"unknown": metrics.accuracy}
 
 
 def test_keep_window():
