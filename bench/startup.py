@@ -61,12 +61,12 @@ marks = {{"start": time.time()}}
 import atexit, contextlib, json
 import flows.{stage} as module
 from flows import stage
-from rung import preflight, tracking
+from rung import tracking
 marks["imports"] = time.time()
-checked, opened = preflight.check, tracking.stage_run
+checked, opened = stage.preflight, tracking.stage_run
 
-def check(params):
-    checked(params)
+def check(params, checks):
+    checked(params, checks)
     marks["preflight"] = time.time()
 
 @contextlib.contextmanager
@@ -81,9 +81,9 @@ def done():
     with open("{marks}", "w") as f:
         json.dump(marks, f)
 
-preflight.check, tracking.stage_run = check, stamped
+stage.preflight, tracking.stage_run = check, stamped
 atexit.register(done)  # registered first, so run last
-stage.main(getattr(module, "{stage}"))
+stage.main(getattr(module, "{stage}"), checks=module.CHECKS)
 marks["work"] = time.time()
 """
 

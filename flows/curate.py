@@ -6,7 +6,11 @@ from prefect import flow, get_run_logger
 
 from flows.stage import finish, main
 from rung import config, paths, tracking
+from rung.checks import sources
 from rung.data import curate as curation
+
+CHECKS = (sources.sources,)
+"""What this stage checks of params before any compute (flows.stage.main)."""
 
 
 @flow(name="curate")
@@ -31,4 +35,4 @@ def curate(params_file: str = str(paths.PARAMS)) -> None:
 
 
 if __name__ == "__main__":
-    main(curate)
+    main(curate, checks=CHECKS)

@@ -6,9 +6,14 @@ from prefect import flow
 
 from flows.stage import finish, main
 from rung import config, files, paths, tracking
+from rung.checks.generation import backend
+from rung.checks.models import chat_template
 from rung.data import difficulty as diff
 from rung.seeding import derive
 from tasks import generation
+
+CHECKS = (chat_template, backend)
+"""What this stage checks of params before any compute (flows.stage.main)."""
 
 
 @flow(name="difficulty")
@@ -30,4 +35,4 @@ def difficulty(params_file: str = str(paths.PARAMS)) -> None:
 
 
 if __name__ == "__main__":
-    main(difficulty)
+    main(difficulty, checks=CHECKS)

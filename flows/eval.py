@@ -14,10 +14,15 @@ from prefect import flow
 
 from flows.stage import finish, main
 from rung import config, files, paths, tracking
+from rung.checks.generation import backend
+from rung.checks.models import chat_template
 from rung.eval import evaluate
 from rung.seeding import derive
 from tasks import evaluate as evaluate_task
 from tasks import generation
+
+CHECKS = (chat_template, backend)
+"""What this stage checks of params before any compute (flows.stage.main)."""
 
 
 @flow(name="eval")
@@ -45,4 +50,4 @@ def eval_checkpoint(checkpoint: str, params_file: str = str(paths.PARAMS)) -> No
 
 
 if __name__ == "__main__":
-    main(eval_checkpoint, *sys.argv[1:2])
+    main(eval_checkpoint, *sys.argv[1:2], checks=CHECKS)

@@ -6,7 +6,11 @@ from prefect import flow
 
 from flows.stage import finish, main
 from rung import config, paths, tracking
+from rung.checks.models import base_model
 from tasks import model as model_tasks
+
+CHECKS = (base_model,)
+"""What this stage checks of params before any compute (flows.stage.main)."""
 
 
 @flow(name="model")
@@ -17,4 +21,4 @@ def model(params_file: str = str(paths.PARAMS)) -> None:
 
 
 if __name__ == "__main__":
-    main(model)
+    main(model, checks=CHECKS)

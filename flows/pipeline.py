@@ -20,7 +20,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from flows.stage import main
-from rung import config, paths, tracking
+from rung import config, paths, preflight, tracking
 from rung.errors import InputError
 from tasks import dvc
 
@@ -33,6 +33,9 @@ HEADLINES = {
     "rl-*": ["reward_last", "train_loss"],
     "eval-*": ["sets.test.accuracy", "sets.test.format_rate"],
 }
+
+CHECKS = (preflight.check,)
+"""What this stage checks of params before any compute (flows.stage.main)."""
 
 
 def stage_summary(metrics_dir: Path = paths.METRICS) -> str:
@@ -94,4 +97,4 @@ def pipeline(params_file: str = str(paths.PARAMS)) -> list[str]:
 
 
 if __name__ == "__main__":
-    main(pipeline)
+    main(pipeline, checks=CHECKS)

@@ -16,6 +16,9 @@ from rung.eval.results import EvalResult
 from rung.report import pipeline as rep
 from rung.report import tables
 
+CHECKS = ()
+"""What this stage checks of params before any compute (flows.stage.main)."""
+
 
 def _numeric(tree: Any) -> Any:
     """Booleans (significant or not) as 1/0, so that MLflow keeps them as metrics."""
@@ -74,4 +77,4 @@ def report(params_file: str = str(paths.PARAMS)) -> str:
 
 
 if __name__ == "__main__":
-    main(report)
+    main(report, checks=CHECKS)

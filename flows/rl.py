@@ -8,10 +8,15 @@ from prefect import flow
 
 from flows.stage import finish, main
 from rung import config, paths, tracking
+from rung.checks.models import chat_template
+from rung.checks.rl import rl_stages
 from rung.errors import InputError
 from rung.seeding import derive
 from rung.train import launch
 from rung.train.jobs import RLJob
+
+CHECKS = (chat_template, rl_stages)
+"""What this stage checks of params before any compute (flows.stage.main)."""
 
 
 @flow(name="rl")
@@ -20,12 +25,6 @@ def rl(stage_name: str, params_file: str = str(paths.PARAMS)) -> None:
     if stage_name not in params.rl.stages:
         raise InputError(f"rl.stages: no stage named {stage_name!r} (have {list(params.rl.stages)})")
     stage = params.rl.stages[stage_name]
-    if stage.use_vllm:
-        from rung.generate.vllm import (
-            require_vllm,
-        )  # here: rung.generate.vllm imports torch before the preflight could run
-
-        require_vllm(f"rl.stages.{stage_name}.use_vllm")
     seed = derive(params.seed if stage.seed is None else stage.seed, "rl", stage_name)
     job = RLJob(
         key=f"rl.stages.{stage_name}",
@@ -54,4 +53,4 @@ def rl(stage_name: str, params_file: str = str(paths.PARAMS)) -> None:
 
 
 if __name__ == "__main__":
-    main(rl, *sys.argv[1:2])
+    main(rl, *sys.argv[1:2], checks=CHECKS)

@@ -7,9 +7,14 @@ from prefect import flow
 
 from flows.stage import finish, main
 from rung import config, models, paths, tracking
+from rung.checks.models import chat_template
+from rung.checks.training import sft_launch
 from rung.seeding import derive
 from rung.train import launch
 from rung.train.jobs import SFTJob
+
+CHECKS = (chat_template, sft_launch)
+"""What this stage checks of params before any compute (flows.stage.main)."""
 
 
 @flow(name="sft")
@@ -43,4 +48,4 @@ def sft(params_file: str = str(paths.PARAMS)) -> None:
 
 
 if __name__ == "__main__":
-    main(sft)
+    main(sft, checks=CHECKS)

@@ -4,22 +4,32 @@ from __future__ import annotations
 
 import gc
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlflow
 from prefect import get_run_logger
 
-from rung import config, files, paths, preflight, tracking
+from rung import config, files, paths, tracking
+from rung.config import Params
 from rung.errors import InputError
 from rung.report import health
 
+Check = Callable[[Params], None]
 
-def main(flow: Callable[..., Any], *args: str) -> None:
-    """Entry of `python -m flows.<stage>`: params.yaml is validated and preflighted (rung.preflight)
-    before any compute, and input errors end with one line naming the key, file or field and exit code 2."""
+
+def preflight(params: Params, checks: Sequence[Check]) -> None:
+    """Run a stage's checks (rung.checks) on its params, before any compute."""
+    for check in checks:
+        check(params)
+
+
+def main(flow: Callable[..., Any], *args: str, checks: Sequence[Check] = ()) -> None:
+    """Entry of `python -m flows.<stage>`: params.yaml is validated, and checked by the stage's own
+    `checks` (rung.checks; the pipeline, sweep and study run all of rung.preflight), before any
+    compute, and input errors end with one line naming the key, file or field and exit code 2."""
     try:
-        preflight.check(config.load(paths.PARAMS))
+        preflight(config.load(paths.PARAMS), checks)
         flow(*args)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)

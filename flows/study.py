@@ -26,11 +26,14 @@ from prefect.artifacts import create_markdown_artifact
 
 from flows import sweep
 from flows.stage import main
-from rung import config, paths, tracking
+from rung import config, paths, preflight, tracking
 from rung.eval.results import EvalRecord, EvalResult, StudyResult, StudyRun
 from rung.report import study as core
 from rung.report import studypage
 from tasks import dvc as dvc_tasks
+
+CHECKS = (preflight.check,)
+"""What this stage checks of params before any compute (flows.stage.main)."""
 
 
 def _read(path: str, rev: str) -> str | None:
@@ -165,7 +168,7 @@ def cli(argv: list[str] | None = None) -> None:
         plan(args.definition)  # a bad definition or point: one line and exit 2, before Prefect starts
         study(args.definition, args.jobs)
 
-    main(checked_then_run)
+    main(checked_then_run, checks=CHECKS)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,9 @@ from rung.errors import InputError
 from rung.report import runs_table
 from tasks import dvc
 
+CHECKS = (preflight.check,)
+"""What this stage checks of params before any compute (flows.stage.main)."""
+
 
 def load_grid(text: str) -> dict[str, list[Any]]:
     """A grid from JSON/YAML text or a YAML file: {dotted params key: [values]} (a scalar is one value)."""
@@ -121,7 +124,7 @@ def cli(argv: list[str] | None = None) -> None:
     parser.add_argument("--keys", default="*", help="glob over '<file>:<key>' rows of the table")
     args = parser.parse_args(argv)
     # load_grid inside the entry point so that a bad grid is one line and exit 2 too
-    main(lambda: sweep(load_grid(args.grid), args.name, args.jobs, args.keys))
+    main(lambda: sweep(load_grid(args.grid), args.name, args.jobs, args.keys), checks=CHECKS)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ from prefect import flow, get_run_logger
 
 from flows.stage import finish, main
 from rung import config, files, paths, tracking
+from rung.checks.generation import backend
+from rung.checks.models import chat_template, trace_models
 from rung.config import Params
 from rung.data import traces as trace_sources
 from rung.seeding import derive
@@ -16,6 +18,9 @@ from tasks import generation
 
 if TYPE_CHECKING:  # solution traces load no model, so this stage imports torch only when it samples
     from rung.generate.completion import Generator
+
+CHECKS = (chat_template, trace_models, backend)
+"""What this stage checks of params before any compute (flows.stage.main)."""
 
 
 @flow(name="traces")
@@ -53,4 +58,4 @@ def traces(params_file: str = str(paths.PARAMS)) -> None:
 
 
 if __name__ == "__main__":
-    main(traces)
+    main(traces, checks=CHECKS)

@@ -21,7 +21,7 @@ LAYERS = [
     {"rung.data", "rung.train"},
     {"rung.eval"},
     {"rung.rl"},
-    {"rung.report"},
+    {"rung.report", "rung.checks"},
     {"rung.tracking", "rung.preflight"},
 ]
 

@@ -3,14 +3,21 @@ line naming the key (with the stage's real name) or the file, and data/ untouche
 
 from __future__ import annotations
 
+import importlib
 import time
 
 import pytest
 import yaml
 from typer.testing import CliRunner
 
+import flows.curate
+import flows.rl
+import flows.sft
 from flows.cli import app
-from rung import config, files
+from flows.stage import preflight as stage_preflight
+from rung import config, files, preflight
+from rung.errors import InputError
+from tests import imports
 
 
 def _reward_not_taking_completions(answer):  # used by a case below through its import path
@@ -171,3 +178,22 @@ def test_each_bad_input_is_refused_in_one_line_before_any_compute(workdir, defau
     print(f"{len(CASES)} bad inputs refused in {time.perf_counter() - start:.1f} s")  # reported, not asserted
     assert files.md5(workdir / "data") == before
     assert len(CASES) >= 15
+
+
+def test_a_stage_runs_only_the_checks_of_what_it_runs(default_params):
+    """A bad reward import stops the RL stage (and `rung validate`) before any compute, but not the
+    stages that never load rewards: each preflights what it runs, so its DVC deps are its own imports."""
+    data = yaml.safe_load(yaml.safe_dump(default_params))
+    data["rl"]["stages"]["main"]["rewards"] = {"mine": {"import": "no_such_module:f"}}
+    params = config.parse(data)
+    for module in (flows.curate, flows.sft):
+        stage_preflight(params, module.CHECKS)
+    for everything in (flows.rl.CHECKS, (preflight.check,)):
+        with pytest.raises(InputError, match=r"^rl.stages.main.rewards.mine.import: cannot load"):
+            stage_preflight(params, everything)
+
+
+def test_every_check_of_the_preflight_is_some_stage_s():
+    flows = {importlib.import_module(module) for module in imports.stage_modules().values()}
+    run = {check for flow in flows for check in flow.CHECKS}
+    assert set(preflight.ALL) <= run

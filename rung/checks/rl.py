@@ -1,0 +1,46 @@
+"""What the RL stages need before they start: the tested TRL / transformers versions, a launch that
+can run here, vLLM where a stage asks for it, and custom rewards that resolve to callables taking the
+completions."""
+
+from __future__ import annotations
+
+import inspect
+
+from rung import compat
+from rung.config import Params
+from rung.errors import InputError
+from rung.rl import rewards
+from rung.train import launch
+
+
+def rl_stages(params: Params) -> None:
+    """Per RL stage: the tested trainer versions, its launch, vLLM where asked for, its custom rewards."""
+    compat.check()
+    for name, stage in params.rl.stages.items():
+        key = f"rl.stages.{name}"
+        launch.check(stage.launch, f"{key}.launch")
+        if stage.use_vllm:
+            from rung.generate.vllm import require_vllm  # torch: only when a stage asks for vLLM
+
+            require_vllm(f"{key}.use_vllm")
+        for reward, spec in stage.rewards.items():
+            if spec.import_path is not None:
+                _reward(spec.import_path, bool(spec.args), f"{key}.rewards.{reward}")
+
+
+def _reward(path: str, factory: bool, key: str) -> None:
+    """A custom reward resolves to a callable that takes the completions (or, with args, a factory)."""
+    func = rewards.load_custom(path, key)
+    if factory:
+        return
+    try:
+        params = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):
+        return  # builtins and C callables: nothing to inspect
+    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params)
+    names = {p.name for p in params}
+    if not takes_kwargs and not names & {"completions", "completion_ids", "prompts"}:
+        raise InputError(
+            f"{key}.import: {path!r} must accept completions "
+            "(TRL calls reward(prompts=, completions=, completion_ids=, **columns))"
+        )
