@@ -18,7 +18,8 @@ from rung.config import (
 )
 from rung.data import traces
 from rung.errors import InputError
-from rung.generate.api import Completion, Generator, require_vllm
+from rung.generate.completion import Completion, Generator
+from rung.generate.vllm import require_vllm
 from rung.train import launch
 from rung.train.checkpoints import FINAL, resume_point
 from rung.train.jobs import SFTJob
