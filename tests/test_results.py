@@ -34,11 +34,7 @@ def _bytes(obj: object) -> str:
     return json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"  # as rung.files.write_json writes
 
 
-@pytest.mark.parametrize(
-    "path",
-    sorted((ROOT / "data/metrics").glob("eval-*.json")) + sorted(FIXTURES.glob("eval-*.json")),
-    ids=lambda p: p.name,
-)
+@pytest.mark.parametrize("path", sorted(FIXTURES.glob("eval-*.json")), ids=lambda p: p.name)
 def test_eval_metrics_files_round_trip(path):
     text = path.read_text()
     assert _bytes(EvalResult.model_validate_json(text).dump()) == text
