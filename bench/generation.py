@@ -33,7 +33,7 @@ from rung import files, models
 from rung.answers import formats
 from rung.config import CurateParams, FormatParams, SamplingParams
 from rung.data.curate import curate
-from rung.generate.api import generate
+from rung.generate.api import generate, stop_ids
 from rung.generate.completion import Completion, render
 
 SHAPES = {
@@ -47,14 +47,14 @@ def peer(
     tok: PreTrainedTokenizerBase,
     prompts: list[str],
     sampling: SamplingParams,
-    n: int = 1,
+    n: int,
     seed: int = 0,
 ) -> list[list[Completion]]:
     """Batched model.generate: prompts sorted by length, left-padded, n samples per prompt."""
     greedy = sampling.temperature == 0
     order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
     per_batch = max(1, sampling.batch_size // n)
-    eos_ids = set(_as_list(model.generation_config.eos_token_id) or [tok.eos_token_id])
+    eos_ids = set(stop_ids(model, tok))
     out: list[list[Completion]] = [[] for _ in prompts]
     for b, start in enumerate(range(0, len(order), per_batch)):
         idx = order[start : start + per_batch]
@@ -80,10 +80,6 @@ def peer(
             kept = ids if ended is None else ids[:ended]
             out[idx[row // n]].append(Completion(tok.decode(kept, skip_special_tokens=True), len(kept), ended is None))
     return out
-
-
-def _as_list(x: int | list[int] | None) -> list[int] | None:
-    return [x] if isinstance(x, int) else x
 
 
 def matmul_peak(size: int = 2048, reps: int = 10) -> float:

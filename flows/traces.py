@@ -45,12 +45,7 @@ def traces(params_file: str = str(paths.PARAMS)) -> None:
 
     with tracking.stage_run("traces", params, logged, inputs={"train": paths.TRAIN}):
         stats = trace_sources.run(
-            files.read_jsonl(paths.TRAIN),
-            sources,
-            params.format,
-            derive(params.seed, "traces"),
-            load,
-            params.sft.enabled,
+            files.read_jsonl(paths.TRAIN), params.sft, params.format, derive(params.seed, "traces"), load
         )
         get_run_logger().info("SFT traces: %s", stats)
         tracking.log_dataset(paths.TRACES, "sft_traces", context="training")

@@ -17,19 +17,10 @@ from rung.generate import api, prepacked
 from rung.generate.api import generate
 from rung.generate.completion import Completion, Generator, render
 from tests.conftest import ROOT
+from tests.rows import sums
 
 FMT = FormatParams()
-ROWS = [
-    {
-        "id": str(i),
-        "source": "s",
-        "task": "basic_arithmetic",
-        "prompt": f"Calculate {i} + 1.",
-        "answer": str(i + 1),
-        "meta": {},
-    }
-    for i in range(5)
-]
+ROWS = sums(5, lambda i: 1)
 
 
 @pytest.fixture(scope="module")

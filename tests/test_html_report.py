@@ -117,7 +117,7 @@ def test_render_is_byte_identical(page, tmp_path):
     code = (
         "import sys; from rung.report import htmlpage; "
         "from tests.test_html_report import EVALS, CURVES, TITLE, SETTINGS; "
-        "htmlpage.write(sys.argv[1], EVALS, CURVES, title=TITLE, settings=SETTINGS)"
+        "htmlpage.write(sys.argv[1], htmlpage.render(EVALS, CURVES, title=TITLE, settings=SETTINGS))"
     )
     subprocess.run([sys.executable, "-c", code, str(out)], check=True, cwd=Path(__file__).resolve().parents[1])
     assert out.read_bytes() == page.encode("utf-8")
@@ -191,7 +191,7 @@ def browser_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not Path(CHROMIUM).exists():
         pytest.skip("headless Chromium not installed (Debian package `chromium`: apt-get install -y chromium)")
     return htmlpage.write(
-        tmp_path_factory.mktemp("html") / "report.html", EVALS, CURVES, title=TITLE, settings=SETTINGS
+        tmp_path_factory.mktemp("html") / "report.html", htmlpage.render(EVALS, CURVES, title=TITLE, settings=SETTINGS)
     )
 
 

@@ -31,6 +31,7 @@ from rung.data import traces
 from rung.rl import trainers
 from rung.train.checkpoints import CURRICULUM_STATE, FINAL, complete_checkpoints
 from rung.train.jobs import RLJob
+from tests.rows import sums
 from tests.test_pipeline import tiny_params
 from tests.workspace import make_workspace
 
@@ -44,20 +45,7 @@ def parity(completion_ids, **_):
 RL_STEPS, RL_KILLS = 12, 10
 SFT_STEPS, SFT_KILLS = 12, 3
 RL_COMPLETE = ("trainer_state.json", CURRICULUM_STATE)  # as rung.train.launch.train decides for RL jobs
-ROWS = [
-    {
-        "id": str(i),
-        "source": "s",
-        "task": "basic_arithmetic",
-        "prompt": f"Calculate {i} + {i % 3}.",
-        "answer": str(i + i % 3),
-        "solution": f"{i} + {i % 3} = {i + i % 3}",
-        "meta": {},
-        "pass_rate": (i % 5) / 4,
-        "bucket": ["unsolved", "hard", "medium", "medium", "solved"][i % 5],
-    }
-    for i in range(16)
-]
+ROWS = sums(16, lambda i: i % 3, solutions=True, graded=True)
 
 
 def _run_stage(ws: str, flow_module: str, args: tuple[str, ...], log: str) -> None:

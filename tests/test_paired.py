@@ -16,15 +16,7 @@ from rung.errors import InputError
 from rung.eval import comparisons, paired
 from rung.eval.results import Comparisons, EvalResult
 from rung.report import htmlpage, pipeline, tables
-
-
-def _greedy(correct: list[bool], ids: list[str] | None = None) -> list[dict]:
-    ids = ids or [str(i) for i in range(len(correct))]
-    return [{"id": i, "samples": [{"correct": c}]} for i, c in zip(ids, correct, strict=True)]
-
-
-def _sampled(counts: list[int], n: int) -> list[dict]:
-    return [{"id": str(i), "samples": [{"correct": j < c} for j in range(n)]} for i, c in enumerate(counts)]
+from tests.records import greedy, sampled, write_evaluated
 
 
 def test_exact_mcnemar_on_the_issue_numbers():
@@ -51,13 +43,13 @@ def test_mcnemar_one_sided_flips(flips, p):
 
 
 def test_verdict_follows_mcnemar_at_the_level_of_the_confidence():
-    six = paired.greedy_test(_greedy([False] * 6 + [True] * 4), _greedy([True] * 10), 0.95, 500, 0, "x")
-    five = paired.greedy_test(_greedy([False] * 5 + [True] * 5), _greedy([True] * 10), 0.95, 500, 0, "x")
+    six = paired.greedy_test(greedy([False] * 6 + [True] * 4), greedy([True] * 10), 0.95, 500, 0, "x")
+    five = paired.greedy_test(greedy([False] * 5 + [True] * 5), greedy([True] * 10), 0.95, 500, 0, "x")
     assert (six.mcnemar_p, six.significant, six.verdict) == (pytest.approx(0.03125), True, "significant at 0.05")
     assert (five.mcnemar_p, five.significant, five.verdict) == (pytest.approx(0.0625), False, "not significant at 0.05")
     assert five.difference == pytest.approx(0.5) and five.accuracy_old == 0.5 and five.accuracy_new == 1.0
     assert (
-        paired.greedy_test(_greedy([False] * 5 + [True] * 5), _greedy([True] * 10), 0.9, 500, 0, "x").verdict
+        paired.greedy_test(greedy([False] * 5 + [True] * 5), greedy([True] * 10), 0.9, 500, 0, "x").verdict
         == "significant at 0.1"
     )
     assert (
@@ -89,7 +81,7 @@ def test_prompts_needed_for_80_percent_power():
     assert paired.mcnemar_prompts_needed(4, 4, 95) is None and paired.mcnemar_prompts_needed(0, 0, 95) is None
     with pytest.raises(ValueError, match="do not fit"):
         paired.mcnemar_prompts_needed(50, 50, 95)
-    five = paired.greedy_test(_greedy([False] * 5 + [True] * 5), _greedy([True] * 10), 0.95, 500, 0, "x")
+    five = paired.greedy_test(greedy([False] * 5 + [True] * 5), greedy([True] * 10), 0.95, 500, 0, "x")
     assert (
         tables.verdict(five.model_copy(update={"prompts_needed": 257}))
         == "not significant at 0.05 (needs about 257 prompts at this effect)"
@@ -132,8 +124,8 @@ def test_stratified_bootstrap_resamples_within_each_stratum():
 
 
 def test_records_pair_by_id_and_refuse_different_prompts():
-    old = _greedy([True, False, False], ids=["a", "b", "c"])
-    new = _greedy([False, True, True], ids=["c", "b", "a"])  # same prompts, another order
+    old = greedy([True, False, False], ids=["a", "b", "c"])
+    new = greedy([False, True, True], ids=["c", "b", "a"])  # same prompts, another order
     g = paired.greedy_test(old, new, 0.95, 200, 0, "new vs old on test")
     assert (g.right_to_wrong, g.wrong_to_right, g.both_right, g.both_wrong) == (0, 1, 1, 1)
     with pytest.raises(
@@ -141,14 +133,14 @@ def test_records_pair_by_id_and_refuse_different_prompts():
         match=r"^sft vs base on test: the two checkpoints were evaluated on different prompts "
         r"\(1 ids only in the first, 1 only in the second, e.g. 'c'\)",
     ):
-        paired.greedy_test(old, _greedy([True, True, True], ids=["a", "b", "d"]), 0.95, 200, 0, "sft vs base on test")
+        paired.greedy_test(old, greedy([True, True, True], ids=["a", "b", "d"]), 0.95, 200, 0, "sft vs base on test")
     with pytest.raises(InputError, match="duplicate prompt ids"):
-        paired.align(old, _greedy([True, True, True], ids=["a", "a", "b"]), "x")
+        paired.align(old, greedy([True, True, True], ids=["a", "a", "b"]), "x")
 
 
 def test_sampled_comparison_of_avg_and_pass_at_k():
-    old = _sampled([0, 0, 2, 4], n=4)  # avg@4 = 6/16; pass@4 = 2/4
-    new = _sampled([1, 2, 4, 4], n=4)  # avg@4 = 11/16; pass@4 = 1
+    old = sampled([0, 0, 2, 4], n=4)  # avg@4 = 6/16; pass@4 = 2/4
+    new = sampled([1, 2, 4, 4], n=4)  # avg@4 = 11/16; pass@4 = 1
     s = paired.sampled_test(old, new, 0.95, 500, 0, "x")
     assert (
         s.samples == 4
@@ -177,17 +169,7 @@ def test_pairs_compare_each_checkpoint_with_its_init_and_rl_with_base():
 def evaluated(tmp_path, monkeypatch):
     """data/eval records of base, sft and rl/main in a temporary workspace."""
     monkeypatch.chdir(tmp_path)
-    rng = np.random.default_rng(0)
-    base = rng.random(60) < 0.3
-    sft = np.where(rng.random(60) < 0.25, ~base, base)
-    rl = sft.copy()
-    rl[np.flatnonzero(~sft)[:12]] = True  # 12 wrong -> right ...
-    rl[np.flatnonzero(sft)[:5]] = False  # ... and 5 right -> wrong against sft
-    for name, correct in {"base": base, "sft": sft, "rl-main": rl}.items():
-        d = tmp_path / "data/eval" / name
-        files.write_jsonl(d / "test.jsonl", _greedy(list(map(bool, correct))))
-        files.write_jsonl(d / "ood.jsonl", _greedy(list(map(bool, correct[:20]))))
-        files.write_jsonl(d / "test.samples.jsonl", _sampled([int(c) * 3 for c in correct[:10]], n=3))
+    write_evaluated(tmp_path, "ood")
     return tmp_path
 
 
@@ -249,7 +231,7 @@ def test_report_writes_the_comparisons_in_words(evaluated):
 
 
 def test_report_refuses_checkpoints_evaluated_on_different_prompts(evaluated):
-    files.write_jsonl(evaluated / "data/eval/sft/test.jsonl", _greedy([True] * 59))
+    files.write_jsonl(evaluated / "data/eval/sft/test.jsonl", greedy([True] * 59))
     with pytest.raises(
         InputError, match="^sft vs base on test: the two checkpoints were evaluated on different prompts"
     ):

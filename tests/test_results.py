@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from rung import files
 from rung.eval import comparisons
 from rung.eval.results import Comparisons, EvalResult, StudyResult
 from rung.report import pipeline, study, studypage
+from tests.records import study_run, write_evaluated
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests/fixtures/report"
@@ -40,28 +40,9 @@ def test_eval_metrics_files_round_trip(path):
     assert _bytes(EvalResult.model_validate_json(text).dump()) == text
 
 
-def _greedy(correct, ids=None):
-    ids = ids or [str(i) for i in range(len(correct))]
-    return [{"id": i, "samples": [{"correct": bool(c)}]} for i, c in zip(ids, correct, strict=True)]
-
-
-def _sampled(counts, n):
-    return [{"id": str(i), "samples": [{"correct": j < c} for j in range(n)]} for i, c in enumerate(counts)]
-
-
 def test_report_files_are_the_ones_written_before(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    rng = np.random.default_rng(0)
-    base = rng.random(60) < 0.3
-    sft = np.where(rng.random(60) < 0.25, ~base, base)
-    rl = sft.copy()
-    rl[np.flatnonzero(~sft)[:12]] = True
-    rl[np.flatnonzero(sft)[:5]] = False
-    for name, correct in {"base": base, "sft": sft, "rl-main": rl}.items():
-        d = tmp_path / "data/eval" / name
-        files.write_jsonl(d / "test.jsonl", _greedy(correct))
-        files.write_jsonl(d / "chain_sum_4terms.jsonl", _greedy(correct[:20]))
-        files.write_jsonl(d / "test.samples.jsonl", _sampled([int(c) * 3 for c in correct[:10]], n=3))
+    write_evaluated(tmp_path, "chain_sum_4terms")
     compared = comparisons.comparisons(comparisons.pairs({"main": "sft"}), 0.95, 300, 42)
     evals = {
         c: EvalResult.model_validate(files.read_json(FIXTURES / f"eval-{slug}.json")) for c, slug in CHECKPOINTS.items()
@@ -74,56 +55,15 @@ def test_report_files_are_the_ones_written_before(tmp_path, monkeypatch):
     assert Comparisons.model_validate_json((FIXTURES / "comparisons.json").read_text()) == compared
 
 
-def _records(correct):
-    return [{"id": f"p{i}", "samples": [{"correct": c}]} for i, c in enumerate(correct)]
-
-
-def _run(arm, seed, acc, correct):
-    sets = {
-        "test": {
-            "accuracy": acc,
-            "format_rate": 1.0,
-            "mean_tokens": 9.0,
-            "truncation_rate": 0.0,
-            "n": len(correct),
-            "avg@2": acc / 2,
-            "pass_at_k": {"1": acc / 2, "2": acc},
-            "accuracy_ci": [0, 1],
-            "accuracy_by_source": {"a": acc},
-        },
-        "ood": {
-            "accuracy": acc / 2,
-            "format_rate": 0.5,
-            "mean_tokens": 9.5,
-            "truncation_rate": 0.1,
-            "n": len(correct),
-            "accuracy_ci": [0, 1],
-            "accuracy_by_source": {"a": acc},
-        },
-    }
-    return {
-        "arm": arm,
-        "seed": seed,
-        "eval": EvalResult.model_validate({"sets": sets}),
-        "rl": {"steps": 2.0, "reward_last": acc, "frac_reward_zero_std": 0.5},
-        "init_eval": EvalResult.model_validate({"sets": {"test": {"n": 4, "accuracy": 0.25}}}),
-        "records": {"test": _records(correct), "ood": _records(correct[::-1])},
-        "curve": [
-            {"step": 1, "reward": 0.1 * seed, "accuracy": 0.2, "heldout_accuracy": 0.25 + 0.25 * seed},
-            {"step": 2, "reward": 0.2 * seed, "accuracy": 0.3},
-        ],
-    }
-
-
 def test_study_files_are_the_ones_written_before(tmp_path):
     spec = study.Study(name="t", seeds=[1, 2], arms={"a": {}, "b": {}, "c": {}})
     runs = [
-        _run("a", 1, 0.25, [True, False, False, False]),
-        _run("a", 2, 0.5, [True, True, False, False]),
-        _run("b", 1, 0.5, [True, True, False, False]),
-        _run("b", 2, 0.75, [True, True, True, False]),
-        _run("c", 1, 1.0, [True, True, True, True]),
-        _run("c", 2, 0.75, [True, True, True, False]),
+        study_run("a", 1, 0.25, [True, False, False, False], ood=True),
+        study_run("a", 2, 0.5, [True, True, False, False], ood=True),
+        study_run("b", 1, 0.5, [True, True, False, False], ood=True),
+        study_run("b", 2, 0.75, [True, True, True, False], ood=True),
+        study_run("c", 1, 1.0, [True, True, True, True], ood=True),
+        study_run("c", 2, 0.75, [True, True, True, False], ood=True),
     ]
     result = study.aggregate(spec, runs, 0.95, 200, 0)
     written = studypage.write(result, {"seeds": "1, 2"}, tmp_path)

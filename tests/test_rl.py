@@ -21,6 +21,7 @@ from rung.rl import trainers
 from rung.train import launch
 from rung.train.checkpoints import FINAL
 from rung.train.jobs import RLJob
+from tests.rows import sums
 
 FMT = FormatParams()
 BUCKETS = DifficultyParams().buckets
@@ -35,19 +36,7 @@ def constant(completions, **_):
     return [1.0] * len(completions)
 
 
-ROWS = [
-    {
-        "id": str(i),
-        "source": "s",
-        "task": "basic_arithmetic",
-        "prompt": f"Calculate {i} + {i % 3}.",
-        "answer": str(i + i % 3),
-        "meta": {},
-        "pass_rate": (i % 5) / 4,
-        "bucket": ["unsolved", "hard", "medium", "medium", "solved"][i % 5],
-    }
-    for i in range(12)
-]
+ROWS = sums(12, lambda i: i % 3, graded=True)
 
 
 @pytest.fixture(autouse=True)

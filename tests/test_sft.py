@@ -23,19 +23,12 @@ from rung.generate.vllm import require_vllm
 from rung.train import launch
 from rung.train.checkpoints import FINAL, resume_point
 from rung.train.jobs import SFTJob
+from tests.rows import sums
 
 FMT = FormatParams()
-ROWS = [
-    {
-        "id": str(i),
-        "source": "s",
-        "task": "basic_arithmetic",
-        "prompt": f"Calculate {i} + 2.",
-        "answer": str(i + 2),
-        "solution": f"{i} + 2 = {i + 2}" if i % 2 else None,
-        "meta": {"expression": f"{i} + 2"},
-    }
-    for i in range(16)
+ROWS = [  # every other row without a solution
+    {**r, "solution": r["solution"] if i % 2 else None, "meta": {"expression": f"{i} + 2"}}
+    for i, r in enumerate(sums(16, lambda i: 2, solutions=True))
 ]
 
 
@@ -73,12 +66,11 @@ def test_traces_stage_skips_without_sft_and_refuses_to_leave_sft_nothing(tiny_mo
         lambda prompts, sampling, n, seed, desc: [[Completion("Answer: 0", 2, False)] * n for _ in prompts],
     )
     teacher = [SampledTraces(type="distill", model="teacher")]
-    assert traces.run(ROWS, teacher, FMT, 0, lambda m: wrong, enabled=False) == {
-        "skipped": 1
-    }  # zero-RL: nothing sampled
+    zero_rl = SFTParams(enabled=False, traces=teacher)
+    assert traces.run(ROWS, zero_rl, FMT, 0, lambda m: wrong) == {"skipped": 1}  # zero-RL: nothing sampled
     assert files.read_jsonl(paths.TRACES) == []
     with pytest.raises(InputError, match=r"^sft.traces: no SFT target from any source .*'correct_samples': 0"):
-        traces.run(ROWS, teacher, FMT, 0, lambda m: wrong)
+        traces.run(ROWS, SFTParams(traces=teacher), FMT, 0, lambda m: wrong)
     assert files.read_jsonl(paths.TRACES) == []  # the earlier output is left as it was
 
 

@@ -15,15 +15,11 @@ from scipy.stats import ttest_rel
 
 from rung.errors import InputError
 from rung.eval import paired
-from rung.eval.results import EvalResult, StudyResult
+from rung.eval.results import StudyResult
 from rung.report import study, studypage
+from tests.records import greedy, study_run
 from tests.test_pipeline import tiny_params
 from tests.workspace import make_workspace
-
-
-def _records(correct: list[bool], ids: list[str] | None = None) -> list[dict]:
-    ids = ids or [f"p{i}" for i in range(len(correct))]
-    return [{"id": i, "samples": [{"correct": c}]} for i, c in zip(ids, correct, strict=True)]
 
 
 def _write(tmp_path, text: str):
@@ -78,7 +74,9 @@ def test_one_seed_is_exactly_the_mcnemar_test():
     rng = np.random.default_rng(1)
     old = rng.random(80) < 0.4
     new = np.where(rng.random(80) < 0.3, ~old, old)
-    r = paired.arms_test({7: _records(list(old))}, {7: _records(list(new))}, 0.95, 500, 0, "b vs a on test")
+    r = paired.arms_test(
+        {7: greedy(list(old), prefix="p")}, {7: greedy(list(new), prefix="p")}, 0.95, 500, 0, "b vs a on test"
+    )
     test = paired.mcnemar(list(old), list(new))
     assert (r.units_better, r.units_worse) == (test["wrong_to_right"], test["right_to_wrong"])
     assert r.sign_test_p == pytest.approx(test["mcnemar_p"]) and r.unit == "prompt" and r.seed_t_test_p is None
@@ -89,8 +87,8 @@ def test_shared_prompts_are_one_unit_over_seeds_and_disjoint_prompts_are_stratif
     # Two seeds on the same 40 prompts: the new arm gets 10 more right in seed 1 and 6 more in seed 2.
     base = [i % 2 == 0 for i in range(40)]
     wins = {1: range(1, 21, 2), 2: range(1, 13, 2)}
-    new = {s: _records([c or i in wins[s] for i, c in enumerate(base)]) for s in (1, 2)}
-    old = {s: _records(base) for s in (1, 2)}
+    new = {s: greedy([c or i in wins[s] for i, c in enumerate(base)], prefix="p") for s in (1, 2)}
+    old = {s: greedy(base, prefix="p") for s in (1, 2)}
     r = paired.arms_test(old, new, 0.95, 1000, 0, "b vs a on test")
     assert (r.unit, r.units, r.units_better, r.units_worse) == (
         "prompt",
@@ -111,8 +109,8 @@ def test_shared_prompts_are_one_unit_over_seeds_and_disjoint_prompts_are_stratif
     assert r.ci_low > 0 and r == paired.arms_test(old, new, 0.95, 1000, 0, "b vs a on test")  # seeded
 
     # Other prompts in each seed (the seed changed the data): (seed, prompt) units, resampled within seeds.
-    old2 = {s: _records(base, [f"s{s}p{i}" for i in range(40)]) for s in (1, 2)}
-    new2 = {s: _records([r["samples"][0]["correct"] for r in new[s]], [f"s{s}p{i}" for i in range(40)]) for s in (1, 2)}
+    old2 = {s: greedy(base, [f"s{s}p{i}" for i in range(40)]) for s in (1, 2)}
+    new2 = {s: greedy([r["samples"][0]["correct"] for r in new[s]], [f"s{s}p{i}" for i in range(40)]) for s in (1, 2)}
     r2 = paired.arms_test(old2, new2, 0.95, 1000, 0, "b vs a on test")
     assert (r2.unit, r2.units, r2.units_better) == ("seed, prompt", 80, 16) and r2.difference == pytest.approx(0.2)
 
@@ -122,41 +120,13 @@ def test_shared_prompts_are_one_unit_over_seeds_and_disjoint_prompts_are_stratif
         paired.arms_test(old, {1: new[1], 2: new[2][:-1]}, 0.95, 100, 0, "b vs a on test")
 
 
-def _run(arm: str, seed: int, acc: float, correct: list[bool]) -> dict:
-    sets = {
-        "test": {
-            "accuracy": acc,
-            "format_rate": 1.0,
-            "mean_tokens": 9.0,
-            "truncation_rate": 0.0,
-            "n": len(correct),
-            "avg@2": acc / 2,
-            "pass_at_k": {"1": acc / 2, "2": acc},
-            "accuracy_ci": [0, 1],
-            "accuracy_by_source": {"a": acc},
-        }
-    }
-    return {
-        "arm": arm,
-        "seed": seed,
-        "eval": EvalResult.model_validate({"sets": sets}),
-        "rl": {"steps": 2.0, "reward_last": acc, "frac_reward_zero_std": 0.5},
-        "init_eval": EvalResult.model_validate({"sets": {"test": {"n": 4, "accuracy": 0.25}}}),
-        "records": {"test": _records(correct)},
-        "curve": [
-            {"step": 1, "reward": 0.1 * seed, "accuracy": 0.2, "heldout_accuracy": 0.25 + 0.25 * seed},  # eval_every 1
-            {"step": 2, "reward": 0.2 * seed, "accuracy": 0.3},
-        ],
-    }
-
-
 def test_aggregate_writes_the_study_page(tmp_path):
     spec = study.Study(name="t", seeds=[1, 2], arms={"a": {}, "b": {}})
     runs = [
-        _run("a", 1, 0.25, [True, False, False, False]),
-        _run("a", 2, 0.5, [True, True, False, False]),
-        _run("b", 1, 0.5, [True, True, False, False]),
-        _run("b", 2, 0.75, [True, True, True, False]),
+        study_run("a", 1, 0.25, [True, False, False, False]),
+        study_run("a", 2, 0.5, [True, True, False, False]),
+        study_run("b", 1, 0.5, [True, True, False, False]),
+        study_run("b", 2, 0.75, [True, True, True, False]),
     ]
     result = study.aggregate(spec, runs, 0.95, 200, 0)
     m = result.arms["a"].metrics

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from rung import files, paths
 from rung.answers import formats
 from rung.answers.verify import is_correct
-from rung.config import FormatParams, SampledTraces, SolutionTraces, TraceSource
+from rung.config import FormatParams, SampledTraces, SFTParams, SolutionTraces, TraceSource
 from rung.errors import InputError
 
 if TYPE_CHECKING:  # solution traces need no model: torch is imported by whoever loads one
@@ -126,20 +126,16 @@ def build(
 
 
 def run(
-    rows: list[dict[str, Any]],
-    sources: list[TraceSource],
-    fmt: FormatParams,
-    seed: int,
-    load: Callable[[str], Generator],
-    enabled: bool = True,
+    rows: list[dict[str, Any]], sft: SFTParams, fmt: FormatParams, seed: int, load: Callable[[str], Generator]
 ) -> dict[str, Any]:
-    """The traces stage: write the SFT targets of every source at their layout path; returns the
-    counts. With SFT disabled (zero-RL) nothing is built or sampled and the file is empty; with SFT
-    enabled and no target at all, refused (one line) instead of failing inside the trainer."""
-    if not enabled:
+    """The traces stage: write the SFT targets of every source in `sft.traces` at their layout
+    path; returns the counts. With SFT disabled (zero-RL) nothing is built or sampled and the file
+    is empty; with SFT enabled and no target at all, refused (one line) instead of failing inside
+    the trainer."""
+    if not sft.enabled:
         files.write_jsonl(paths.TRACES, [])
         return {"skipped": 1}
-    traces, stats = build(rows, sources, fmt, seed, load)
+    traces, stats = build(rows, sft.traces, fmt, seed, load)
     if not traces:
         raise InputError(
             f"sft.traces: no SFT target from any source ({stats}); add a `solutions` source, "

@@ -143,6 +143,28 @@ def mcnemar_prompts_needed(
     return int(np.ceil(root**2 / delta**2))
 
 
+def _interval(
+    old: Sequence[float],
+    new: Sequence[float],
+    confidence: float,
+    resamples: int,
+    seed: int,
+    strata: Sequence[Any] | None = None,
+) -> dict[str, float]:
+    """paired_bootstrap's (difference, low, high) as the fields every test result carries them in."""
+    diff, lo, hi = paired_bootstrap(old, new, confidence, resamples, seed, strata)
+    return {"difference": diff, "ci_low": lo, "ci_high": hi}
+
+
+def _judged(significant: bool, alpha: float, right_to_wrong: int, wrong_to_right: int, n: int) -> dict[str, Any]:
+    """A greedy test's verdict fields; when not significant also prompts_needed: how many prompts
+    would make this effect (these flips among n units) significant at 80% power."""
+    out: dict[str, Any] = {"significant": significant, "verdict": verdict(significant, alpha)}
+    if not significant:
+        out["prompts_needed"] = mcnemar_prompts_needed(right_to_wrong, wrong_to_right, n, alpha)
+    return out
+
+
 def greedy_test(
     old: Sequence[Record], new: Sequence[Record], confidence: float, resamples: int, seed: int, what: str
 ) -> GreedyTest:
@@ -151,29 +173,16 @@ def greedy_test(
     pairs = align(old, new, what)
     a = [bool(o["samples"][0]["correct"]) for o, _ in pairs]
     b = [bool(n["samples"][0]["correct"]) for _, n in pairs]
-    diff, lo, hi = paired_bootstrap(a, b, confidence, resamples, seed)
+    interval = _interval(a, b, confidence, resamples, seed)
     test = mcnemar(a, b)
     alpha = level(confidence)
-    significant = test["mcnemar_p"] < alpha
-    # Not significant: how many prompts would make this effect significant (80% power)?
-    needed = (
-        {}
-        if significant
-        else {
-            "prompts_needed": mcnemar_prompts_needed(test["right_to_wrong"], test["wrong_to_right"], len(pairs), alpha)
-        }
-    )
     return GreedyTest(
         n=len(pairs),
         accuracy_old=float(np.mean(a)),
         accuracy_new=float(np.mean(b)),
-        difference=diff,
-        ci_low=lo,
-        ci_high=hi,
+        **interval,
         **test,
-        significant=significant,
-        verdict=verdict(significant, alpha),
-        **needed,
+        **_judged(test["mcnemar_p"] < alpha, alpha, test["right_to_wrong"], test["wrong_to_right"], len(pairs)),
     )
 
 
@@ -194,14 +203,12 @@ def sampled_test(
     }
     for name, f in per_prompt.items():
         a, b = [f(x) for x, _ in hits], [f(y) for _, y in hits]
-        diff, lo, hi = paired_bootstrap(a, b, confidence, resamples, seed)
-        significant = lo > 0 or hi < 0
+        interval = _interval(a, b, confidence, resamples, seed)
+        significant = interval["ci_low"] > 0 or interval["ci_high"] < 0
         out[name] = MetricTest(
             old=float(np.mean(a)),
             new=float(np.mean(b)),
-            difference=diff,
-            ci_low=lo,
-            ci_high=hi,
+            **interval,
             significant=significant,
             verdict=verdict(significant, alpha),
         )
@@ -239,7 +246,7 @@ def arms_test(
         x_old = np.array([float(a[s][i]) for s in seeds for i in ids[s]])
         x_new = np.array([float(b[s][i]) for s in seeds for i in ids[s]])
         strata = [s for s in seeds for _ in ids[s]]
-    diff, lo, hi = paired_bootstrap(x_old, x_new, confidence, resamples, seed, strata)
+    interval = _interval(x_old, x_new, confidence, resamples, seed, strata)
     up, down = int((x_new > x_old).sum()), int((x_new < x_old).sum())
     p = float(binomtest(up, up + down, 0.5).pvalue) if up + down else 1.0
     acc_old = [mean(a[s].values()) for s in seeds]
@@ -248,25 +255,19 @@ def arms_test(
     # the t-test needs differences that vary (scipy gives nan, with a warning, for identical ones)
     t_p = float(ttest_rel(acc_new, acc_old).pvalue) if len(set(diffs)) > 1 else None
     alpha = level(confidence)
-    significant = p < alpha
-    needed = {} if significant else {"prompts_needed": mcnemar_prompts_needed(down, up, len(x_old), alpha)}
     return ArmsTest(
         seeds=seeds,
         unit="prompt" if shared else "seed, prompt",
         units=len(x_old),
         accuracy_old=float(np.mean(acc_old)),
         accuracy_new=float(np.mean(acc_new)),
-        difference=diff,
-        ci_low=lo,
-        ci_high=hi,
+        **interval,
         units_better=up,
         units_worse=down,
         sign_test_p=p,
         per_seed_difference={str(s): d for s, d in zip(seeds, diffs, strict=True)},
         seed_t_test_p=t_p,
-        significant=significant,
-        verdict=verdict(significant, alpha),
-        **needed,
+        **_judged(p < alpha, alpha, down, up, len(x_old)),
     )
 
 

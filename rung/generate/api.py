@@ -61,8 +61,7 @@ def generate(
     if not prompts:
         return []
     ids = tok(prompts, add_special_tokens=False)["input_ids"]
-    eos_ids = sorted(set(_as_list(model.generation_config.eos_token_id) or [tok.eos_token_id]))
-    out = generate_ids(model, ids, sampling, eos_ids, n, seed, desc)
+    out = generate_ids(model, ids, sampling, stop_ids(model, tok), n, seed, desc)
     return [
         [
             Completion(tok.decode(t[: len(t) - (not cut)], skip_special_tokens=True), len(t) - (not cut), cut)
@@ -161,5 +160,8 @@ def memory_rows(model: PreTrainedModel, length: int) -> int:
     return max([b for b in compiled.ROW_BUCKETS if b <= fits], default=1)
 
 
-def _as_list(x: int | list[int] | None) -> list[int] | None:
-    return [x] if isinstance(x, int) else x
+def stop_ids(model: PreTrainedModel, tok: PreTrainedTokenizerBase) -> list[int]:
+    """The token ids that end a completion, sorted: the model's generation_config EOS id(s), else the
+    tokenizer's EOS."""
+    eos = model.generation_config.eos_token_id
+    return sorted(set(([eos] if isinstance(eos, int) else eos) or [tok.eos_token_id]))

@@ -357,20 +357,9 @@ def render(
     return page(title, tables, figures_html, warnings)
 
 
-def write(
-    path: str | Path,
-    evals: Mapping[str, Mapping[str, Any]],
-    reward_curves: Mapping[str, Sequence[tuple[int, float]]] | None = None,
-    *,
-    title: str = "rung results",
-    settings: Mapping[str, Any] | None = None,
-    extra: Sequence[Extra] = (),
-    warnings: Sequence[str] = (),
-) -> Path:
-    """Render the report and write it to path (parent directories created); returns the path."""
+def write(path: str | Path, html: str) -> Path:
+    """Write a rendered page (`render`'s document) to path (parent directories created); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-        render(evals, reward_curves, title=title, settings=settings, extra=extra, warnings=warnings), encoding="utf-8"
-    )
+    path.write_text(html, encoding="utf-8")
     return path

@@ -156,12 +156,14 @@ def html(
             )
     htmlpage.write(
         path,
-        {name: tables.headline(m) for name, m in evals.items()},
-        curves,
-        title="rung results",
-        settings=settings,
-        extra=extra,
-        warnings=warnings or (),
+        htmlpage.render(
+            {name: tables.headline(m) for name, m in evals.items()},
+            curves,
+            title="rung results",
+            settings=settings,
+            extra=extra,
+            warnings=warnings or (),
+        ),
     )
 
 
