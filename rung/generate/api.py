@@ -101,9 +101,11 @@ def generate_ids(
             rows = batch_rows(model, sampling, max(len(ids[i]) for i in pending))
             try:
                 if use_compiled:
-                    done = compiled.decode(model, ids, pending, sampling, n, seed, eos_ids, rows, compile_config)
+                    done = compiled.decode(
+                        model, decode.Request(ids, pending, sampling, n, seed, eos_ids, rows), compile_config
+                    )
                 else:
-                    done = decode.decode(model, ids, pending, sampling, n, seed, eos_ids, rows)
+                    done = decode.decode(model, decode.Request(ids, pending, sampling, n, seed, eos_ids, rows))
                 with nullcontext() if use_compiled else prepacked(model, max(rows, n)):
                     for row in done:
                         out[row.prompt][row.sample] = (row.tokens, row.truncated)

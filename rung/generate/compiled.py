@@ -16,7 +16,7 @@ import torch
 from transformers import CompileConfig, GenerationConfig, LogitsProcessor, LogitsProcessorList, PreTrainedModel
 
 from rung.config import SamplingParams
-from rung.generate.decode import Row, draws_for, pick
+from rung.generate.decode import Request, Row, draws_for, pick
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 WIDTH_STEP = 64
@@ -66,19 +66,10 @@ def generation_config(
 
 
 @torch.inference_mode()
-def decode(
-    model: PreTrainedModel,
-    ids: list[list[int]],
-    order: list[int],
-    sampling: SamplingParams,
-    n: int,
-    seed: int,
-    eos_ids: list[int],
-    capacity: int,
-    compile_config: CompileConfig | None = None,
-) -> Iterator[Row]:
-    """The contract of rung.generate.decode.decode (n samples of each prompt in `order`, each Row as it is
-    known), through compiled static-cache `generate` in batches of at most `capacity` rows."""
+def decode(model: PreTrainedModel, req: Request, compile_config: CompileConfig | None = None) -> Iterator[Row]:
+    """The contract of rung.generate.decode.decode (each Row as it is known), through compiled
+    static-cache `generate` in batches of at most `req.capacity` rows."""
+    ids, order, sampling, n, seed, eos_ids, capacity = req
     compile_config = compile_config or CompileConfig()
     pairs = [(i, j) for i in sorted(order, key=lambda i: (len(ids[i]), i)) for j in range(n)]
     # one cache length for the whole call (and, rounded, for the calls after it): no recompile per batch

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -38,6 +39,19 @@ class Row:
     truncated: bool = False
 
 
+class Request(NamedTuple):
+    """One decode call: n samples of each prompt `ids[i]` for i in `order` (token ids), seeded by
+    `seed`, ended by any of `eos_ids`, at most `capacity` rows decoded at once."""
+
+    ids: list[list[int]]
+    order: list[int]
+    sampling: SamplingParams
+    n: int
+    seed: int
+    eos_ids: list[int]
+    capacity: int
+
+
 @dataclass
 class _Batch:
     """Rows being decoded: their KV cache, padding mask (batch, cache length) and next positions."""
@@ -50,18 +64,9 @@ class _Batch:
     """The token each row sampled last: the next step's input."""
 
 
-def decode(
-    model: PreTrainedModel,
-    ids: list[list[int]],
-    order: list[int],
-    sampling: SamplingParams,
-    n: int,
-    seed: int,
-    eos_ids: list[int],
-    capacity: int,
-) -> Iterator[Row]:
-    """Decode n samples of each prompt `ids[i]` for i in `order`, at most `capacity` rows at once;
-    yield each finished Row (tokens include the EOS if one ended it)."""
+def decode(model: PreTrainedModel, req: Request) -> Iterator[Row]:
+    """Decode `req`, yielding each finished Row (tokens include the EOS if one ended it)."""
+    ids, order, sampling, n, seed, eos_ids, capacity = req
     capacity = max(capacity, n)
     queue = deque(sorted(order, key=lambda i: (len(ids[i]), i)))
     prefix = shared_prefix([ids[i] for i in order]) if len(order) > 1 else []
