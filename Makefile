@@ -1,5 +1,6 @@
 # rung: `make demo` runs the whole pipeline on the embedded default; `make test` runs the tests.
-# Both create the virtual environment on first use (about 3 minutes) and reuse it afterwards.
+# Both create the virtual environment on first use (about 3 minutes) and reuse it afterwards;
+# `make test` also creates the vLLM environment (.venv-vllm, below) that tests/test_vllm.py runs.
 
 VENV   ?= .venv
 BIN    := $(abspath $(VENV))/bin
@@ -36,7 +37,7 @@ pipeline: setup
 	python -m flows.server python -m flows.pipeline
 	rung table
 
-test: setup
+test: setup vllm-setup
 	@# Headless Chromium renders the HTML report in a test (Debian's package; needs root or sudo).
 	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } || echo "chromium not installed: its test will be skipped"
 	python -m pytest
