@@ -28,7 +28,7 @@ def difficulty(params_file: str = str(paths.PARAMS)) -> None:
         "generation": params.generation.model_dump(),
     }
     with tracking.stage_run("difficulty", params, logged, inputs={"model": reference, "train": paths.TRAIN}):
-        gen = generation.load(reference, params.model, params.generation.backend)
+        gen = generation.load(reference, params.model, params.generation)
         tracking.tag_placement(gen.device, gen.dtype)
         rows = files.read_jsonl(paths.TRAIN)[: p.max_prompts]
         finish("difficulty", diff.run(gen, rows, params.format, p, derive(params.seed, "difficulty")))

@@ -39,7 +39,7 @@ def eval_checkpoint(checkpoint: str, params_file: str = str(paths.PARAMS)) -> No
     }
     with tracking.stage_run(f"eval@{slug}", params, logged, inputs={"model": model_dir, **set_paths}):
         seed = derive(params.seed, "eval")
-        gen = generation.load(model_dir, params.model, params.generation.backend)
+        gen = generation.load(model_dir, params.model, params.generation)
         tracking.tag_placement(gen.device, gen.dtype)
         results = {
             name: evaluate_task.evaluate_set(gen, name, files.read_jsonl(path), params.format, params.eval, seed)

@@ -37,9 +37,7 @@ def traces(params_file: str = str(paths.PARAMS)) -> None:
     def load(model: str) -> Generator:
         """'base' is the pipeline's base checkpoint; anything else a teacher path or hub id (loaded once)."""
         if model not in loaded:
-            loaded[model] = generation.load(
-                paths.BASE if model == "base" else model, params.model, params.generation.backend
-            )
+            loaded[model] = generation.load(paths.BASE if model == "base" else model, params.model, params.generation)
             tracking.tag_placement(loaded[model].device, loaded[model].dtype)
         return loaded[model]
 

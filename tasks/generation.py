@@ -11,7 +11,7 @@ from prefect.cache_policies import NO_CACHE
 from tasks.retry import unless_input_error
 
 if TYPE_CHECKING:
-    from rung.config import ModelParams
+    from rung.config import GenerationParams, ModelParams
     from rung.generate.completion import Generator
 
 
@@ -22,8 +22,8 @@ if TYPE_CHECKING:
     retry_delay_seconds=20,
     retry_condition_fn=unless_input_error,
 )
-def load(model_dir: Path | str, params: ModelParams, backend: str) -> Generator:
+def load(model_dir: Path | str, params: ModelParams, generation: GenerationParams) -> Generator:
     """A generator for a checkpoint directory or a hub id, placed by params `model` (device, dtype)."""
     from rung.generate import api  # torch and transformers: only for a stage that loads a model (traces may not)
 
-    return api.load(model_dir, params.dtype, backend, params.device)
+    return api.load(model_dir, params.dtype, generation.backend, params.device, generation.vllm)

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import importlib.util
 from collections import Counter
 
 import pytest
@@ -8,7 +7,7 @@ import torch
 
 from rung import config, models
 from rung.answers import formats
-from rung.config import DifficultyParams, EvalParams, FormatParams, SamplingParams
+from rung.config import DifficultyParams, EvalParams, FormatParams, SamplingParams, VllmParams
 from rung.data.curate import curate
 from rung.data.difficulty import bucket, histogram, keep, pass_rates, summarize
 from rung.errors import InputError
@@ -168,10 +167,8 @@ def test_generator_loads_the_transformers_backend(tiny_model):
 
 
 def test_vllm_backend_fails_with_a_clear_error_where_unavailable(tiny_model):
-    if importlib.util.find_spec("vllm") and torch.cuda.is_available():
-        pytest.skip("vLLM and a GPU are present: the backend would really run")
-    with pytest.raises(InputError, match=r"^generation.backend: vllm"):
-        api.load(tiny_model, "float32", backend="vllm")
+    with pytest.raises(InputError, match=r"^generation.vllm.python: no/bin/python not found"):
+        api.load(tiny_model, "float32", backend="vllm", vllm_params=VllmParams(python="no/bin/python"))
 
 
 def test_prepacked_linears_match_and_are_restored(loaded):

@@ -125,7 +125,18 @@ CASES = {
         [("rl.stages.main.launch", {"num_processes": 2, "accelerate_config": "fsdp"})],
         "error: rl.stages.main.launch.accelerate_config: fsdp.yaml (FSDP / DeepSpeed) needs CUDA GPUs",
     ),
-    "vllm without a GPU": ([("generation.backend", "vllm")], "error: generation.backend: vllm"),
+    "vllm without its environment": (
+        [("generation.backend", "vllm"), ("generation.vllm.python", "./no-venv/bin/python")],
+        "error: generation.vllm.python: no-venv/bin/python not found (create the vLLM environment with `make vllm",
+    ),
+    "vllm memory share above 1": (
+        [("generation.backend", "vllm"), ("generation.vllm.gpu_memory_utilization", 1.5)],
+        "error: params.yaml: generation.vllm.gpu_memory_utilization: Input should be less than or equal to 1",
+    ),
+    "RL vllm without vllm in rung's environment": (
+        [("rl.stages.main.use_vllm", True)],
+        "error: rl.stages.main.use_vllm: vllm is not installed in rung's environment",
+    ),
     "unknown answer style": (
         [("format.style", "latex")],
         "error: params.yaml: format.style: Input should be 'answer_line', 'boxed' or 'tags'",

@@ -19,7 +19,7 @@ from rung.config import (
 from rung.data import traces
 from rung.errors import InputError
 from rung.generate.completion import Completion, Generator
-from rung.generate.vllm import require_vllm
+from rung.generate.vllm import require_trl_vllm
 from rung.train import launch
 from rung.train.checkpoints import FINAL, resume_point
 from rung.train.jobs import SFTJob
@@ -132,8 +132,10 @@ def test_impossible_launch_is_rejected_before_start():
             match=rf"^rl.stages.main.launch.accelerate_config: {name}.yaml \(FSDP / DeepSpeed\) needs CUDA GPUs",
         ):
             launch.check(LaunchParams(num_processes=8, accelerate_config=name), "rl.stages.main.launch")
-    with pytest.raises(InputError, match=r"^rl.stages.main.use_vllm: vllm (is not installed|needs a CUDA GPU)"):
-        require_vllm("rl.stages.main.use_vllm")
+    with pytest.raises(
+        InputError, match=r"^rl.stages.main.use_vllm: (vllm is not installed|TRL's vLLM rollouts need a CUDA GPU)"
+    ):
+        require_trl_vllm("rl.stages.main.use_vllm")
 
 
 def test_resume_point_skips_incomplete_checkpoints_and_other_inputs(tmp_path):

@@ -6,7 +6,8 @@ from rung.config import Params
 
 
 def backend(params: Params) -> None:
+    """vllm: the worker's python exists and its vllm is in the supported range (package metadata, no torch)."""
     if params.generation.backend == "vllm":
-        from rung.generate.vllm import require_vllm  # torch: only when vLLM is asked for
+        from rung.generate import vllm
 
-        require_vllm("generation.backend")
+        vllm.check(params.generation.vllm, "generation.vllm")

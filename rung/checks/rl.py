@@ -20,9 +20,11 @@ def rl_stages(params: Params) -> None:
         key = f"rl.stages.{name}"
         launch.check(stage.launch, f"{key}.launch")
         if stage.use_vllm:
-            from rung.generate.vllm import require_vllm  # torch: only when a stage asks for vLLM
+            # TRL runs vLLM in the training process: vllm in rung's own environment, on CUDA
+            # (not generation.vllm's worker environment). torch: only when a stage asks for vLLM.
+            from rung.generate.vllm import require_trl_vllm
 
-            require_vllm(f"{key}.use_vllm")
+            require_trl_vllm(f"{key}.use_vllm")
         for reward, spec in stage.rewards.items():
             if spec.import_path is not None:
                 _reward(spec.import_path, bool(spec.args), f"{key}.rewards.{reward}")

@@ -27,7 +27,15 @@ from pydantic import Field, ValidationError, model_validator
 
 from rung import paths
 from rung.config.base import ConfigError, Section
-from rung.config.common import FormatParams, GenerationParams, LaunchParams, ModelParams, SamplingParams, TrackingParams
+from rung.config.common import (
+    FormatParams,
+    GenerationParams,
+    LaunchParams,
+    ModelParams,
+    SamplingParams,
+    TrackingParams,
+    VllmParams,
+)
 from rung.config.data import (
     BenchmarkSource,
     ColumnMap,
@@ -106,6 +114,7 @@ __all__ = [
     "StagedCurriculum",
     "TraceSource",
     "TrackingParams",
+    "VllmParams",
     "UniformCurriculum",
     "_TabularSource",
     "load",

