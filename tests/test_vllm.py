@@ -18,8 +18,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from rung import config, models
 from rung.answers import formats
@@ -32,36 +30,11 @@ from rung.eval.metrics import bootstrap_ci
 from rung.generate import api
 from rung.generate import vllm as vllm_backend
 from rung.generate.completion import Generator
+from tests.tiny_model import build as build_tiny
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 FMT = FormatParams()
-
-
-def build_tiny(out_dir: Path) -> Path:
-    """tests/tiny_model.py's random Llama with head_dim 64 (vLLM's CPU attention has no head_dim 16:
-    "Unsupported CPU attention configuration") and larger weights, so greedy text is not one repeated token."""
-    gguf = models.embedded_gguf_path()
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    tok.pad_token = tok.pad_token or tok.eos_token
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        initializer_range=0.2,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(out_dir)
-    tok.save_pretrained(out_dir)
-    return out_dir
 
 
 class Engines:
@@ -98,7 +71,10 @@ def engines() -> Iterator[Engines]:
 
 @pytest.fixture(scope="session")
 def tiny64(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny(tmp_path_factory.mktemp("tiny64") / "model")
+    # head_dim 64 (vLLM's CPU attention has no head_dim 16: "Unsupported CPU attention configuration") and
+    # larger weights, so greedy text is not one repeated token
+    out = tmp_path_factory.mktemp("tiny64") / "model"
+    return build_tiny(out, hidden_size=128, intermediate_size=256, initializer_range=0.2)
 
 
 @pytest.fixture(scope="session")

@@ -10,11 +10,12 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 from rung.models import embedded_gguf_path
 
 
-def build(out_dir: Path) -> Path:
+def build(out_dir: Path, **shape: float) -> Path:
+    """Save the tiny model (and its tokenizer) in `out_dir`; `shape` overrides LlamaConfig fields."""
     gguf = embedded_gguf_path()
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     tok.pad_token = tok.pad_token or tok.eos_token
-    config = LlamaConfig(
+    fields = dict(
         vocab_size=len(tok),
         hidden_size=32,
         intermediate_size=64,
@@ -28,7 +29,7 @@ def build(out_dir: Path) -> Path:
         tie_word_embeddings=True,
     )
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
+    model = LlamaForCausalLM(LlamaConfig(**{**fields, **shape}))
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
     return out_dir
