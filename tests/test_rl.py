@@ -19,7 +19,7 @@ from rung.generate.completion import render
 from rung.generate.decode import shared_prefix
 from rung.rl import trainers
 from rung.train import launch
-from rung.train.checkpoints import FINAL
+from rung.train.checkpoints import CURRICULUM_STATE, FINAL
 from rung.train.jobs import RLJob
 from tests.rows import sums
 
@@ -89,7 +89,7 @@ def test_dynamic_sampling_refills_zero_variance_groups(tiny_model, tmp_path):
     # refilled batches hold fewer zero-variance groups than were generated
     assert summary["frac_zero_std_trained"] <= summary["frac_reward_zero_std"]
     assert all("curriculum/size/normal" in c and any(k.startswith("accuracy_by_bucket/") for k in c) for c in curves)
-    assert (tmp_path / "w" / "checkpoint-3" / trainers.CURRICULUM_STATE).is_file()
+    assert (tmp_path / "w" / "checkpoint-3" / CURRICULUM_STATE).is_file()
 
 
 def test_rl_curves_separate_dropped_groups_from_the_trained_ones(tiny_model, tmp_path):
@@ -162,7 +162,7 @@ def test_resume_continues_model_optimizer_rng_and_curriculum(tiny_model, tmp_pat
     _, whole_curves = _train(tiny_model, tmp_path / "whole", stage)
     with pytest.raises(KeyboardInterrupt):
         _train(tiny_model, tmp_path / "cut", stage, callbacks=[_Crash(2)])
-    state = files.read_json(tmp_path / "cut" / "checkpoint-2" / trainers.CURRICULUM_STATE)
+    state = files.read_json(tmp_path / "cut" / "checkpoint-2" / CURRICULUM_STATE)
     _, resumed_curves = _train(tiny_model, tmp_path / "cut", stage, resume=str(tmp_path / "cut" / "checkpoint-2"))
     assert state  # the curriculum state travelled with the checkpoint
     assert resumed_curves[-1] == whole_curves[-1]
