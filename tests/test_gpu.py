@@ -99,7 +99,8 @@ def test_bf16_compiled_agrees_with_dynamic_cache_generate(small_model):
 
 
 def test_sampling_on_the_device_is_seeded_per_row(small_model):
-    model, tok = models.load(small_model, "bfloat16", DEVICE)
+    # bf16 on the CPU: a prompt padded in a batch and alone gets different logits, so the dry run uses fp32
+    model, tok = models.load(small_model, "bfloat16" if DEVICE == "cuda" else "float32", DEVICE)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=12)
     a = api.generate(model, tok, _prompts(tok), sampling, n=4, seed=3)
     assert a == api.generate(model, tok, _prompts(tok), sampling, n=4, seed=3)
@@ -187,10 +188,15 @@ def test_out_of_memory_backs_off_and_draws_the_same_samples(small_model):
     model, tok = models.load(small_model, "float32", DEVICE)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=64)
     prompts = _prompts(tok) * 8
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
     want = api.generate(model, tok, prompts, sampling, n=8, seed=1)
-    free, total = torch.cuda.mem_get_info()
+    need = torch.cuda.max_memory_allocated() - base  # what the batch sized from free memory took
     torch.cuda.empty_cache()
-    torch.cuda.set_per_process_memory_fraction((torch.cuda.memory_allocated() + 64 * 2**20) / total)
+    # reserved, not allocated: the compiled path's CUDA-graph pools stay reserved after the run and count
+    # against the limit; a third of the first run's need fits a quarter of its rows, not all of them
+    _, total = torch.cuda.mem_get_info()
+    torch.cuda.set_per_process_memory_fraction((torch.cuda.memory_reserved() + need // 3) / total)
     try:
         got = api.generate(model, tok, prompts, sampling, n=8, seed=1)
     finally:
