@@ -69,7 +69,7 @@ def _child_path(path: str, annotation: Any) -> str:
     return path
 
 
-def _sections() -> list[Section]:
+def _sections(root: type[BaseModel]) -> list[Section]:
     """Every model reachable from Params, each after the section that holds it (depth first), with every
     key path it sits at."""
     found: dict[type[BaseModel], Section] = {}
@@ -84,7 +84,7 @@ def _sections() -> list[Section]:
             for sub in _models(info.annotation):
                 visit(sub, child)
 
-    visit(Params, "")
+    visit(root, "")
     return list(found.values())
 
 
@@ -153,9 +153,9 @@ def _cell(text: str) -> str:
     )
 
 
-def render() -> str:
-    """The page's markdown; UndocumentedKey names the first field without a docstring."""
-    sections = _sections()
+def render(root: type[BaseModel] = Params) -> str:
+    """The page's markdown for `root`'s keys; UndocumentedKey names the first field without a docstring."""
+    sections = _sections(root)
     links = {s.model: _slug(_title(s)) for s in sections}
     out = [HEADER]
     for section in sections:

