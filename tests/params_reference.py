@@ -106,7 +106,10 @@ def _type(annotation: Any, links: dict[type[BaseModel], str]) -> str:
     if annotation is type(None):
         return "null"
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return f"[{annotation.__name__}](#{links[annotation]})"
+        # A tagged variant is named by its `type`; any other section is a mapping of its own keys.
+        tag = annotation.model_fields.get("type")
+        name = "/".join(typing.get_args(tag.annotation)) if tag is not None else "section"
+        return f"[{name}](#{links[annotation]})"
     if origin is typing.Annotated:
         return _type(args[0], links)
     if origin is typing.Literal:
@@ -135,11 +138,11 @@ def _code(value: Any) -> str:
 
 
 def _default(info: Any) -> str:
-    """The default; for a section, only where it differs from that section's own defaults."""
+    """The default; for a section (not one of several kinds), only where it differs from its own defaults."""
     if info.default is PydanticUndefined and info.default_factory is None:
         return "required"
     value = info.get_default(call_default_factory=True)
-    if isinstance(value, BaseModel):
+    if isinstance(value, BaseModel) and len(_models(info.annotation)) == 1:
         changed = {k: v for k, v in _dump(value).items() if v != _dump(type(value)().model_dump(by_alias=True)).get(k)}
         return f"the section's defaults, except {_code(changed)}" if changed else "the section's defaults"
     return _code(_dump(value))
