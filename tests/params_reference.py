@@ -88,7 +88,7 @@ def _sections(root: type[BaseModel]) -> list[Section]:
     return list(found.values())
 
 
-def _slug(title: str) -> str:
+def slug(title: str) -> str:
     # The anchor MkDocs' toc (markdown.extensions.toc.slugify) and GitHub give a heading without hyphens.
     return re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", title).strip().lower())
 
@@ -159,7 +159,7 @@ def _cell(text: str) -> str:
 def render(root: type[BaseModel] = Params) -> str:
     """The page's markdown for `root`'s keys; UndocumentedKey names the first field without a docstring."""
     sections = _sections(root)
-    links = {s.model: _slug(_title(s)) for s in sections}
+    links = {s.model: slug(_title(s)) for s in sections}
     out = [HEADER]
     for section in sections:
         model = section.model

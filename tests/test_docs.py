@@ -45,7 +45,7 @@ def _prose(text: str) -> str:
 
 
 def _anchors(page: Path) -> set[str]:
-    return {params_reference._slug(h) for h in re.findall(r"^#+ (.+)$", _prose(page.read_text()), flags=re.M)}
+    return {params_reference.slug(h) for h in re.findall(r"^#+ (.+)$", _prose(page.read_text()), flags=re.M)}
 
 
 def test_site_builds_strictly(tmp_path):
@@ -54,15 +54,17 @@ def test_site_builds_strictly(tmp_path):
     assert (tmp_path / "site" / "reference" / "params" / "index.html").is_file()
 
 
-def test_strict_build_fails_on_a_broken_link_or_anchor(tmp_path):
-    # The check above can fail: the same site with one dead link and one dead anchor does not build.
+def test_strict_build_fails_on_a_missing_page_link_or_anchor(tmp_path):
+    # The check above can fail: the same site with a nav entry whose page is missing, a dead link and a
+    # dead anchor does not build, and says which.
     shutil.copytree(DOCS, tmp_path / "docs")
-    shutil.copy(ROOT / "mkdocs.yml", tmp_path / "mkdocs.yml")
+    nav = (ROOT / "mkdocs.yml").read_text().replace("  - Home: index.md\n", "  - Home: index.md\n  - Lost: lost.md\n")
+    (tmp_path / "mkdocs.yml").write_text(nav)
     with (tmp_path / "docs" / "index.md").open("a") as f:
         f.write("\n[gone](no-such-page.md) and [here](pipeline.md#no-such-heading)\n")
     done = _mkdocs(tmp_path, tmp_path / "site")
     assert done.returncode != 0
-    assert "no-such-page.md" in done.stderr and "no-such-heading" in done.stderr
+    assert all(name in done.stderr for name in ("lost.md", "no-such-page.md", "no-such-heading")), done.stderr
 
 
 def test_params_reference_is_the_schemas():
