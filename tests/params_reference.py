@@ -28,7 +28,7 @@ HEADER = """# Params reference
 Every key of `params.yaml`, generated from the docstrings of the schema in `rung/config/` by
 `python -m tests.params_reference` (the test suite fails when this page differs from the schema, or
 when a key has no docstring). A key that is not listed here is refused by `rung validate` with one
-line naming it. `<name>` stands for a name you choose (an RL stage, a reward, a pool, a bucket);
+line naming it. `<name>` stands for a name you choose (an RL stage, a reward, a pool);
 `[]` for an item of a list.
 
 The guides explain how the settings work together: [pipeline](../pipeline.md), [data](../data.md),
@@ -42,7 +42,9 @@ class UndocumentedKey(ValueError):
 
 
 @dataclass
-class Section:
+class Table:
+    """One table of the page: a schema model and every key path where it sits."""
+
     model: type[BaseModel]
     paths: list[str] = field(default_factory=list)
 
@@ -69,13 +71,13 @@ def _child_path(path: str, annotation: Any) -> str:
     return path
 
 
-def _sections(root: type[BaseModel]) -> list[Section]:
+def _sections(root: type[BaseModel]) -> list[Table]:
     """Every model reachable from Params, each after the section that holds it (depth first), with every
     key path it sits at."""
-    found: dict[type[BaseModel], Section] = {}
+    found: dict[type[BaseModel], Table] = {}
 
     def visit(model: type[BaseModel], path: str) -> None:
-        section = found.setdefault(model, Section(model))
+        section = found.setdefault(model, Table(model))
         if path in section.paths:
             return
         section.paths.append(path)
@@ -93,7 +95,7 @@ def slug(title: str) -> str:
     return re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", title).strip().lower())
 
 
-def _title(section: Section) -> str:
+def _title(section: Table) -> str:
     tag = section.model.model_fields.get("type")
     kind = ""
     if tag is not None and typing.get_origin(tag.annotation) is typing.Literal:
