@@ -110,4 +110,4 @@ class TrackingParams(Section):
     uri: str | None = None
     """MLflow tracking URI; None means sqlite at <repo>/mlflow.db. MLFLOW_TRACKING_URI overrides."""
     experiment: str = Field("rung", min_length=1)
-    """MLflow experiment the runs go to."""
+    """MLflow experiment holding the runs: one parent run per pipeline experiment, a child run per stage."""
