@@ -1,7 +1,7 @@
 """On a CUDA device (marked `gpu`, skipped without one): generation and evaluation on the device,
-an SFT and an RL step in bf16 with resume, and the out-of-memory back-off. The README ("Running on
-GPU nodes") gives the command that runs them with carried wheels; they need no reasoning-gym,
-MLflow, Prefect or DVC, and no weights (SmolLM2's tokenizer and a small random model).
+an SFT and an RL step in bf16 with resume, and the out-of-memory back-off. docs/gpu.md ("One GPU")
+gives the command that runs them with carried wheels; they need no reasoning-gym, MLflow, Prefect or
+DVC, and no weights (SmolLM2's tokenizer and a small random model).
 
 RUNG_TEST_DEVICE=cpu runs the same tests on the CPU (a dry run of the test code itself).
 """
