@@ -15,6 +15,11 @@ cores): compare the ratios of one run, not seconds across runs.
     python bench/generation.py --model data/models/rl --shapes eval   # a trained policy: short answers
     # the held-out split:
     python bench/generation.py --model data/models/sft --rows data/curated/test.jsonl --shapes eval
+    python bench/generation.py --vllm .venv-vllm/bin/python   # vLLM as a third contender (`make vllm-setup`)
+
+With --vllm, vLLM (its own environment, rung.generate.vllm's worker) runs the same prompts, sampling
+and seeds after the other two; its load time (engine start and weights) is printed beside the
+transformers load.
 """
 
 from __future__ import annotations
@@ -25,17 +30,20 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rung import files, models
 from rung.answers import formats
-from rung.config import CurateParams, FormatParams, SamplingParams
+from rung.config import CurateParams, FormatParams, SamplingParams, VllmParams
 from rung.data.curate import curate
-from rung.generate.api import generate, stop_ids
-from rung.generate.completion import Completion, render
+from rung.generate import vllm
+from rung.generate.api import generate
+from rung.generate.completion import Completion, render, stop_ids
 
+T = TypeVar("T")
 SHAPES = {
     "difficulty": (SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=40, batch_size=32), 4),
     "eval": (SamplingParams(temperature=0.0, max_new_tokens=48, batch_size=32), 1),
@@ -109,7 +117,7 @@ def tokens(outs: list[list[Completion]]) -> int:
     return sum(c.tokens + (not c.truncated) for cs in outs for c in cs)
 
 
-def timed(fn: Callable[[], list[list[Completion]]]) -> tuple[list[list[Completion]], float]:
+def timed(fn: Callable[[], T]) -> tuple[T, float]:
     t0 = time.perf_counter()
     out = fn()
     return out, time.perf_counter() - t0
@@ -128,6 +136,7 @@ def main() -> None:
     )
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--threads", type=int, default=None, help="torch threads for both contenders (default: torch's)")
+    ap.add_argument("--vllm", default=None, help="the vLLM environment's python: vLLM as a third contender")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -136,7 +145,11 @@ def main() -> None:
     if not model_dir.is_dir():
         model_dir = Path(tempfile.mkdtemp()) / "base"
         models.materialize("embedded", model_dir)
-    model, tok = models.load(model_dir)
+    (model, tok), t_load = timed(lambda: models.load(model_dir))
+    engine = None
+    if args.vllm:
+        engine, t_vllm = timed(lambda: vllm.load(model_dir, "float32", VllmParams(python=args.vllm)))
+        print(f"load: transformers {t_load:.1f} s, vLLM {t_vllm:.1f} s (engine start and weights)")
     if args.rows:
         rows = files.read_jsonl(args.rows)
     else:
@@ -157,26 +170,31 @@ def main() -> None:
         # peer first, then rung: a slower machine later in the run only penalizes rung
         theirs, t_peer = timed(partial(peer, model, tok, prompts, sampling, n=n))
         ours, t_rung = timed(partial(generate, model, tok, prompts, sampling, n=n, desc=shape))
+        runs = [("model.generate", theirs, t_peer), ("rung", ours, t_rung)]
+        if engine:
+            runs.append(("vllm", *timed(partial(engine.generate, prompts, sampling, n=n, desc=None))))
         mean_len = tokens(ours) / (len(prompts) * n)
         flops = flops_per_token(model, prompt_tokens + mean_len / 2)
         rates = {}
-        for name, outs, secs in (("model.generate", theirs, t_peer), ("rung", ours, t_rung)):
+        for name, outs, secs in runs:
             rates[name] = tokens(outs) / secs
             print(
                 f"{shape:12}{name:18}{tokens(outs):>8}{secs:>9.1f}{rates[name]:>10.1f}"
                 f"{flops * rates[name] / 1e9 / peak:>10.1%}"
             )
         print(
-            f"{shape:12}speed-up {rates['rung'] / rates['model.generate']:.2f}x   "
+            f"{shape:12}speed-up {rates['rung'] / rates['model.generate']:.2f}x"
+            + (f", vllm {rates['vllm'] / rates['model.generate']:.2f}x" if engine else "")
+            + "   "
             f"({flops / 1e9:.3f} GFLOP per token; mean completion {mean_len:.1f} tokens, "
             f"peer {tokens(theirs) / (len(prompts) * n):.1f})"
         )
         if sampling.temperature == 0:
-            same = sum(a == b for a, b in zip(ours, theirs, strict=True))
-            print(
-                f"{shape:12}greedy completions identical to model.generate: {'yes' if same == len(prompts) else 'no'} "
-                f"({same}/{len(prompts)})"
-            )
+            for name, outs, _ in runs[1:]:
+                same = sum(a == b for a, b in zip(outs, theirs, strict=True))
+                print(f"{shape:12}greedy completions of {name} identical to model.generate: {same}/{len(prompts)}")
+    if engine:
+        engine.close()
 
 
 if __name__ == "__main__":

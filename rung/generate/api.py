@@ -16,12 +16,12 @@ from weakref import WeakKeyDictionary
 
 import torch
 from tqdm.auto import tqdm
-from transformers import CompileConfig, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import CompileConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from rung import models, placement
 from rung.config import SamplingParams, VllmParams
 from rung.generate import compiled, decode, vllm
-from rung.generate.completion import Completion, Generator
+from rung.generate.completion import Completion, Generator, stop_ids
 from rung.generate.prepacked import prepacked
 
 log = logging.getLogger(__name__)
@@ -167,10 +167,3 @@ def memory_rows(model: PreTrainedModel, length: int) -> int:
     free, _ = torch.cuda.mem_get_info(model.device)
     fits = int(free * KV_SHARE) // per_row
     return max([b for b in compiled.ROW_BUCKETS if b <= fits], default=1)
-
-
-def stop_ids(config: GenerationConfig | None, tok: PreTrainedTokenizerBase) -> list[int]:
-    """The token ids that end a completion, sorted: the model's generation config's EOS id(s), else the
-    tokenizer's EOS."""
-    eos = config.eos_token_id if config else None
-    return sorted(set(([eos] if isinstance(eos, int) else eos) or [tok.eos_token_id]))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from transformers import PreTrainedTokenizerBase
+from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from rung.answers.formats import Prompt
 from rung.errors import InputError
@@ -45,3 +45,10 @@ class Generator:
 
     def render(self, prompts: list[Prompt]) -> list[str]:
         return render(self.tok, prompts)
+
+
+def stop_ids(config: GenerationConfig | None, tok: PreTrainedTokenizerBase) -> list[int]:
+    """The token ids that end a completion, sorted: the model's generation config's EOS id(s), else the
+    tokenizer's EOS."""
+    eos = config.eos_token_id if config else None
+    return sorted(set(([eos] if isinstance(eos, int) else eos) or [tok.eos_token_id]))

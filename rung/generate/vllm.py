@@ -24,7 +24,7 @@ from typing import Any
 from rung.config import SamplingParams, VllmParams
 from rung.errors import InputError
 from rung.generate import vllm_worker
-from rung.generate.completion import Completion, Generator
+from rung.generate.completion import Completion, Generator, stop_ids
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,6 @@ def load(model_dir: Path | str, dtype: str, params: VllmParams | None = None) ->
     from transformers import GenerationConfig
 
     from rung import models
-    from rung.generate.api import stop_ids
 
     tok = models.load_tokenizer(model_dir)
     try:
