@@ -1,11 +1,14 @@
 """Stage `report`: every checkpoint side by side, with paired comparisons (markdown, HTML, DVC
-metrics file, Prefect artifact, MLflow: metrics of the report run, a table on the parent run)."""
+metrics file, Prefect artifact, MLflow: metrics `paired/<new>-vs-<old>/<set>/...` of the report run;
+on the parent run the headline metrics, the comparison tables and the report itself)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import mlflow
+from mlflow.entities import Metric
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
@@ -52,7 +55,7 @@ def report(params_file: str = str(paths.PARAMS)) -> str:
         ]
         text = rep.run(evals, curves, rl, settings, compared, warnings)
         # The comparisons file is the stage's DVC metrics; the same numbers (significance as 0/1) on its MLflow run.
-        tracking.log_metrics(_numeric(compared.dump()["comparisons"]), prefix="paired")
+        tracking.log_metrics({k: _numeric(c.dump()["sets"]) for k, c in compared.comparisons.items()}, prefix="paired")
         mlflow.log_artifact(str(rep.COMPARISONS))
         mlflow.log_artifact(str(paths.REPORT))
         mlflow.log_artifact(str(paths.HTML_REPORT))
@@ -66,7 +69,12 @@ def report(params_file: str = str(paths.PARAMS)) -> str:
                 parent,
                 {"paired_greedy.json": (greedy_header, greedy), "paired_sampled.json": (sampled_header, sampled)},
             )
-            mlflow.MlflowClient().log_text(parent, rep.paired_markdown(compared), "paired_comparisons.md")
+            client = mlflow.MlflowClient()
+            client.log_text(parent, rep.paired_markdown(compared), "paired_comparisons.md")
+            headlines = tracking.headline_metrics(evals, compared, {n: s.init for n, s in params.rl.stages.items()})
+            client.log_batch(parent, metrics=[Metric(k, v, int(time.time() * 1000), 0) for k, v in headlines.items()])
+            for path in (paths.REPORT, paths.HTML_REPORT):
+                client.log_artifact(parent, str(path))
         create_markdown_artifact(
             markdown=text,
             key="rung-report",

@@ -12,14 +12,18 @@ from rich.table import Table
 Columns = dict[str, dict[str, Any]]
 
 
-def mlflow_columns(run_ids: list[str], experiment: str, last: int, name_glob: str) -> Columns:
+def mlflow_columns(run_ids: list[str], experiment: str, last: int, name_glob: str, parents: bool = False) -> Columns:
     """One column per MLflow run: its params and latest metrics. Without ids: the `last` most
-    recent runs of `experiment` whose name matches `name_glob` (e.g. 'eval@*')."""
+    recent runs of `experiment` whose name matches `name_glob` (e.g. 'eval@*'), only parent runs
+    (one per experiment: params and headline metrics) if `parents`."""
     if run_ids:
         runs = [mlflow.get_run(i) for i in run_ids]
     else:
         found = mlflow.search_runs(
-            experiment_names=[experiment], order_by=["attributes.start_time DESC"], output_format="list"
+            experiment_names=[experiment],
+            filter_string="tags.`rung.role` = 'pipeline'" if parents else "",
+            order_by=["attributes.start_time DESC"],
+            output_format="list",
         )
         runs = [r for r in found if fnmatch.fnmatch(r.info.run_name or "", name_glob)][:last]
     return {
