@@ -218,7 +218,8 @@ def test_deployed_pipeline_runs_on_a_gpu_pool_worker(workspace, servers, prefect
         == run("md5sum", "data/curated/train.jsonl").stdout.split()[0]
     )
     client_ml = mlflow.MlflowClient()
-    assert [a.path for a in client_ml.list_artifacts(parent[0].info.run_id)] == ["stages.md"]
+    assert [a.path for a in client_ml.list_artifacts(parent[0].info.run_id)] == ["params.yaml", "stages.md"]
+    assert parent[0].data.params["curate.max_test"] == "8" and parent[0].data.tags["rung.seed"] == "42"
     local = client_ml.download_artifacts(parent[0].info.run_id, "stages.md", str(tmp_path))
     assert Path(local).read_text() == summary[0].data
     assert parent[0].info.artifact_uri.startswith("mlflow-artifacts:/") and list(
