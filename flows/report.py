@@ -4,11 +4,9 @@ on the parent run the headline metrics, the comparison tables and the report its
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import mlflow
-from mlflow.entities import Metric
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
@@ -71,8 +69,9 @@ def report(params_file: str = str(paths.PARAMS)) -> str:
             )
             client = mlflow.MlflowClient()
             client.log_text(parent, rep.paired_markdown(compared), "paired_comparisons.md")
-            headlines = tracking.headline_metrics(evals, compared, {n: s.init for n, s in params.rl.stages.items()})
-            client.log_batch(parent, metrics=[Metric(k, v, int(time.time() * 1000), 0) for k, v in headlines.items()])
+            tracking.log_headlines(
+                parent, tracking.headline_metrics(evals, compared, {n: s.init for n, s in params.rl.stages.items()})
+            )
             for path in (paths.REPORT, paths.HTML_REPORT):
                 client.log_artifact(parent, str(path))
         create_markdown_artifact(

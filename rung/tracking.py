@@ -20,6 +20,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from typing import Any
 import mlflow
 import psutil
 import yaml
-from mlflow.entities import Param, Run
+from mlflow.entities import Metric, Param, Run
 
 from rung.config import Params
 from rung.eval import paired
@@ -354,6 +355,28 @@ def headline_metrics(evals: dict[str, EvalResult], compared: Comparisons, rl_ini
                 for k in ("difference", "ci_low", "ci_high", "mcnemar_p")
             }
     return out
+
+
+VIEW = "rung"
+"""The MLflow UI's shared view of the runs table with the headline columns:
+<MLflow UI>/#/experiments/<id>/runs?viewStateShareKey=rung."""
+
+
+def log_headlines(parent_id: str, headlines: dict[str, float], most_params: int = 12) -> None:
+    """Log the headline metrics on the parent run, and save the runs table's shared view `VIEW`:
+    those metrics and the params that differ between the experiment's parent runs as columns."""
+    client = mlflow.MlflowClient()
+    now = int(time.time() * 1000)
+    client.log_batch(parent_id, metrics=[Metric(k, v, now, 0) for k, v in headlines.items()])
+    experiment_id = client.get_run(parent_id).info.experiment_id
+    found = client.search_runs([experiment_id], filter_string="tags.`rung.role` = 'pipeline'", max_results=1000)
+    parents = [r for r in found if r.data.params]  # parents logged before rung logged params on them have none
+    keys = sorted({k for r in parents for k in r.data.params})
+    differ = [k for k in keys if len({r.data.params.get(k) for r in parents}) > 1][:most_params]
+    # The state MLflow's "Share" button saves in an experiment tag (the UI reads it compressed or, as
+    # here, plain JSON); column ids are MLflow's canonical keys, <type>.`<name>`.
+    columns = [f"metrics.`{k}`" for k in headlines] + [f"params.`{k}`" for k in differ]
+    client.set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{VIEW}", json.dumps({"selectedColumns": columns}))
 
 
 def log_metrics(metrics: dict[str, Any], prefix: str, step: int | None = None) -> None:

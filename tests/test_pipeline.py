@@ -18,7 +18,8 @@ import yaml
 
 from flows.run import commit
 from rung.train.checkpoints import CURRICULUM_STATE, complete_checkpoints
-from tests.conftest import ROOT
+from tests.conftest import ROOT, free_port, serve, wait_healthy
+from tests.test_html_report import CHROMIUM, chromium
 from tests.workspace import make_workspace
 
 STAGES = {
@@ -389,6 +390,41 @@ def test_compare_cli(workspace):
     assert "workspace" in res.stdout and "sets.test.accuracy" in res.stdout
     res = run("rung", "compare", "no-such-run-id")
     assert res.returncode == 2 and res.stderr.startswith("error:") and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_mlflow_runs_table_shows_two_experiments_side_by_side(workspace, tmp_path):
+    """What a person sees: MLflow's UI (a server on the workspace's store, in headless Chromium) opens
+    the runs table's `rung` view on one row per experiment, with the headline metrics and the params
+    that differ as columns."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip("headless Chromium not installed (Debian package `chromium`)")
+    ws, run = workspace
+    port, log = free_port(), tmp_path / "mlflow.log"
+    cmd = ["mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    server = serve([sys.executable, "-m", *cmd, "--backend-store-uri", f"sqlite:///{ws / 'mlflow.db'}"], run.env, log)
+    try:
+        wait_healthy(server, f"http://127.0.0.1:{port}/health", log)
+        experiment = mlflow.get_experiment_by_name("rung").experiment_id
+        url = f"http://127.0.0.1:{port}/#/experiments/{experiment}/runs?viewStateShareKey=rung"
+        # the page fetches its runs after it loads: Chromium's virtual time lets it finish first
+        wait = ["--virtual-time-budget=30000", "--window-size=2400,800"]
+        dom = chromium(tmp_path, *wait, "--dump-dom", url).stdout
+        png = tmp_path / "runs.png"
+        chromium(tmp_path, *wait, f"--screenshot={png}", url)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", re.sub(r"<(script|style)\b.*?</\1>", "", dom, flags=re.S)))
+    parents = [r for r in _runs(ws) if r.data.tags.get("rung.role") == "pipeline" and r.data.metrics]
+    assert len(parents) == 2
+    for name in [r.info.run_name for r in parents] + [
+        "eval/base/test/accuracy",
+        "eval/rl-main/test/pass_at_3",
+        "paired/rl-main-vs-sft/test/mcnemar_p",
+        "eval.sampling.max_new_tokens",
+    ]:
+        assert name in text, name
+    assert png.stat().st_size > 10_000
 
 
 def test_bad_params_fail_fast_and_keep_outputs(workspace):

@@ -41,7 +41,7 @@ def table(columns: Columns, pattern: str, all_rows: bool) -> Table:
     if not all_rows and len(columns) > 1:
         keys = [k for k in keys if len({repr(v.get(k)) for v in columns.values()}) > 1]
     t = Table(show_lines=False)
-    t.add_column("key", overflow="fold")
+    t.add_column("key", overflow="fold", min_width=min(max(map(len, keys), default=3), 40))  # keys stay readable
     for name in columns:
         t.add_column(name, justify="right", overflow="fold")
     for k in keys:
