@@ -20,6 +20,7 @@ from rung.checks.generation import backend
 from rung.checks.models import chat_template
 from rung.eval import evaluate
 from rung.eval.results import EvalResult
+from rung.report import keys
 from rung.seeding import derive
 from tasks import evaluate as evaluate_task
 from tasks import generation
@@ -51,7 +52,7 @@ def eval_checkpoint(checkpoint: str, params_file: str = str(paths.PARAMS)) -> No
             for name, path in set_paths.items()
         }
         metrics = evaluate.run(checkpoint, results, set_paths, params.eval, params.format, seed)
-        finish(f"eval-{slug}", metrics, tracking.eval_metrics(EvalResult.model_validate(metrics)))
+        finish(f"eval-{slug}", metrics, keys.eval_metrics(EvalResult.model_validate(metrics)))
         mlflow.log_artifacts(str(paths.EVAL / slug), artifact_path="samples")
 
 

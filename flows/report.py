@@ -14,8 +14,8 @@ from flows.stage import main
 from rung import config, files, paths, tracking
 from rung.eval import comparisons
 from rung.eval.results import EvalResult
+from rung.report import keys, tables
 from rung.report import pipeline as rep
-from rung.report import tables
 
 CHECKS = ()
 """What this stage checks of params before any compute (flows.stage.main)."""
@@ -70,7 +70,7 @@ def report(params_file: str = str(paths.PARAMS)) -> str:
             client = mlflow.MlflowClient()
             client.log_text(parent, rep.paired_markdown(compared), "paired_comparisons.md")
             tracking.log_headlines(
-                parent, tracking.headline_metrics(evals, compared, {n: s.init for n, s in params.rl.stages.items()})
+                parent, keys.headline_metrics(evals, compared, {n: s.init for n, s in params.rl.stages.items()})
             )
             for path in (paths.REPORT, paths.HTML_REPORT):
                 client.log_artifact(parent, str(path))

@@ -14,7 +14,7 @@ from prefect import get_run_logger
 from rung import config, files, paths, tracking
 from rung.config import Params
 from rung.errors import InputError
-from rung.report import health
+from rung.report import health, keys
 
 Check = Callable[[Params], None]
 
@@ -49,7 +49,7 @@ def finish(stage: str, metrics: dict[str, Any], tracked: dict[str, float] | None
     for w in found:
         get_run_logger().warning(w)
     files.write_json(paths.metrics(stage), {**metrics, "warnings": found} if found else metrics)
-    mlflow.log_metrics(tracking.metric_keys(metrics, prefix=stage) if tracked is None else tracked)
+    mlflow.log_metrics(keys.metric_keys(metrics, prefix=stage) if tracked is None else tracked)
     if found:
         mlflow.set_tag("rung.warnings", " | ".join(found)[:5000])
 

@@ -15,9 +15,11 @@ import psutil
 from rung import config, tracking
 from rung.eval.results import Comparisons, EvalResult
 from rung.files import flatten
+from rung.report import keys
 from tests.conftest import ROOT
 
 CHECKPOINTS = [("base", "base"), ("sft", "sft"), ("rl/main", "rl-main")]
+FIXTURES = ROOT / "tests/fixtures/report"
 
 
 def test_runs_of_dead_processes_are_closed_as_killed(tmp_path):
@@ -35,16 +37,13 @@ def test_runs_of_dead_processes_are_closed_as_killed(tmp_path):
     assert status == {dead.info.run_id: "KILLED", alive.info.run_id: "RUNNING", elsewhere.info.run_id: "RUNNING"}
 
 
-FIXTURES = ROOT / "tests/fixtures/report"
-
-
 def test_eval_runs_share_metric_keys_and_parents_get_the_headlines():
     """MLflow lines checkpoints up by metric key: every checkpoint's eval run has the same keys
     (`<set>/<metric>`), settings are not among them; the parent gets one key per checkpoint."""
     evals = {c: EvalResult.model_validate_json((FIXTURES / f"eval-{s}.json").read_text()) for c, s in CHECKPOINTS}
-    keys = {c: set(tracking.eval_metrics(e)) for c, e in evals.items()}
-    assert keys["base"] == keys["sft"] == keys["rl/main"]
-    test = tracking.eval_metrics(evals["rl/main"])
+    names = {c: set(keys.eval_metrics(e)) for c, e in evals.items()}
+    assert names["base"] == names["sft"] == names["rl/main"]
+    test = keys.eval_metrics(evals["rl/main"])
     assert test["test/accuracy"] == evals["rl/main"].sets["test"].accuracy
     assert test["test/pass_at_4"] == evals["rl/main"].sets["test"].pass_at_k["4"]
     assert test["test/avg_at_4"] == evals["rl/main"].sets["test"].avg_at_n()["avg@4"]
@@ -53,7 +52,7 @@ def test_eval_runs_share_metric_keys_and_parents_get_the_headlines():
     assert not [k for k in test if k.split("/")[0] in ("sampling", "samples", "bootstrap", "seed")]
 
     compared = Comparisons.model_validate_json((FIXTURES / "comparisons.json").read_text())
-    heads = tracking.headline_metrics(evals, compared, {"main": "sft"})
+    heads = keys.headline_metrics(evals, compared, {"main": "sft"})
     rl_vs_sft = compared.comparisons["rl-main-vs-sft"].sets["test"]
     paired = {
         f"paired/rl-main-vs-sft/test/{k}": getattr(rl_vs_sft, k)
