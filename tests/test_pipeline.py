@@ -377,7 +377,7 @@ def test_compare_cli(workspace):
     res = run("rung", "compare", "--keys", "test/accuracy", "--all", "--last", "3")
     assert res.returncode == 0, res.stderr
     assert "eval@base" in res.stdout and "eval@rl-main" in res.stdout and "accuracy" in res.stdout
-    res = run("rung", "compare", "--parents", "--last", "3", "--keys", "eval/sft/test/accuracy")
+    res = run("rung", "compare", "--parents", "--last", "3", "--keys", "eval/sft/test/accuracy", "--all")
     assert res.returncode == 0, res.stderr
     assert "eval/sft/test/accuracy" in res.stdout and "pipeline " in res.stdout and "repro " in res.stdout
     res = run("rung", "compare", "--name", "report", "--last", "1", "--keys", "paired/rl-main-vs-sft/test/*")
@@ -399,6 +399,8 @@ def test_mlflow_runs_table_shows_two_experiments_side_by_side(workspace, tmp_pat
     if not Path(CHROMIUM).exists():
         pytest.skip("headless Chromium not installed (Debian package `chromium`)")
     ws, run = workspace
+    parents = [r for r in _runs(ws) if r.data.tags.get("rung.role") == "pipeline" and r.data.metrics]
+    assert len(parents) == 2
     port, log = free_port(), tmp_path / "mlflow.log"
     cmd = ["mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
     server = serve([sys.executable, "-m", *cmd, "--backend-store-uri", f"sqlite:///{ws / 'mlflow.db'}"], run.env, log)
@@ -408,15 +410,12 @@ def test_mlflow_runs_table_shows_two_experiments_side_by_side(workspace, tmp_pat
         url = f"http://127.0.0.1:{port}/#/experiments/{experiment}/runs?viewStateShareKey=rung"
         # the page fetches its runs after it loads: Chromium's virtual time lets it finish first
         wait = ["--virtual-time-budget=30000", "--window-size=2400,800"]
-        dom = chromium(tmp_path, *wait, "--dump-dom", url).stdout
         png = tmp_path / "runs.png"
-        chromium(tmp_path, *wait, f"--screenshot={png}", url)
+        dom = chromium(tmp_path, *wait, "--dump-dom", f"--screenshot={png}", url).stdout
     finally:
         server.terminate()
         server.wait(timeout=30)
     text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", re.sub(r"<(script|style)\b.*?</\1>", "", dom, flags=re.S)))
-    parents = [r for r in _runs(ws) if r.data.tags.get("rung.role") == "pipeline" and r.data.metrics]
-    assert len(parents) == 2
     for name in [r.info.run_name for r in parents] + [
         "eval/base/test/accuracy",
         "eval/rl-main/test/pass_at_3",

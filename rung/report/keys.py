@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from rung.eval import paired
 from rung.eval.results import Comparisons, EvalResult
 from rung.files import flatten
 
@@ -46,10 +45,10 @@ def headline_metrics(evals: dict[str, EvalResult], compared: Comparisons, rl_ini
         keep += [f"pass_at_{max(test.pass_at_k, key=int)}"] if test.pass_at_k else []
         flat = test.flat()
         out |= metric_keys({k: flat[k] for k in keep}, f"eval/{checkpoint.replace('/', '-')}/test")
-    for name, init in rl_inits.items():
-        key = paired.key(f"rl/{name}", init)
-        test = compared.comparisons[key].sets.get("test") if key in compared.comparisons else None
-        if test:
+    rl_vs_init = {(f"rl/{name}", init) for name, init in rl_inits.items()}
+    for key, c in compared.comparisons.items():
+        if (c.new, c.old) in rl_vs_init and "test" in c.sets:
+            test = c.sets["test"]
             out |= {
                 f"paired/{key}/test/{k}": float(getattr(test, k))
                 for k in ("difference", "ci_low", "ci_high", "mcnemar_p")
