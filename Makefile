@@ -1,4 +1,5 @@
-# rung: `make demo` runs the whole pipeline on the embedded default; `make test` runs the tests.
+# rung: `make demo` runs the whole pipeline on the embedded default; `make test` runs the tests;
+# `make docs` builds the guides (docs/) into a site.
 # Both create the virtual environment on first use (about 3 minutes) and reuse it afterwards;
 # `make test` also creates the vLLM environment (.venv-vllm, below) that tests/test_vllm.py runs.
 
@@ -11,7 +12,7 @@ export PATH := $(BIN):$(PATH)
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 
-.PHONY: setup demo test pipeline lock clean-venv vllm-setup vllm-lock clean-vllm
+.PHONY: setup demo test docs pipeline lock clean-venv vllm-setup vllm-lock clean-vllm
 
 setup: $(STAMP)
 
@@ -46,6 +47,10 @@ test: setup vllm-setup
 	@# Headless Chromium renders the HTML report in a test (Debian's package; needs root or sudo).
 	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } || echo "chromium not installed: its test will be skipped"
 	python -m pytest
+
+# The guides in docs/ as a site in site/ (mkdocs.yml); fails on a broken link, anchor or nav entry.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 python -m mkdocs build --strict
 
 lock: setup
 	{ sed -n 1,2p constraints.txt; $(BIN)/python -m pip freeze --exclude-editable; } > constraints.tmp && mv constraints.tmp constraints.txt

@@ -54,7 +54,7 @@ def peer(
     greedy = sampling.temperature == 0
     order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
     per_batch = max(1, sampling.batch_size // n)
-    eos_ids = set(stop_ids(model, tok))
+    eos_ids = set(stop_ids(model.generation_config, tok))
     out: list[list[Completion]] = [[] for _ in prompts]
     for b, start in enumerate(range(0, len(order), per_batch)):
         idx = order[start : start + per_batch]

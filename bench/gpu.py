@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from phases import PHASES, run  # bench/phases.py
@@ -56,14 +56,7 @@ from rung.train.jobs import RLJob
 FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "smollm2-135m"
 SHAPES = {"sampled": (128, 8, 256), "rl": (8, 8, 128), "greedy": (512, 1, 64)}  # prompts, samples, new tokens
 SMOKE_SHAPES = {"sampled": (4, 2, 8), "rl": (2, 2, 8), "greedy": (6, 1, 8)}
-SMOKE_CONFIG = dict(
-    num_hidden_layers=2,
-    hidden_size=64,
-    intermediate_size=128,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-)
+SMOKE_CONFIG = dict(num_hidden_layers=2, hidden_size=72, intermediate_size=144, head_dim=16)  # heads: the fixture's
 FMT = FormatParams()
 
 
@@ -112,17 +105,21 @@ def _timed(fn: Any) -> tuple[Any, float]:
     return out, time.perf_counter() - t0
 
 
-def peer(
-    model: PreTrainedModel,
-    ids: list[list[int]],
-    sampling: SamplingParams,
-    n: int,
-    rows: int,
-    eos: int,
-    static: bool,
-    compile_config: CompileConfig | None,
-) -> list[list[int]]:
+class Work(NamedTuple):
+    """One shape's generation: `n` samples of each prompt, `rows` sequences a batch."""
+
+    model: PreTrainedModel
+    ids: list[list[int]]
+    sampling: SamplingParams
+    n: int
+    rows: int
+    eos: int
+    compile_config: CompileConfig | None
+
+
+def peer(work: Work, static: bool) -> list[list[int]]:
     """Batched `model.generate`, left-padded, `rows` sequences a batch, fixed lengths; the tokens of each row."""
+    model, ids, sampling, n, rows, eos, compile_config = work
     out: list[list[int]] = []
     per_batch = max(1, rows // n)
     extra: dict[str, Any] = (
@@ -164,7 +161,7 @@ def bench_generation(
         ids = tok(prompts, add_special_tokens=False)["input_ids"]
         sampling = SamplingParams(temperature=0.0 if n == 1 else 1.0, max_new_tokens=new)
         rows = batch_rows(model, sampling, max(map(len, ids)))
-        contenders = _contenders(model, ids, sampling, n, rows, eos, smoke, compile_config)
+        contenders = _contenders(Work(model, ids, sampling, n, rows, eos, compile_config), smoke)
         seen: dict[str, list[list[int]]] = {}
         for name, fn in contenders.items():
             _, first = _timed(fn)
@@ -192,17 +189,9 @@ def bench_generation(
     return results
 
 
-def _contenders(
-    model: PreTrainedModel,
-    ids: list[list[int]],
-    sampling: SamplingParams,
-    n: int,
-    rows: int,
-    eos: int,
-    smoke: bool,
-    compile_config: CompileConfig | None,
-) -> dict[str, Callable[[], list[list[int]]]]:
+def _contenders(work: Work, smoke: bool) -> dict[str, Callable[[], list[list[int]]]]:
     """The generators timed on one shape, by name (each returns the generated token ids per sample)."""
+    model, ids, sampling, n, _, eos, compile_config = work
     return {
         "rung (compiled static cache)" if model.device.type == "cuda" or smoke else "rung": lambda: [
             t
@@ -222,8 +211,8 @@ def _contenders(
         "rung loop": lambda: [
             t for r in generate_ids(model, ids, sampling, [eos], n, seed=0, desc=None, engine="loop") for t, _ in r
         ],
-        "generate, dynamic cache": lambda: peer(model, ids, sampling, n, rows, eos, False, None),
-        "generate, static cache compiled": lambda: peer(model, ids, sampling, n, rows, eos, True, compile_config),
+        "generate, dynamic cache": lambda: peer(work._replace(compile_config=None), static=False),
+        "generate, static cache compiled": lambda: peer(work, static=True),
     }
 
 

@@ -13,11 +13,16 @@ from rich.markdown import Markdown
 from rung import config, paths, preflight
 from rung.errors import InputError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="rung: reproducible RL post-training for reasoning.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="rung: reproducible RL post-training for reasoning.",
+    epilog="Guides: docs/index.md (every params key: docs/reference/params.md).",
+)
 console = Console()
 
 
-@app.command()
+@app.command(epilog="Guide: docs/pipeline.md (Validation before any compute); every key: docs/reference/params.md.")
 def validate(params_file: Path = typer.Argument(paths.PARAMS, help="params file to check")) -> None:
     """Check a params file against the schema and preflight it (sources, tasks, models, rewards,
     launch); one line naming the key or file on error (exit 2)."""
@@ -32,7 +37,7 @@ def validate(params_file: Path = typer.Argument(paths.PARAMS, help="params file 
     )
 
 
-@app.command()
+@app.command(epilog="Guide: docs/results.md.")
 def table(report: Path = typer.Argument(paths.REPORT, help="report written by the report stage")) -> None:
     """Print the results of the last pipeline run: every checkpoint, and the paired comparisons."""
     if not report.is_file():
@@ -41,7 +46,7 @@ def table(report: Path = typer.Argument(paths.REPORT, help="report written by th
     console.print(Markdown(report.read_text()))
 
 
-@app.command()
+@app.command(epilog="Guides: docs/mlflow.md (runs and experiments in MLflow), docs/evaluation.md (checkpoints).")
 def compare(
     ids: list[str] = typer.Argument(
         None, help="MLflow run ids, or DVC experiment names with --dvc; none: the most recent"
@@ -88,7 +93,7 @@ def compare(
     console.print(runs_table.table(columns, keys, all_rows))
 
 
-@app.command()
+@app.command(epilog="Guide: docs/recipes.md.")
 def run(
     recipe: Annotated[Path, typer.Argument(help="params file of the experiment, e.g. recipes/r1_zero.yaml")],
     sets: Annotated[
@@ -121,7 +126,7 @@ def run(
         table(ws / paths.REPORT)
 
 
-@app.command()
+@app.command(epilog="Guide: docs/orchestration.md (Sweeps).")
 def sweep(
     grid: Annotated[
         str,
@@ -142,7 +147,7 @@ def sweep(
     flows_sweep.cli(["--grid", grid, "--jobs", str(jobs), "--keys", keys, *(["--name", name] if name else [])])
 
 
-@app.command()
+@app.command(epilog="Guide: docs/orchestration.md (Seed studies).")
 def study(
     definition: Annotated[
         Path,

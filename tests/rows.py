@@ -30,3 +30,9 @@ def sums(count: int, second: Callable[[int], int], *, solutions: bool = False, g
             row |= {"pass_rate": (i % 5) / 4, "bucket": LEVELS[i % 5]}
         rows.append(row)
     return rows
+
+
+def generator(name: str, task: str, size: int, terms: tuple[int, int], digits: int) -> dict[str, Any]:
+    """A reasoning-gym source of params (`curate.sources`): sums of `terms` (min, max) numbers of `digits` digits."""
+    config = dict(min_terms=terms[0], max_terms=terms[1], min_digits=digits, max_digits=digits)
+    return dict(name=name, task=task, size=size, config=config)

@@ -6,20 +6,11 @@ from rung import files
 from rung.config import CurateParams
 from rung.data.curate import curate
 from rung.errors import InputError
+from tests.rows import generator
 
 
 def _params(**over) -> CurateParams:
-    src = [
-        dict(
-            name="arith",
-            task="basic_arithmetic",
-            size=120,
-            config=dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1),
-        ),
-        dict(
-            name="chain", task="chain_sum", size=120, config=dict(min_terms=2, max_terms=3, min_digits=1, max_digits=1)
-        ),
-    ]
+    src = [generator("arith", "basic_arithmetic", 120, (2, 2), 1), generator("chain", "chain_sum", 120, (2, 3), 1)]
     return CurateParams(**{"sources": src, "test_fraction": 0.25, "max_test": 40, **over})
 
 

@@ -15,40 +15,27 @@ import pytest
 
 from rung.report import htmlpage
 
+
+def _eval(headline: tuple, passk: tuple, by_source: dict, **extra) -> dict:
+    """One checkpoint's eval result on 200 prompts: accuracy, format rate, mean tokens, truncation rate;
+    pass@k for k = 1, 2, 4, 8; accuracy by source."""
+    numbers = dict(zip(("accuracy", "format_rate", "mean_tokens", "truncation_rate"), headline, strict=True))
+    pass_at_k = dict(zip(("1", "2", "4", "8"), passk, strict=True))
+    return numbers | dict(n=200, pass_at_k=pass_at_k, accuracy_by_source=by_source) | extra
+
+
+# fmt: off
 EVALS = {
-    "base": {
-        "accuracy": 0.12,
-        "accuracy_lenient": 0.2,
-        "format_rate": 0.4,
-        "mean_tokens": 61.25,
-        "truncation_rate": 0.3,
-        "n": 200,
-        "accuracy_ci": [0.08, 0.165],
-        "pass_at_k": {"1": 0.12, "2": 0.19, "4": 0.27, "8": 0.35},
-        "accuracy_by_source": {"basic_arithmetic": 0.1, "chain_sum": 0.14, "leg_counting": 0.05},
-        "sampling": {"temperature": 0.0, "max_new_tokens": 96},
-    },
-    "sft": {
-        "accuracy": 0.31,
-        "format_rate": 0.97,
-        "mean_tokens": 40.2,
-        "truncation_rate": 0.02,
-        "n": 200,
-        "accuracy_ci": [0.25, 0.375],
-        "pass_at_k": {"1": 0.31, "2": 0.42, "4": 0.51, "8": 0.6},
-        "accuracy_by_source": {"basic_arithmetic": 0.35, "chain_sum": 0.27, "leg_counting": 0.31},
-    },
-    # a name with markup in it: must come out as text, never as an element
-    "rl/<b>main</b>": {
-        "accuracy": 0.42,
-        "format_rate": 0.99,
-        "mean_tokens": 38.0,
-        "truncation_rate": 0.01,
-        "n": 200,
-        "pass_at_k": {"1": 0.42, "2": 0.5, "4": 0.58, "8": 0.64},
-        "accuracy_by_source": {"basic_arithmetic": 0.5, "chain_sum": 0.4},  # no leg_counting
-    },
+    "base": _eval((0.12, 0.4, 61.25, 0.3), (0.12, 0.19, 0.27, 0.35),
+                  {"basic_arithmetic": 0.1, "chain_sum": 0.14, "leg_counting": 0.05}, accuracy_lenient=0.2,
+                  accuracy_ci=[0.08, 0.165], sampling={"temperature": 0.0, "max_new_tokens": 96}),
+    "sft": _eval((0.31, 0.97, 40.2, 0.02), (0.31, 0.42, 0.51, 0.6),
+                 {"basic_arithmetic": 0.35, "chain_sum": 0.27, "leg_counting": 0.31}, accuracy_ci=[0.25, 0.375]),
+    # a name with markup in it: must come out as text, never as an element; no leg_counting
+    "rl/<b>main</b>": _eval((0.42, 0.99, 38.0, 0.01), (0.42, 0.5, 0.58, 0.64),
+                            {"basic_arithmetic": 0.5, "chain_sum": 0.4}),
 }
+# fmt: on
 CURVES = {"main": [(i, 0.2 + 0.5 * (1 - 0.93**i)) for i in range(0, 60, 2)], "long": [(0, 0.6), (10, 0.65), (20, 0.7)]}
 SETTINGS = {"model": "SmolLM2-135M-Instruct", "seed": "0", "note": "a & b"}
 TITLE = "rung <results>"

@@ -143,15 +143,8 @@ def test_deployed_pipeline_runs_on_a_gpu_pool_worker(workspace, servers, prefect
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "MLFLOW_"))}
     env.update(servers["prefect"], RUNG_REPO=str(ws), MLFLOW_TRACKING_URI=servers["mlflow"])
     env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if Path(p) != Path(sys.executable).parent)
-    worker = subprocess.run(
-        [sys.executable, "-m", "prefect", "worker", "start", "--pool", "gpu", "--run-once", "--limit", "1"],
-        check=False,
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    start = [sys.executable, "-m", "prefect", "worker", "start", "--pool", "gpu", "--run-once", "--limit", "1"]
+    worker = subprocess.run(start, check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert worker.returncode == 0, worker.stdout[-3000:] + worker.stderr[-3000:]
 
     state = client.read_flow_run(flow_run.id).state

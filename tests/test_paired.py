@@ -71,7 +71,8 @@ def _exact_power(right_to_wrong: int, wrong_to_right: int, n_observed: int, n: i
 
 
 def test_prompts_needed_for_80_percent_power():
-    # The default run's flips (README): 12 wrong -> right, 5 right -> wrong on 95 prompts, p = 0.14.
+    # The example of docs/evaluation.md (How rung compares checkpoints): 12 wrong -> right, 5 right -> wrong
+    # on 95 prompts, p = 0.14.
     n = paired.mcnemar_prompts_needed(5, 12, 95)
     assert n == 257 == paired.mcnemar_prompts_needed(12, 5, 95)  # the direction does not matter
     # Connor's formula is a normal approximation; the exact test's power there is close to 80%, and far below

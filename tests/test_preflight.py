@@ -145,14 +145,21 @@ CASES = {
         [("format.template", "plain"), ("format.plain_template", "Question? Answer:")],
         "error: params.yaml: format.plain_template: must contain {prompt}",
     ),
-    "chat template on a base model": (
-        [("model.source", "./base_model")],
-        "error: format.template: chat, but model.source './base_model' has no chat template",
-    ),
-    "chat template on a base teacher": (
-        [("sft.traces", [{"type": "distill", "model": "./base_model"}])],
-        "error: format.template: chat, but sft.traces.model './base_model' has no chat template",
-    ),
+    **{
+        f"chat template on a base {role}": (
+            [(key, value)],
+            f"error: format.template: chat, but {where} has no chat template",
+        )
+        for role, key, value, where in [
+            ("model", "model.source", "./base_model", "model.source './base_model'"),
+            (
+                "teacher",
+                "sft.traces",
+                [{"type": "distill", "model": "./base_model"}],
+                "sft.traces.model './base_model'",
+            ),
+        ]
+    },
 }
 
 

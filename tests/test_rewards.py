@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from rung.config import FormatParams, RLStageParams
 from rung.errors import InputError
@@ -86,3 +87,23 @@ def test_the_registry_has_exactly_the_names_params_validate_against():
     from rung.rl.rewards import REGISTRY
 
     assert tuple(REGISTRY) == BUILTIN_REWARDS
+
+
+def test_vllm_settings_reach_trl(tmp_path):
+    """RL's vLLM keys (server address, memory share, context, importance-sampling correction) become
+    GRPOConfig's fields of the same names."""
+    from rung.rl import trainers
+
+    vllm = dict(
+        vllm_mode="server",
+        vllm_server_base_url="http://node1:8000",
+        vllm_gpu_memory_utilization=0.5,
+        vllm_max_model_length=1024,
+        vllm_importance_sampling_correction=False,
+        vllm_importance_sampling_mode="token_truncate",
+        vllm_importance_sampling_clip_max=2.0,
+    )
+    config = trainers.trl_config(RLStageParams(use_vllm=True, **vllm), [1.0, 0.1], seed=0, work_dir=tmp_path)
+    assert config.use_vllm and {k: getattr(config, k) for k in vllm} == vllm
+    with pytest.raises(ValidationError, match="vllm_gpu_memory_utilization"):
+        RLStageParams(vllm_gpu_memory_utilization=1.5)

@@ -22,6 +22,7 @@ from rung.train import launch
 from rung.train.checkpoints import CURRICULUM_STATE, FINAL
 from rung.train.jobs import RLJob
 from tests.rows import sums
+from tests.tiny_model import job
 
 FMT = FormatParams()
 BUCKETS = DifficultyParams().buckets
@@ -60,18 +61,18 @@ def _stage(**kw) -> RLStageParams:
 def _job(tiny_model: Path, work: Path, stage: RLStageParams, resume: str | None = None) -> RLJob:
     data = work.parent / "rows.jsonl"
     files.write_jsonl(data, ROWS)
-    return RLJob(
+    curves = work.parent / f"{work.name}.curves.json"
+    return job(
+        RLJob,
+        tiny_model,
+        data,
+        work,
         key="rl.stages.main",
         params=stage,
-        format=FMT,
         seed=7,
-        dtype="float32",
-        init=tiny_model,
-        data=data,
-        work_dir=work,
         resume=resume,
         buckets=BUCKETS,
-        curves=work.parent / f"{work.name}.curves.json",
+        curves=curves,
     )
 
 

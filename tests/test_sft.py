@@ -24,6 +24,7 @@ from rung.train import launch
 from rung.train.checkpoints import FINAL, resume_point
 from rung.train.jobs import SFTJob
 from tests.rows import sums
+from tests.tiny_model import job
 
 FMT = FormatParams()
 ROWS = [  # every other row without a solution
@@ -77,17 +78,7 @@ def test_traces_stage_skips_without_sft_and_refuses_to_leave_sft_nothing(tiny_mo
 def _job(tiny_model: Path, tmp_path: Path, params: SFTParams, **kw) -> SFTJob:
     data = tmp_path / "traces.jsonl"
     files.write_jsonl(data, traces.from_solutions(ROWS, SolutionTraces(), FMT))
-    return SFTJob(
-        key="sft",
-        params=params,
-        format=FMT,
-        seed=3,
-        dtype="float32",
-        init=tiny_model,
-        data=data,
-        work_dir=tmp_path / "work",
-        **kw,
-    )
+    return job(SFTJob, tiny_model, data, tmp_path / "work", key="sft", params=params, seed=3, **kw)
 
 
 def test_lora_and_packing_give_a_plain_model(tiny_model, tmp_path):

@@ -16,6 +16,7 @@ from rung.config import BenchmarkSource
 from rung.data.rows import row_id
 from rung.data.tabular import FileSource, HFSource, load, mix
 from rung.errors import InputError
+from tests.rows import generator
 
 RECORDS = [
     {"q": "What is 40 + 2?", "a": 42, "why": "40 + 2 = 42", "level": 1},
@@ -467,12 +468,7 @@ def test_curate_writes_benchmark_eval_sets_and_counts_skipped_golds(offline, tmp
     monkeypatch.chdir(tmp_path)
     curate = CurateParams(
         sources=[
-            dict(
-                name="arith",
-                task="basic_arithmetic",
-                size=60,
-                config=dict(min_terms=2, max_terms=2, min_digits=2, max_digits=2),
-            ),
+            generator("arith", "basic_arithmetic", 60, (2, 2), 2),
             dict(type="file", name="math", path=str(MATH500), columns={"prompt": "problem", "answer": "answer"}),
         ],
         test_fraction=0.25,
@@ -482,16 +478,9 @@ def test_curate_writes_benchmark_eval_sets_and_counts_skipped_golds(offline, tmp
     assert (
         stats["sources"]["math"]["dropped_unverifiable"] == 1 and stats["sources"]["arith"]["dropped_unverifiable"] == 0
     )
-    assert stats["eval_sets"]["math500"] == dict(
-        read=6,
-        dropped_empty=0,
-        dropped_where=0,
-        dropped_no_answer=0,
-        dropped_size=0,
-        dropped_unverifiable=1,
-        dropped_duplicate=0,
-        rows=5,
-    )
+    math500 = stats["eval_sets"]["math500"]
+    assert math500.pop("read") == 6 and math500.pop("rows") == 5 and math500.pop("dropped_unverifiable") == 1
+    assert set(math500.values()) == {0}  # every other drop counter: empty, where, no answer, size, duplicate
     assert stats["eval_sets"]["gsm8k"]["rows"] == 5 and stats["eval_sets"]["gsm8k"]["dropped_unverifiable"] == 0
     written = {p.stem: files.read_jsonl(p) for p in (tmp_path / "data" / "curated" / "eval").glob("*.jsonl")}
     assert {n: sorted(r["answer"] for r in rows) for n, rows in written.items()} == {

@@ -128,14 +128,23 @@ class Params(Section):
     seed: int = Field(42, ge=0)
     """One seed; each stage derives its own from it (rung.seeding)."""
     model: ModelParams = ModelParams()
+    """The model every stage starts from and where stages run it (the `model` stage)."""
     format: FormatParams = FormatParams()
+    """The response format every stage speaks: prompts, SFT targets, rewards, grading."""
     generation: GenerationParams = GenerationParams()
+    """The rollout engine of the difficulty, traces and eval stages."""
     curate: CurateParams
+    """The `curate` stage: sources, filters, mix and the held-out split."""
     difficulty: DifficultyParams = DifficultyParams()
+    """The `difficulty` stage: pass rates, buckets and the pass-rate window of the RL train set."""
     sft: SFTParams = SFTParams()
+    """The `traces` and `sft` stages: where SFT targets come from and how the warm-start trains."""
     rl: RLParams
+    """The RL stages (`rl@<name>`), run in order, each from its `init` checkpoint."""
     eval: EvalParams = EvalParams()
+    """The eval stages (`eval_base`, `eval_sft`, `eval_rl@<name>`): decoding, bootstrap and eval sets."""
     tracking: TrackingParams = TrackingParams()
+    """Where MLflow records the runs."""
 
     @model_validator(mode="after")
     def _known_buckets(self) -> Params:

@@ -21,7 +21,8 @@ class ConfigError(InputError):
 
 class Section(BaseModel):
     # Unknown keys are errors: a typo must not silently fall back to a default.
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Field docstrings become field descriptions: the params reference (docs/reference/params.md) is made from them.
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 def deprecated(

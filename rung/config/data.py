@@ -17,6 +17,7 @@ class ReasoningGymSource(Section):
     """A reasoning-gym procedural task (https://github.com/open-thought/reasoning-gym)."""
 
     type: Literal["reasoning_gym"] = "reasoning_gym"
+    """Selects a reasoning-gym source; the default when `type` is left out."""
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     """Label of this source in the data, metrics and reports (unique)."""
     task: str = Field(min_length=1)
@@ -39,6 +40,7 @@ class ColumnMap(Section):
     """Which columns of the source hold the row's fields."""
 
     prompt: str = Field("prompt", min_length=1)
+    """The problem text put to the model."""
     answer: str = Field("answer", min_length=1)
     """Reference answer; numbers are converted to text (42 and 42.0 -> "42", 1.5 -> "1.5")."""
     solution: str | None = None
@@ -49,6 +51,7 @@ class _TabularSource(Section):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     """Label of this source in the data, metrics and reports (unique)."""
     columns: ColumnMap = ColumnMap()
+    """Which columns hold the prompt, the answer and the worked solution."""
     task: str = Field("math", min_length=1)
     """Verifier of the answers: 'math' (math-verify) or a reasoning-gym task name."""
     size: int | None = Field(None, gt=0)
@@ -88,7 +91,9 @@ class FileSource(_TabularSource):
     """A local JSON Lines, Parquet or CSV file (track it with DVC so that changes rerun curate)."""
 
     type: Literal["file"] = "file"
+    """Selects a local file source."""
     path: str = Field(min_length=1)
+    """The file, relative to the repository root (add it to the curate stage's deps in dvc.yaml)."""
     format: Literal["jsonl", "parquet", "csv"] | None = None
     """None infers it from the suffix (.jsonl/.ndjson, .parquet/.pq, .csv)."""
 
@@ -99,11 +104,13 @@ class HFSource(_TabularSource):
     `Dataset.save_to_disk` / `DatasetDict.save_to_disk` (read with `datasets.load_from_disk`)."""
 
     type: Literal["hf"] = "hf"
+    """Selects a Hugging Face dataset source."""
     dataset: str = Field(min_length=1)
     """Hub id ('org/name') or local directory (a path starting with '.', '/' or '~', or existing)."""
     config: str | None = None
     """Dataset configuration (subset) name."""
     split: str = "train"
+    """Dataset split to read, e.g. train or test."""
     revision: str | None = None
     """Hub branch, tag or commit; pin it for reproducibility. Not allowed for local directories."""
 
@@ -114,6 +121,7 @@ class BenchmarkSource(HFSource):
     may be a local directory holding a copy in the hub's layout (offline nodes)."""
 
     type: Literal["benchmark"] = "benchmark"
+    """Selects a benchmark known by name."""
     benchmark: str | None = None
     """Which benchmark; None: the one called `name` (set it when `name` is a label of your own,
     e.g. {type: benchmark, name: math500_l5, benchmark: math500, where: {level: [5]}})."""
@@ -149,6 +157,7 @@ class FilterParams(Section):
     """Curation filters, applied in this order after unverifiable answers are dropped."""
 
     min_chars: int = Field(1, ge=0)
+    """Prompts shorter than this many characters are dropped."""
     max_chars: int | None = Field(4000, gt=0)
     """Prompt length bounds in characters; None: no upper bound."""
     near_duplicate_threshold: float | None = Field(0.85, gt=0, le=1)
@@ -167,7 +176,9 @@ class MixParams(Section):
 
 class CurateParams(Section):
     sources: list[Source] = Field(min_length=1)
+    """Where rows come from (reasoning-gym tasks, files, HF datasets, benchmarks), each with a unique `name`."""
     filters: FilterParams = FilterParams()
+    """Length bounds, near-duplicate removal and decontamination against the eval sets."""
     mix: MixParams | None = None
     """Weighted mixture of the sources; None keeps every filtered row."""
     test_fraction: float = Field(0.2, gt=0, lt=1)
@@ -192,7 +203,9 @@ class DifficultyParams(Section):
     num_generations: int = Field(4, gt=0)
     """Rollouts per train prompt from which the pass rate is computed (open-r1 uses 8)."""
     sampling: SamplingParams = SamplingParams(temperature=1.0, max_new_tokens=48)
+    """Decoding of the scoring rollouts; sampled (temperature 1.0), so that repeated rollouts of a prompt differ."""
     pass_rate_min: float = Field(0.0, ge=0, le=1)
+    """Lower end of the kept pass-rate window (inclusive)."""
     pass_rate_max: float = Field(1.0, ge=0, le=1)
     """Keep prompts whose pass rate lies in [pass_rate_min, pass_rate_max] (open-r1: [0.1, 0.6])."""
     max_prompts: int | None = Field(None, gt=0)
@@ -217,6 +230,7 @@ class SolutionTraces(Section):
     `columns.solution` of a file or HF source), each followed by the answer line."""
 
     type: Literal["solutions"] = "solutions"
+    """Selects worked solutions from the data."""
     answer_only: bool = True
     """Rows without a solution train on the bare answer line; False skips them."""
 
@@ -228,6 +242,7 @@ class SampledTraces(Section):
     appended, so every target ends in the one format."""
 
     type: Literal["rejection", "distill"]
+    """rejection: sampled from the base model (STaR); distill: sampled from a teacher `model`."""
     model: str = "base"
     """'base' (self-improvement) or a teacher: a local HF model directory or hub id."""
     num_samples: int = Field(4, gt=0)
@@ -237,6 +252,7 @@ class SampledTraces(Section):
     max_prompts: int | None = Field(None, gt=0)
     """Sample for the first N train prompts (id order) only; None: all."""
     sampling: SamplingParams = SamplingParams(temperature=0.8, max_new_tokens=96)
+    """Decoding of the sampled traces."""
 
     @model_validator(mode="after")
     def _teacher(self) -> SampledTraces:

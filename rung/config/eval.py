@@ -13,13 +13,16 @@ class SampledEvalParams(SamplingParams):
     """n samples per prompt for avg@n, pass@k and maj@k (k = 1..n)."""
 
     n: int = Field(4, ge=1)
+    """Samples per prompt; pass@k and maj@k are reported for every k <= n."""
     max_prompts: int | None = Field(None, gt=0)
     """Sample only the first N prompts of each eval set (id order); None samples all."""
 
 
 class BootstrapParams(Section):
     resamples: int = Field(1000, ge=100)
+    """Bootstrap resamples of the prompts (seeded)."""
     confidence: float = Field(0.95, gt=0, lt=1)
+    """Interval coverage; 1 - confidence is the level of the paired tests' verdicts."""
 
 
 class EvalParams(Section):

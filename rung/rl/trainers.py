@@ -65,6 +65,12 @@ _PASSTHROUGH = (
     "top_entropy_quantile",
     "use_vllm",
     "vllm_mode",
+    "vllm_server_base_url",
+    "vllm_gpu_memory_utilization",
+    "vllm_max_model_length",
+    "vllm_importance_sampling_correction",
+    "vllm_importance_sampling_mode",
+    "vllm_importance_sampling_clip_max",
 )
 
 

@@ -1,0 +1,190 @@
+"""The documentation (docs/architecture.md, Documentation): the site builds strictly, the params reference is
+the schema's, the README stays a front door, and what the pages show (YAML, commands, CLI help) is real."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rung import config
+from rung.config.base import Section
+from tests import params_reference
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+README = ROOT / "README.md"
+PAGES = [README, *sorted(DOCS.rglob("*.md"))]
+# Pages that concurrent work adds, linked before they exist. Each must be absent: once one lands, this
+# test says to delete it here and to add it to mkdocs.yml's nav.
+PENDING: set[Path] = set()
+
+
+def _mkdocs(root: Path, site: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    cmd = [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)]
+    return subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=120)
+
+
+def _blocks(text: str, lang: str) -> list[str]:
+    return re.findall(rf"^```{lang}\n(.*?)^```", text, flags=re.M | re.S)
+
+
+def _prose(text: str) -> str:
+    """A page without its fenced code blocks (a `# comment` in bash is not a heading)."""
+    return re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
+
+
+def _anchors(page: Path) -> set[str]:
+    return {params_reference.slug(h) for h in re.findall(r"^#+ (.+)$", _prose(page.read_text()), flags=re.M)}
+
+
+def test_site_builds_strictly(tmp_path):
+    done = _mkdocs(ROOT, tmp_path / "site")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "site" / "reference" / "params" / "index.html").is_file()
+
+
+def test_strict_build_fails_on_a_missing_page_link_or_anchor(tmp_path):
+    # The check above can fail: the same site with a nav entry whose page is missing, a dead link and a
+    # dead anchor does not build, and says which.
+    shutil.copytree(DOCS, tmp_path / "docs")
+    nav = (ROOT / "mkdocs.yml").read_text().replace("  - Home: index.md\n", "  - Home: index.md\n  - Lost: lost.md\n")
+    (tmp_path / "mkdocs.yml").write_text(nav)
+    with (tmp_path / "docs" / "index.md").open("a") as f:
+        f.write("\n[gone](no-such-page.md) and [here](pipeline.md#no-such-heading)\n")
+    done = _mkdocs(tmp_path, tmp_path / "site")
+    assert done.returncode != 0
+    assert all(name in done.stderr for name in ("lost.md", "no-such-page.md", "no-such-heading")), done.stderr
+
+
+def test_params_reference_is_the_schemas():
+    assert params_reference.PAGE.read_text() == params_reference.render(), (
+        "docs/reference/params.md differs from rung/config: run `python -m tests.params_reference` and commit it"
+    )
+
+
+class _Probe(Section):
+    documented: int = 1
+    """A key with its docstring."""
+    bare: int = 2
+
+
+def test_a_key_without_docstring_fails_the_reference():
+    with pytest.raises(params_reference.UndocumentedKey, match=r"^bare \(.*_Probe\.bare\): no docstring"):
+        params_reference.render(_Probe)
+
+
+def test_readme_is_a_front_door():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 250
+    assert "make demo" in _blocks(text, "bash")[0] and "make test" in _blocks(text, "bash")[0]
+    assert "| rl/main | 54.8% [49, 61] |" in text  # the demo's table
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_resolve(page):
+    """Every relative link of a page (the README's included, which the site does not build) names a file
+    that exists and, with #anchor, a heading of it."""
+    for target in re.findall(r"\]\(([^)\s]+)\)", _prose(page.read_text())):
+        if re.match(r"^[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if file in PENDING:
+            assert not file.exists(), f"{file.name} exists now: remove it from PENDING and add it to mkdocs.yml's nav"
+            continue
+        assert file.exists(), f"{page.name}: link to {target}: no such file"
+        if anchor and file.suffix == ".md":
+            assert anchor in _anchors(file), f"{page.name}: link to {target}: no such heading"
+
+
+def _params_blocks() -> list[tuple[str, dict]]:
+    out = []
+    for page in PAGES:
+        for block in _blocks(page.read_text(), "yaml"):
+            data = yaml.safe_load(block)  # every YAML block parses
+            if isinstance(data, dict) and set(data) <= set(config.Params.model_fields):
+                out.append((page.name, data))
+    return out
+
+
+def test_yaml_blocks_of_params_validate(default_params):
+    """Each block of params sections, put in place of those sections of params.yaml, passes the schema."""
+    blocks = _params_blocks()
+    assert len(blocks) >= 6  # the data, benchmark, SFT, RL, vLLM and GPU examples
+    for page, data in blocks:
+        try:
+            config.parse({**default_params, **data}, f"{page} block {sorted(data)}")
+        except config.ConfigError as e:
+            pytest.fail(str(e))
+
+
+def _commands() -> list[list[str]]:
+    """The shell commands of the pages' bash blocks, continuation lines joined, comments dropped."""
+    out = []
+    for page in PAGES:
+        for block in _blocks(page.read_text(), "bash"):
+            for line in block.replace("\\\n", " ").splitlines():
+                words = shlex.split(line, comments=True)
+                while words and "=" in words[0] and not words[0].startswith("-"):
+                    words = words[1:]  # VAR=value prefixes
+                if words:
+                    out.append([Path(words[0]).name, *words[1:]])
+    return out
+
+
+def _sets(words: list[str], flag: str) -> dict:
+    pairs = [b for a, b in itertools.pairwise(words) if a in flag.split("|")]
+    return {k: yaml.safe_load(v) for k, _, v in (p.partition("=") for p in pairs)}  # as flows.run.overrides
+
+
+def test_commands_shown_validate(default_params):
+    """`rung <command>` names a command; `rung run` recipes with their --set, `dvc exp run -S` and `rung
+    sweep` grids applied to params.yaml pass the schema, as they would before anything runs."""
+    from typer.main import get_command
+
+    from flows.cli import app
+
+    commands = set(get_command(app).commands)
+    checked = 0
+    for words in _commands():
+        where = " ".join(words)
+        if words[0] == "rung":
+            assert words[1] in commands, f"{where}: no such rung command"
+        if words[:2] == ["rung", "run"]:
+            data = config.with_overrides(config.read_yaml(ROOT / words[2]), _sets(words, "--set|-S"))
+        elif words[:3] == ["dvc", "exp", "run"] and "-S" in words:
+            data = config.with_overrides(default_params, _sets(words, "-S"))
+        elif words[:2] == ["rung", "sweep"]:
+            grid = json.loads(words[2])
+            for point in itertools.product(*grid.values()):
+                config.parse(config.with_overrides(default_params, dict(zip(grid, point, strict=True))), where)
+            checked += 1
+            continue
+        else:
+            continue
+        config.parse(data, where)
+        checked += 1
+    assert checked >= 6
+
+
+def test_cli_help_names_a_guide():
+    from typer.main import get_command
+
+    from flows.cli import app
+
+    group = get_command(app)
+    for name, command in [("rung", group), *group.commands.items()]:
+        guides = re.findall(r"docs/[\w/.-]+\.md", command.epilog or "")
+        assert guides, f"{name} --help names no guide"
+        assert all((ROOT / g).is_file() for g in guides), f"{name} --help: {guides}"
