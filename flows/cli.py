@@ -46,7 +46,7 @@ def table(report: Path = typer.Argument(paths.REPORT, help="report written by th
     console.print(Markdown(report.read_text()))
 
 
-@app.command(epilog="Guide: docs/evaluation.md (Comparing runs and experiments).")
+@app.command(epilog="Guides: docs/mlflow.md (runs and experiments in MLflow), docs/evaluation.md (checkpoints).")
 def compare(
     ids: list[str] = typer.Argument(
         None, help="MLflow run ids, or DVC experiment names with --dvc; none: the most recent"
@@ -59,12 +59,16 @@ def compare(
         help="MLflow run-name glob when no ids are given; 'report' for the paired comparisons (keys paired/*)",
     ),
     last: int = typer.Option(3, "--last", help="how many recent MLflow runs when no ids are given"),
+    parents: bool = typer.Option(
+        False, "--parents", help="MLflow parent runs (one per experiment: params, headline metrics), any name"
+    ),
     all_rows: bool = typer.Option(False, "--all", help="show keys whose values are equal too"),
     params_file: Path = typer.Option(paths.PARAMS, "--params", help="params file naming the MLflow store"),
 ) -> None:
     """Print MLflow runs or DVC experiments side by side (keys whose values differ).
 
-    Paired comparisons of checkpoints are metrics of the report run (MLflow) and of
+    Experiments (one MLflow parent run each): `rung compare --parents --keys 'eval/*'`. Paired
+    comparisons of checkpoints are metrics of the report run (MLflow) and of
     data/reports/comparisons.json (DVC): `rung compare --name report --keys 'paired/*test*'`,
     `rung compare --dvc --keys '*comparisons.json:*test*'`."""
     from mlflow.exceptions import MlflowException
@@ -78,7 +82,8 @@ def compare(
             columns = experiments(ids or None)
         else:
             tracking.setup(config.load(params_file))
-            columns = runs_table.mlflow_columns(ids or [], config.load(params_file).tracking.experiment, last, name)
+            experiment = config.load(params_file).tracking.experiment
+            columns = runs_table.mlflow_columns(ids or [], experiment, last, "*" if parents else name, parents)
     except (InputError, MlflowException, subprocess.CalledProcessError) as e:
         typer.echo(f"error: {str(e).splitlines()[0]}", err=True)
         raise typer.Exit(2) from None

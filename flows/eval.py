@@ -2,7 +2,9 @@
 
 Outputs (written by rung.eval.evaluate.run): per-sample records (data/eval/<ckpt>/), DVC plots (pass@k
 and maj@k curves, accuracy by difficulty); this flow adds the DVC metrics file
-(data/metrics/eval-<ckpt>.json) and logs the same to the stage's MLflow run.
+(data/metrics/eval-<ckpt>.json) and logs its numbers to the stage's MLflow run under the same keys
+for every checkpoint (`<set>/<metric>`: `test/accuracy`, `test/pass_at_4`), the checkpoint and its
+init as tags and the settings as params, so MLflow's compare and chart views line checkpoints up.
 """
 
 from __future__ import annotations
@@ -12,11 +14,13 @@ import sys
 import mlflow
 from prefect import flow
 
-from flows.stage import finish, main
+from flows.stage import finish, main, record_checkpoint
 from rung import config, files, paths, tracking
 from rung.checks.generation import backend
 from rung.checks.models import chat_template
 from rung.eval import evaluate
+from rung.eval.results import EvalResult
+from rung.report import keys
 from rung.seeding import derive
 from tasks import evaluate as evaluate_task
 from tasks import generation
@@ -36,16 +40,19 @@ def eval_checkpoint(checkpoint: str, params_file: str = str(paths.PARAMS)) -> No
         "eval": params.eval.model_dump(exclude={"sets"}),
         "format": params.format.model_dump(),
         "checkpoint": checkpoint,
+        "init": params.init_of(checkpoint),
     }
     with tracking.stage_run(f"eval@{slug}", params, logged, inputs={"model": model_dir, **set_paths}):
         seed = derive(params.seed, "eval")
         gen = generation.load(model_dir, params.model, params.generation)
         tracking.tag_placement(gen.device, gen.dtype)
+        record_checkpoint(params, checkpoint)
         results = {
             name: evaluate_task.evaluate_set(gen, name, files.read_jsonl(path), params.format, params.eval, seed)
             for name, path in set_paths.items()
         }
-        finish(f"eval-{slug}", evaluate.run(checkpoint, results, set_paths, params.eval, params.format, seed))
+        metrics = evaluate.run(checkpoint, results, set_paths, params.eval, params.format, seed)
+        finish(f"eval-{slug}", metrics, keys.eval_metrics(EvalResult.model_validate(metrics)))
         mlflow.log_artifacts(str(paths.EVAL / slug), artifact_path="samples")
 
 

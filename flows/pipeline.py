@@ -1,9 +1,10 @@
 """The whole DAG as one Prefect flow: DVC decides what is stale, Prefect runs it with retries.
 
-Gives the same outputs as `dvc repro`, plus one MLflow parent run whose children are the stages
-run by this execution, and a table of every stage's headline metrics (Prefect artifact
-`rung-stages`, MLflow artifact `stages.md` of the parent run). Runs ephemeral, or against a
-Prefect server when PREFECT_API_URL is set; with a server, one pipeline per workspace at a time.
+Gives the same outputs as `dvc repro`, plus the experiment's MLflow parent run (the latest of the
+same commit and params, else a new one) whose children are the stages run, and a table of every
+stage's headline metrics (Prefect artifact `rung-stages`, MLflow artifact `stages.md` of the
+parent run). Runs ephemeral, or against a Prefect server when PREFECT_API_URL is set; with a
+server, one pipeline per workspace at a time.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def pipeline(params_file: str = str(paths.PARAMS)) -> list[str]:
     params = config.load(params_file)
     log = get_run_logger()
     with dvc.workspace_lock():
-        parent = tracking.start_parent(params, invocation="pipeline").info.run_id
+        parent = tracking.parent_for(params, invocation="pipeline", params_file=Path(params_file))
         os.environ[tracking.PARENT_ENV] = parent  # inherited by the stage processes
         ran, status = [], "FAILED"
         try:

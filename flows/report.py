@@ -1,5 +1,6 @@
 """Stage `report`: every checkpoint side by side, with paired comparisons (markdown, HTML, DVC
-metrics file, Prefect artifact, MLflow: metrics of the report run, a table on the parent run)."""
+metrics file, Prefect artifact, MLflow: metrics `paired/<new>-vs-<old>/<set>/...` of the report run;
+on the parent run the headline metrics, the comparison tables and the report itself)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from flows.stage import main
 from rung import config, files, paths, tracking
 from rung.eval import comparisons
 from rung.eval.results import EvalResult
+from rung.report import keys, tables
 from rung.report import pipeline as rep
-from rung.report import tables
 
 CHECKS = ()
 """What this stage checks of params before any compute (flows.stage.main)."""
@@ -52,7 +53,7 @@ def report(params_file: str = str(paths.PARAMS)) -> str:
         ]
         text = rep.run(evals, curves, rl, settings, compared, warnings)
         # The comparisons file is the stage's DVC metrics; the same numbers (significance as 0/1) on its MLflow run.
-        tracking.log_metrics(_numeric(compared.dump()["comparisons"]), prefix="paired")
+        tracking.log_metrics({k: _numeric(c.dump()["sets"]) for k, c in compared.comparisons.items()}, prefix="paired")
         mlflow.log_artifact(str(rep.COMPARISONS))
         mlflow.log_artifact(str(paths.REPORT))
         mlflow.log_artifact(str(paths.HTML_REPORT))
@@ -66,7 +67,13 @@ def report(params_file: str = str(paths.PARAMS)) -> str:
                 parent,
                 {"paired_greedy.json": (greedy_header, greedy), "paired_sampled.json": (sampled_header, sampled)},
             )
-            mlflow.MlflowClient().log_text(parent, rep.paired_markdown(compared), "paired_comparisons.md")
+            client = mlflow.MlflowClient()
+            client.log_text(parent, rep.paired_markdown(compared), "paired_comparisons.md")
+            tracking.log_headlines(
+                parent, keys.headline_metrics(evals, compared, {n: s.init for n, s in params.rl.stages.items()})
+            )
+            for path in (paths.REPORT, paths.HTML_REPORT):
+                client.log_artifact(parent, str(path))
         create_markdown_artifact(
             markdown=text,
             key="rung-report",

@@ -6,11 +6,12 @@ import sys
 
 from prefect import flow
 
-from flows.stage import finish, main
+from flows.stage import finish, main, record_checkpoint
 from rung import config, paths, tracking
 from rung.checks.models import chat_template
 from rung.checks.rl import rl_stages
 from rung.errors import InputError
+from rung.report import keys
 from rung.seeding import derive
 from rung.train import launch
 from rung.train.jobs import RLJob
@@ -49,7 +50,10 @@ def rl(stage_name: str, params_file: str = str(paths.PARAMS)) -> None:
         "format": params.format.model_dump(),
     }
     with tracking.stage_run(f"rl@{stage_name}", params, logged, inputs={"model": job.init, "train": job.data}):
-        finish(f"rl-{stage_name}", launch.train(job, stage.launch, paths.checkpoint(f"rl/{stage_name}")))
+        metrics = launch.train(job, stage.launch, paths.checkpoint(f"rl/{stage_name}"))
+        record_checkpoint(params, f"rl/{stage_name}", trained=True)
+        # One key per quantity: `rl/<metric>` for every RL stage (the stage is the run's rung.checkpoint tag).
+        finish(f"rl-{stage_name}", metrics, keys.metric_keys(metrics, prefix="rl"))
 
 
 if __name__ == "__main__":

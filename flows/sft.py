@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prefect import flow
 
-from flows.stage import finish, main
+from flows.stage import finish, main, record_checkpoint
 from rung import config, models, paths, tracking
 from rung.checks.models import chat_template
 from rung.checks.training import sft_launch
@@ -31,6 +31,7 @@ def sft(params_file: str = str(paths.PARAMS)) -> None:
     with tracking.stage_run("sft", params, logged, inputs={"model": paths.BASE, "train": paths.TRACES}):
         if not params.sft.enabled:
             models.passthrough(paths.BASE, paths.SFT, stage="sft")
+            record_checkpoint(params, "sft")
             finish("sft", {"skipped": 1})
             return
         job = SFTJob(
@@ -44,7 +45,9 @@ def sft(params_file: str = str(paths.PARAMS)) -> None:
             dtype=params.model.dtype,
             device=params.model.device,
         )
-        finish("sft", launch.train(job, params.sft.launch, paths.SFT))
+        metrics = launch.train(job, params.sft.launch, paths.SFT)
+        record_checkpoint(params, "sft", trained=True)
+        finish("sft", metrics)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import mlflow
@@ -13,7 +14,7 @@ from prefect import get_run_logger
 from rung import config, files, paths, tracking
 from rung.config import Params
 from rung.errors import InputError
-from rung.report import health
+from rung.report import health, keys
 
 Check = Callable[[Params], None]
 
@@ -39,14 +40,49 @@ def main(flow: Callable[..., Any], *args: str, checks: Sequence[Check] = ()) -> 
     gc.freeze()
 
 
-def finish(stage: str, metrics: dict[str, Any]) -> None:
-    """Write the stage's DVC metrics file and log the same numbers to its MLflow run; what the
-    numbers show to be degenerate (rung.report.health) is logged as a warning, kept in the metrics file
-    under "warnings" (the report lists them) and tagged on the MLflow run."""
+def finish(stage: str, metrics: dict[str, Any], tracked: dict[str, float] | None = None) -> None:
+    """Write the stage's DVC metrics file and log its numbers to the stage's MLflow run (`tracked`:
+    the MLflow metrics, by default every number as `<stage>/<key>`); what the numbers show to be
+    degenerate (rung.report.health) is logged as a warning, kept in the metrics file under "warnings"
+    (the report lists them) and tagged on the MLflow run."""
     found = health.warnings(stage, metrics)
     for w in found:
         get_run_logger().warning(w)
     files.write_json(paths.metrics(stage), {**metrics, "warnings": found} if found else metrics)
-    tracking.log_metrics(metrics, prefix=stage)
+    mlflow.log_metrics(keys.metric_keys(metrics, prefix=stage) if tracked is None else tracked)
     if found:
         mlflow.set_tag("rung.warnings", " | ".join(found)[:5000])
+
+
+def dvc_md5(path: Path) -> str:
+    """DVC's hash of an output as dvc.lock records it (a directory's: its `.dir` listing's, built by
+    dvc_data's Tree from the files' md5s)."""
+    from dvc_data.hashfile.hash_info import HashInfo
+    from dvc_data.hashfile.meta import Meta
+    from dvc_data.hashfile.tree import Tree
+
+    if path.is_file():
+        return files.md5(path)
+    tree = Tree()
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            tree.add(p.relative_to(path).parts, Meta(size=p.stat().st_size), HashInfo("md5", files.md5(p)))
+    tree.digest()
+    return tree.hash_info.value
+
+
+def record_checkpoint(params: Params, checkpoint: str, trained: bool = False) -> None:
+    """Tag the active run with the checkpoint it produced or evaluated: its name, what it started from,
+    its directory and DVC md5 (the `md5` of that out in dvc.lock); a `trained` one also goes in as a
+    logged model when tracking.log_models asks for it."""
+    model_dir = paths.checkpoint(checkpoint)
+    mlflow.set_tags(
+        {
+            "rung.checkpoint": checkpoint,
+            "rung.init": params.init_of(checkpoint),
+            "rung.model_dir": model_dir.as_posix(),
+            "rung.model_dvc_md5": dvc_md5(model_dir),
+        }
+    )
+    if trained and params.tracking.log_models:
+        tracking.log_model(model_dir)

@@ -1,18 +1,26 @@
-"""MLflow: one parent run per pipeline execution, one child run per stage.
+"""MLflow: one parent run per experiment (a commit, its params and DVC experiment name), one child
+run per stage.
 
-The parent is found through RUNG_PIPELINE_RUN_ID (set by `python -m flows.pipeline`) or, under a
-plain `dvc repro`, through a tag keyed on the invoking dvc process, so the stages of one
-`dvc repro` share a parent.
+The parent carries the flattened params, the tags that name the experiment and (logged by the
+report stage) its headline metrics, so two experiments compare on one row each. A stage finds it
+through RUNG_PIPELINE_RUN_ID (set by `python -m flows.pipeline`), else, under a plain `dvc repro`,
+through a tag keyed on the invoking dvc process (the stages of one `dvc repro` share a parent),
+else it is the latest parent of the same commit, params and DVC experiment (a stage run alone, a
+rerun); failing that, a new parent starts and the stage says why on stderr.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.metadata
+import json
 import os
 import re
 import socket
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,12 +28,14 @@ from typing import Any
 import mlflow
 import psutil
 import yaml
-from mlflow.entities import Run
+from mlflow.entities import Metric, Param, Run
 
 from rung.config import Params
 from rung.files import flatten, md5
+from rung.report.keys import metric_keys
 
 PARENT_ENV = "RUNG_PIPELINE_RUN_ID"
+PARAMS_MD5_TAG = "rung.params_md5"
 # MLflow 3's UI opens an experiment by its kind; without one it shows the GenAI overview (traces).
 # "finetuning" is one of the kinds it opens on the training runs (mlflow/server/js: ExperimentKind).
 EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "finetuning"
@@ -152,14 +162,45 @@ def _dvc_invocation() -> str | None:
     return None
 
 
-def start_parent(params: Params, invocation: str = "pipeline", key: str | None = None) -> Run:
-    """Start (and leave open) a parent run for one pipeline execution, named by parent_name."""
+def params_md5(params: Params) -> str:
+    """md5 of the resolved params (defaults filled in, so formatting and spelt-out defaults do not count)."""
+    return hashlib.md5(json.dumps(params.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
+
+
+def recipe(params_file: Path) -> str | None:
+    """The recipe a `rung run` workspace was made from: flows.run writes `# rung run <recipe> ...` as
+    the first line of its params.yaml."""
+    try:
+        first = params_file.read_text().partition("\n")[0]
+    except OSError:
+        return None
+    found = re.match(r"# rung run (\S+)", first)
+    return Path(found.group(1)).stem if found else None
+
+
+def flat_params(params: Params) -> dict[str, str]:
+    """Every resolved param as `<dotted key>: value`, lists as JSON, cut to MLflow's 6000 characters."""
+    return {
+        k: (json.dumps(v) if isinstance(v, list) else str(v))[:6000]
+        for k, v in flatten(params.model_dump(mode="json")).items()
+    }
+
+
+def start_parent(
+    params: Params, invocation: str = "pipeline", key: str | None = None, params_file: Path | None = None
+) -> Run:
+    """Start (and leave open) the parent run of an experiment, named by parent_name: the flattened
+    params as params, params.yaml as an artifact, and the tags that name it (commit, DVC experiment,
+    recipe, seed, params md5)."""
     experiment_id = setup(params)
     close_orphans(experiment_id)
+    params_file = params_file or repo_root() / "params.yaml"
     tags = {
         "rung.role": "pipeline",
         "rung.invocation": invocation,
         "git.commit": git_commit(),
+        "rung.seed": str(params.seed),
+        PARAMS_MD5_TAG: params_md5(params),
         OWNER_TAG: key or _owner(),
         **versions(),
     }
@@ -167,8 +208,56 @@ def start_parent(params: Params, invocation: str = "pipeline", key: str | None =
         tags["rung.pipeline_key"] = key
     if os.environ.get("DVC_EXP_NAME"):
         tags["dvc.exp_name"] = os.environ["DVC_EXP_NAME"]
+    if name := recipe(params_file):
+        tags["rung.recipe"] = name
     client = mlflow.MlflowClient()
-    return client.create_run(experiment_id, run_name=parent_name(invocation), tags=tags)
+    run = client.create_run(experiment_id, run_name=parent_name(invocation), tags=tags)
+    client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in flat_params(params).items()])
+    if params_file.is_file():
+        client.log_artifact(run.info.run_id, str(params_file))
+    return run
+
+
+def latest_parent(params: Params) -> tuple[Run | None, str]:
+    """The latest parent run of the same commit, params and DVC experiment name, or None and why none."""
+    commit = git_commit()
+    if commit == "unknown":
+        return None, "not in a git repository, so no earlier parent run is known to be of the same code"
+    found = mlflow.search_runs(
+        experiment_names=[params.tracking.experiment],
+        filter_string=(
+            f"tags.`rung.role` = 'pipeline' and tags.`git.commit` = '{commit}' "
+            f"and tags.`{PARAMS_MD5_TAG}` = '{params_md5(params)}'"
+        ),
+        order_by=["attributes.start_time DESC"],
+        output_format="list",
+    )
+    exp = os.environ.get("DVC_EXP_NAME")
+    same = [r for r in found if r.data.tags.get("dvc.exp_name") == exp]
+    if same:
+        return same[0], ""
+    return None, f"no parent run of commit {commit[:7]} with these params" + (
+        f" in DVC experiment {exp}" if exp else ""
+    )
+
+
+def parent_for(params: Params, invocation: str, key: str | None = None, params_file: Path | None = None) -> str:
+    """The id of this experiment's parent run, reopened as RUNNING for this process: the latest of the
+    same commit, params and DVC experiment, else a new one; says on stderr which, and why not reused."""
+    setup(params)
+    earlier, why = latest_parent(params)
+    if earlier is None:
+        run = start_parent(params, invocation, key, params_file)
+        print(f"MLflow: new parent run '{run.info.run_name}' ({why})", file=sys.stderr)
+        return run.info.run_id
+    client = mlflow.MlflowClient()
+    run_id = earlier.info.run_id
+    client.update_run(run_id, status="RUNNING")
+    client.set_tag(run_id, OWNER_TAG, key or _owner())
+    if key:
+        client.set_tag(run_id, "rung.pipeline_key", key)
+    print(f"MLflow: adding to parent run '{earlier.info.run_name}' (same commit and params)", file=sys.stderr)
+    return run_id
 
 
 def _parent_id(params: Params) -> str:
@@ -184,7 +273,7 @@ def _parent_id(params: Params) -> str:
         )
         if found:
             return found[0].info.run_id
-    return start_parent(params, invocation="repro" if key else "stage", key=key).info.run_id
+    return parent_for(params, invocation="repro" if key else "stage", key=key)
 
 
 @contextlib.contextmanager
@@ -223,15 +312,31 @@ def tag_placement(device: str, dtype: str) -> None:
     mlflow.set_tags({"rung.device": device, "rung.dtype": dtype})
 
 
+VIEW = "rung"
+"""The MLflow UI's shared view of the runs table with the headline columns:
+<MLflow UI>/#/experiments/<id>/runs?viewStateShareKey=rung."""
+
+
+def log_headlines(parent_id: str, headlines: dict[str, float], most_params: int = 12) -> None:
+    """Log the headline metrics on the parent run, and save the runs table's shared view `VIEW`:
+    those metrics and the params that differ between the experiment's parent runs as columns."""
+    client = mlflow.MlflowClient()
+    now = int(time.time() * 1000)
+    client.log_batch(parent_id, metrics=[Metric(k, v, now, 0) for k, v in headlines.items()])
+    experiment_id = client.get_run(parent_id).info.experiment_id
+    found = client.search_runs([experiment_id], filter_string="tags.`rung.role` = 'pipeline'", max_results=1000)
+    parents = [r for r in found if r.data.params]  # parents logged before rung logged params on them have none
+    keys = sorted({k for r in parents for k in r.data.params})
+    differ = [k for k in keys if len({r.data.params.get(k) for r in parents}) > 1][:most_params]
+    # The state MLflow's "Share" button saves in an experiment tag (the UI reads it compressed or, as
+    # here, plain JSON); column ids are MLflow's canonical keys, <type>.`<name>`.
+    columns = [f"metrics.`{k}`" for k in headlines] + [f"params.`{k}`" for k in differ]
+    client.set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{VIEW}", json.dumps({"selectedColumns": columns}))
+
+
 def log_metrics(metrics: dict[str, Any], prefix: str, step: int | None = None) -> None:
     """Log the numeric leaves of a (nested) metrics dict as `<prefix>/<key>`."""
-    flat = flatten(metrics)
-    # MLflow allows only these characters in metric names (difficulty labels have '=' and ',').
-    name = lambda k: re.sub(r"[^0-9A-Za-z_\-. :/]", "_", f"{prefix}/{k.replace('.', '/')}")  # noqa: E731
-    mlflow.log_metrics(
-        {name(k): float(v) for k, v in flat.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
-        step=step,
-    )
+    mlflow.log_metrics(metric_keys(metrics, prefix), step=step)
 
 
 def log_tables(run_id: str, tables: dict[str, tuple[list[str], list[list[str]]]]) -> None:
@@ -249,3 +354,21 @@ def log_dataset(path: Path, name: str, context: str) -> None:
     frame = pd.read_json(path, lines=True, dtype=False)
     dataset = mlflow.data.from_pandas(frame, source=str(path), name=name, digest=md5(path))
     mlflow.log_input(dataset, context=context)
+
+
+def log_model(model_dir: Path) -> str:
+    """Log a checkpoint directory as a transformers-flavour logged model of the active run (name
+    'checkpoint', task text-generation); returns its model id."""
+    import transformers  # only here: loading the weights is this function's whole cost
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    # Components, not the checkpoint path: MLflow 3.17's path-based logging fails under transformers 5
+    # (it reads the pipeline class's __name__ from a lazily registered string).
+    info = mlflow.transformers.log_model(
+        {"model": model, "tokenizer": tokenizer},
+        name="checkpoint",
+        task="text-generation",
+        pip_requirements=[f"{p}=={importlib.metadata.version(p)}" for p in ("torch", "transformers")],
+    )
+    return info.model_id

@@ -37,6 +37,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def serve(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    """Start a server process with its output in `log`."""
+    return subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, log: Path, timeout: float = 120) -> None:
+    """Wait until `url` answers; fail with the end of `log` if the server exits or `timeout` passes."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return
+        except OSError:
+            if time.time() > deadline or proc.poll() is not None:
+                pytest.fail(f"{url} did not come up:\n{log.read_text()[-2000:]}")
+            time.sleep(0.5)
+
+
 @pytest.fixture(scope="session")
 def prefect_server(tmp_path_factory):
     """A Prefect server on loopback for the session: stages report to it instead of starting ephemeral servers."""

@@ -155,7 +155,7 @@ class _Dom(HTMLParser):
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
-def _chromium(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def chromium(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
     flags = [
         "--headless",
         "--no-sandbox",
@@ -184,7 +184,7 @@ def browser_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_chromium_dom(browser_file, tmp_path):
     dom = _Dom()
-    dom.feed(_chromium(tmp_path, "--dump-dom", browser_file.as_uri()).stdout)
+    dom.feed(chromium(tmp_path, "--dump-dom", browser_file.as_uri()).stdout)
     assert dom.table_ids == ["headline", "by-source", "settings"]
     assert dict(dom.svgs) == {plot_id: 1 for plot_id in PLOTS}
     assert "b" not in dom.tags  # the checkpoint name stayed text
@@ -200,7 +200,7 @@ def test_chromium_screenshot(browser_file, tmp_path):
     from PIL import Image  # Pillow comes with matplotlib
 
     png = tmp_path / "report.png"
-    _chromium(tmp_path, f"--screenshot={png}", "--window-size=1200,1600", browser_file.as_uri())
+    chromium(tmp_path, f"--screenshot={png}", "--window-size=1200,1600", browser_file.as_uri())
     assert png.stat().st_size > 10_000
     with Image.open(png) as im:
         assert im.size == (1200, 1600)

@@ -262,8 +262,13 @@ def _check_tracking(stage: Stage, run_name: str, steps: int) -> None:
         assert len(mine) <= 2 and {r.info.status for r in mine} <= (
             {"KILLED"} if a.killed_after_s is not None else {"FINISHED"}
         ), (a, mine)
-        # without DVC or the pipeline flow a stage opens its own parent run, then its stage run
-        assert sorted(r.data.tags["rung.role"] for r in mine) in ([], ["pipeline"], ["pipeline", "stage"]), (a, mine)
+        # without DVC or the pipeline flow a stage joins the parent run of its commit and params (the first
+        # attempt opens it; each rerun reopens it as its owner), then opens its stage run
+        assert sorted(r.data.tags["rung.role"] for r in mine) in ([], ["stage"], ["pipeline"], ["pipeline", "stage"]), (
+            a,
+            mine,
+        )
+    assert len([r for r in runs if r.data.tags["rung.role"] == "pipeline"]) == 1
     client = mlflow.MlflowClient()
     last = [r for r in by_pid[stage.attempts[-1].pid] if r.info.run_name == run_name]
     resumed = stage.attempts[-1].resumed_from or 0

@@ -11,7 +11,6 @@ import re
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import mlflow
@@ -30,7 +29,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 from flows import sweep
 from rung.errors import InputError
 from tasks import dvc
-from tests.conftest import free_port
+from tests.conftest import free_port, serve, wait_healthy
 from tests.test_pipeline import tiny_params
 from tests.workspace import make_workspace
 
@@ -55,22 +54,6 @@ def test_accelerate_configs_parse():
     assert all(c.num_machines == 1 and c.mixed_precision == "bf16" for c in kinds.values())
 
 
-def _serve(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
-
-
-def _wait_healthy(proc: subprocess.Popen, url: str, log: Path, timeout: float = 120) -> None:
-    deadline = time.time() + timeout
-    while True:
-        try:
-            urllib.request.urlopen(url, timeout=2)
-            return
-        except OSError:
-            if time.time() > deadline or proc.poll() is not None:
-                pytest.fail(f"{url} did not come up:\n{log.read_text()[-2000:]}")
-            time.sleep(0.5)
-
-
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     """A Prefect server and an MLflow tracking server (sqlite + proxied artifacts), started together."""
@@ -83,12 +66,12 @@ def servers(tmp_path_factory):
         # A waiting holder of a concurrency slot retries after at most this many seconds (default 30).
         PREFECT_SERVER_CONCURRENCY_MAXIMUM_CONCURRENCY_SLOT_WAIT_SECONDS="1",
     )
-    prefect = _serve(
+    prefect = serve(
         [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
         env,
         tmp / "prefect.log",
     )
-    mlflow_server = _serve(
+    mlflow_server = serve(
         [
             sys.executable,
             "-m",
@@ -110,8 +93,8 @@ def servers(tmp_path_factory):
         tmp / "mlflow.log",
     )
     try:
-        _wait_healthy(prefect, f"http://127.0.0.1:{prefect_port}/api/health", tmp / "prefect.log")
-        _wait_healthy(mlflow_server, f"http://127.0.0.1:{mlflow_port}/health", tmp / "mlflow.log")
+        wait_healthy(prefect, f"http://127.0.0.1:{prefect_port}/api/health", tmp / "prefect.log")
+        wait_healthy(mlflow_server, f"http://127.0.0.1:{mlflow_port}/health", tmp / "mlflow.log")
         yield {
             "prefect": {
                 "PREFECT_API_URL": f"http://127.0.0.1:{prefect_port}/api",
@@ -211,7 +194,8 @@ def test_deployed_pipeline_runs_on_a_gpu_pool_worker(workspace, servers, prefect
         == run("md5sum", "data/curated/train.jsonl").stdout.split()[0]
     )
     client_ml = mlflow.MlflowClient()
-    assert [a.path for a in client_ml.list_artifacts(parent[0].info.run_id)] == ["stages.md"]
+    assert [a.path for a in client_ml.list_artifacts(parent[0].info.run_id)] == ["params.yaml", "stages.md"]
+    assert parent[0].data.params["curate.max_test"] == "8" and parent[0].data.tags["rung.seed"] == "42"
     local = client_ml.download_artifacts(parent[0].info.run_id, "stages.md", str(tmp_path))
     assert Path(local).read_text() == summary[0].data
     assert parent[0].info.artifact_uri.startswith("mlflow-artifacts:/") and list(

@@ -287,11 +287,16 @@ def test_parent_runs_are_named_for_what_they_ran(store, tmp_path, monkeypatch, d
     assert run.info.run_name == f"pipeline {commit} (rl.stages.main.learning_rate=1e-05, seed=7)"
     assert run.data.tags["rung.invocation"] == "pipeline" and run.data.tags["rung.role"] == "pipeline"
     monkeypatch.setenv("DVC_EXP_NAME", "lr-low")
-    assert tracking.start_parent(store, invocation="repro").info.run_name == "lr-low"
-    with tracking.stage_run("report", store, logged={}, inputs={}) as child:  # a stage outside dvc: its own parent
+    experiment = tracking.start_parent(store, invocation="repro")
+    assert experiment.info.run_name == "lr-low"
+    with tracking.stage_run("report", store, logged={}, inputs={}) as child:  # a stage outside dvc joins it
+        pass
+    assert mlflow.get_run(child.info.run_id).data.tags["mlflow.parentRunId"] == experiment.info.run_id
+    monkeypatch.setenv("DVC_EXP_NAME", "lr-high")  # another experiment: a parent of its own
+    with tracking.stage_run("report", store, logged={}, inputs={}) as child:
         pass
     parent = mlflow.get_run(mlflow.get_run(child.info.run_id).data.tags["mlflow.parentRunId"])
-    assert parent.info.run_name == "lr-low" and parent.data.tags["rung.invocation"] == "stage"
+    assert parent.info.run_name == "lr-high" and parent.data.tags["rung.invocation"] == "stage"
 
 
 def test_tables_on_a_run(store):

@@ -18,7 +18,8 @@ import yaml
 
 from flows.run import commit
 from rung.train.checkpoints import CURRICULUM_STATE, complete_checkpoints
-from tests.conftest import ROOT
+from tests.conftest import ROOT, free_port, serve, wait_healthy
+from tests.test_html_report import CHROMIUM, chromium
 from tests.workspace import make_workspace
 
 STAGES = {
@@ -195,19 +196,56 @@ def test_dvc_repro_runs_every_stage(workspace, tmp_path):
             key
         )  # per step: the dapo preset, pools curriculum
     assert any(k.startswith("accuracy_by_bucket/") for k in rl.data.metrics)
-    assert "eval-sft/sets/test/accuracy" in by_name["eval@sft"].data.metrics
+    # One key per quantity: every checkpoint's eval run logs the same keys; the checkpoint is a tag.
+    evals = {c: by_name[f"eval@{c.replace('/', '-')}"] for c in ("base", "sft", "rl/main")}
+    assert len({frozenset(r.data.metrics) for r in evals.values()}) == 1
+    assert {"test/accuracy", "test/pass_at_3", "test/avg_at_3", "ood_chain/accuracy"} <= set(evals["sft"].data.metrics)
+    assert not [k for k in evals["sft"].data.metrics if k.startswith(("sampling", "samples", "bootstrap", "eval-"))]
+    assert (
+        evals["sft"].data.metrics["test/accuracy"]
+        == json.loads((ws / "data/metrics/eval-sft.json").read_text())["sets"]["test"]["accuracy"]
+    )
+    assert [(r.data.tags["rung.checkpoint"], r.data.params["init"]) for r in evals.values()] == [
+        ("base", yaml.safe_load((ws / "params.yaml").read_text())["model"]["source"]),
+        ("sft", "base"),
+        ("rl/main", "sft"),
+    ]
+    # Each training run names the checkpoint it wrote, its DVC md5 (as in dvc.lock) and its init.
+    lock = yaml.safe_load((ws / "dvc.lock").read_text())["stages"]
+    for run_name, stage, out, init in (
+        ("sft", "sft", "data/models/sft", "base"),
+        ("rl@main", "rl@main", "data/models/rl/main", "sft"),
+    ):
+        [locked] = [o["md5"] for o in lock[stage]["outs"] if o["path"] == out]
+        tags = by_name[run_name].data.tags
+        assert (tags["rung.model_dir"], tags["rung.model_dvc_md5"], tags["rung.init"]) == (out, locked, init)
+    assert "rl/reward_last" in rl.data.metrics and not [k for k in rl.data.metrics if k.startswith("rl-main/")]
     assert "never follows the answer format" in by_name["eval@base"].data.tags["rung.warnings"]
     paired = by_name["report"].data.metrics
-    assert paired["paired/rl-main-vs-sft/sets/test/mcnemar_p"] == pytest.approx(rl_vs_sft["mcnemar_p"])
-    assert paired["paired/rl-main-vs-sft/sets/test/significant"] == float(rl_vs_sft["significant"])
+    assert paired["paired/rl-main-vs-sft/test/mcnemar_p"] == pytest.approx(rl_vs_sft["mcnemar_p"])
+    assert paired["paired/rl-main-vs-sft/test/significant"] == float(rl_vs_sft["significant"])
     assert (
-        "paired/sft-vs-base/sets/ood_chain/wrong_to_right" in paired
-        and "paired/rl-main-vs-base/sets/test/sampled/avg_3/ci_low" in paired
+        "paired/sft-vs-base/ood_chain/wrong_to_right" in paired
+        and "paired/rl-main-vs-base/test/sampled/avg_at_3/ci_low" in paired
     )
+    # The parent is the experiment: its params, tags and headline metrics (one row in MLflow's runs table).
+    head = parents[0].data
+    assert head.params["seed"] == "42" and head.params["rl.stages.main.max_steps"] == "2"
+    assert head.tags["rung.seed"] == "42" and head.tags["git.commit"] == commit
+    for ckpt in ("base", "sft", "rl-main"):
+        test = json.loads((ws / f"data/metrics/eval-{ckpt}.json").read_text())["sets"]["test"]
+        assert head.metrics[f"eval/{ckpt}/test/accuracy"] == test["accuracy"]
+        assert head.metrics[f"eval/{ckpt}/test/avg_at_3"] == test["avg@3"]
+        assert head.metrics[f"eval/{ckpt}/test/pass_at_3"] == test["pass_at_k"]["3"]
+    assert head.metrics["paired/rl-main-vs-sft/test/difference"] == pytest.approx(rl_vs_sft["difference"])
+    assert head.metrics["paired/rl-main-vs-sft/test/mcnemar_p"] == pytest.approx(rl_vs_sft["mcnemar_p"])
     assert {a.path for a in client.list_artifacts(parents[0].info.run_id)} >= {
         "paired_greedy.json",
         "paired_sampled.json",
         "paired_comparisons.md",
+        "report.md",
+        "report.html",
+        "params.yaml",
     }
     table = json.loads(
         Path(client.download_artifacts(parents[0].info.run_id, "paired_greedy.json", str(tmp_path))).read_text()
@@ -217,7 +255,6 @@ def test_dvc_repro_runs_every_stage(workspace, tmp_path):
         r["verdict"] for r in rows if r["comparison (new vs old)"] == "rl/main vs sft" and r["eval set"] == "test"
     ]
     assert verdict.startswith(rl_vs_sft["verdict"])  # a non-significant one adds what a significant result would need
-    assert "eval-sft/sets/test/pass_at_k/3" in by_name["eval@sft"].data.metrics
     assert {a.path for a in client.list_artifacts(by_name["eval@sft"].info.run_id, "samples")} >= {
         "samples/test.jsonl",
         "samples/ood_chain.jsonl",
@@ -317,13 +354,33 @@ def test_pipeline_flow_runs_only_stale_stages(workspace):
     kids = [r for r in _runs(ws) if r.data.tags.get("mlflow.parentRunId") == parent[0].info.run_id]
     assert {r.info.run_name for r in kids} == {"eval@base", "eval@sft", "eval@rl-main", "report"}
 
+    # Two experiments (the first `dvc repro`, this one) compare in MLflow's runs table on one row each:
+    # their parents, with the headline metrics as columns and the params that differ side by side.
+    table = mlflow.search_runs(
+        experiment_names=["rung"],
+        filter_string="tags.`rung.role` = 'pipeline' and metrics.`eval/sft/test/accuracy` >= 0",
+    )
+    assert len(table) == 2 and set(table["tags.rung.invocation"]) == {"repro", "pipeline"}
+    headline = [
+        f"metrics.eval/{c}/test/{k}" for c in ("base", "sft", "rl-main") for k in ("accuracy", "avg_at_3", "pass_at_3")
+    ]
+    assert table[[*headline, "metrics.paired/rl-main-vs-sft/test/mcnemar_p"]].notna().all().all()
+    assert sorted(table["params.eval.sampling.max_new_tokens"]) == ["6", "8"]
+    assert (table["params.seed"] == "42").all()
+    # and the eval runs of both experiments share their keys
+    evals = [r for r in _runs(ws) if r.info.run_name.startswith("eval@") and r.info.status == "FINISHED"]
+    assert len(evals) == 6 and len({frozenset(r.data.metrics) for r in evals}) == 1
+
 
 def test_compare_cli(workspace):
     ws, run = workspace
-    res = run("rung", "compare", "--keys", "*sets/test/accuracy", "--all", "--last", "3")
+    res = run("rung", "compare", "--keys", "test/accuracy", "--all", "--last", "3")
     assert res.returncode == 0, res.stderr
     assert "eval@base" in res.stdout and "eval@rl-main" in res.stdout and "accuracy" in res.stdout
-    res = run("rung", "compare", "--name", "report", "--last", "1", "--keys", "paired/rl-main-vs-sft/sets/test/*")
+    res = run("rung", "compare", "--parents", "--last", "3", "--keys", "eval/sft/test/accuracy", "--all")
+    assert res.returncode == 0, res.stderr
+    assert "eval/sft/test/accuracy" in res.stdout and "pipeline " in res.stdout and "repro " in res.stdout
+    res = run("rung", "compare", "--name", "report", "--last", "1", "--keys", "paired/rl-main-vs-sft/test/*")
     assert res.returncode == 0, res.stderr
     assert "mcnemar_p" in res.stdout and "wrong_to_right" in res.stdout and "significant" in res.stdout
     res = run("rung", "compare", "--dvc", "--keys", "*comparisons.json:*rl-main-vs-sft.sets.test.mcnemar_p", "--all")
@@ -333,6 +390,40 @@ def test_compare_cli(workspace):
     assert "workspace" in res.stdout and "sets.test.accuracy" in res.stdout
     res = run("rung", "compare", "no-such-run-id")
     assert res.returncode == 2 and res.stderr.startswith("error:") and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_mlflow_runs_table_shows_two_experiments_side_by_side(workspace, tmp_path):
+    """What a person sees: MLflow's UI (a server on the workspace's store, in headless Chromium) opens
+    the runs table's `rung` view on one row per experiment, with the headline metrics and the params
+    that differ as columns."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip("headless Chromium not installed (Debian package `chromium`)")
+    ws, run = workspace
+    parents = [r for r in _runs(ws) if r.data.tags.get("rung.role") == "pipeline" and r.data.metrics]
+    assert len(parents) == 2
+    port, log = free_port(), tmp_path / "mlflow.log"
+    cmd = ["mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    server = serve([sys.executable, "-m", *cmd, "--backend-store-uri", f"sqlite:///{ws / 'mlflow.db'}"], run.env, log)
+    try:
+        wait_healthy(server, f"http://127.0.0.1:{port}/health", log)
+        experiment = mlflow.get_experiment_by_name("rung").experiment_id
+        url = f"http://127.0.0.1:{port}/#/experiments/{experiment}/runs?viewStateShareKey=rung"
+        # the page fetches its runs after it loads: Chromium's virtual time lets it finish first
+        wait = ["--virtual-time-budget=30000", "--window-size=2400,800"]
+        png = tmp_path / "runs.png"
+        dom = chromium(tmp_path, *wait, "--dump-dom", f"--screenshot={png}", url).stdout
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", re.sub(r"<(script|style)\b.*?</\1>", "", dom, flags=re.S)))
+    for name in [r.info.run_name for r in parents] + [
+        "eval/base/test/accuracy",
+        "eval/rl-main/test/pass_at_3",
+        "paired/rl-main-vs-sft/test/mcnemar_p",
+        "eval.sampling.max_new_tokens",
+    ]:
+        assert name in text, name
+    assert png.stat().st_size > 10_000
 
 
 def test_bad_params_fail_fast_and_keep_outputs(workspace):

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import mlflow
 import pytest
 import yaml
 from dvc.repo import Repo
@@ -142,6 +143,11 @@ def test_rung_run_end_to_end(tiny_model, prefect_server, tmp_path):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     check_outputs(recipe, ws)
     assert "| rl/main |" in res.stdout and (tmp_path / "mlflow.db").is_file()
+    mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])  # one parent run: the recipe's experiment, its headlines
+    [parent] = mlflow.search_runs(
+        experiment_names=["rung"], filter_string="tags.`rung.role` = 'pipeline'", output_format="list"
+    )
+    assert parent.data.tags["rung.recipe"] == "r1_zero" and "eval/rl-main/test/accuracy" in parent.data.metrics
     assert (
         subprocess.run([sys.executable, "-m", "dvc", "status", "-q"], cwd=ws, env=env, check=False).returncode == 0
     )  # every stage up to date

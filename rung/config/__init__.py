@@ -165,6 +165,14 @@ class Params(Section):
         """Every checkpoint the pipeline produces, in order: base, sft, rl/<stage>..."""
         return ["base", "sft", *(f"rl/{name}" for name in self.rl.stages)]
 
+    def init_of(self, checkpoint: str) -> str:
+        """What `checkpoint` started from: the base model's source, 'base' for sft, an RL stage's init."""
+        if checkpoint == "base":
+            return self.model.source
+        if checkpoint == "sft":
+            return "base"
+        return self.rl.stages[checkpoint.removeprefix("rl/")].init
+
 
 _SOURCE_TAGS = {"reasoning_gym", "file", "hf", "benchmark"}
 

@@ -111,3 +111,7 @@ class TrackingParams(Section):
     """MLflow tracking URI; None means sqlite at <repo>/mlflow.db. MLFLOW_TRACKING_URI overrides."""
     experiment: str = Field("rung", min_length=1)
     """MLflow experiment holding the runs: one parent run per pipeline experiment, a child run per stage."""
+    log_models: bool = False
+    """Also log each trained checkpoint (sft, rl/<stage>) as an MLflow transformers-flavour logged model.
+    Off by default: the weights are already versioned by DVC, and a copy in the MLflow artifact store
+    doubles the disk they take."""

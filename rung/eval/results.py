@@ -83,6 +83,15 @@ class SetMetrics(Result):
         """{'avg@<n>': value}, empty without samples."""
         return dict(self.model_extra or {})
 
+    def flat(self) -> dict[str, Any]:
+        """The metrics with one name per number (no lists, no k-keyed dicts): `accuracy_ci_low` /
+        `_high`, `pass_at_<k>`, `maj_at_<k>`; avg@<n> and the by-source/task/difficulty dicts as they are."""
+        out = self.model_dump(exclude={"accuracy_ci", "pass_at_k", "maj_at_k"}, exclude_none=True)
+        if self.accuracy_ci:
+            out["accuracy_ci_low"], out["accuracy_ci_high"] = self.accuracy_ci
+        out |= {f"pass_at_{k}": v for k, v in self.pass_at_k.items()}
+        return out | {f"maj_at_{k}": v for k, v in self.maj_at_k.items()}
+
 
 class EvalResult(Result):
     """An eval stage's metrics file: every set's metrics and the settings they depend on."""

@@ -1,0 +1,56 @@
+"""The names rung's numbers go under in MLflow. One key per quantity: every checkpoint's eval run logs
+`<set>/<metric>`, every RL stage `rl/<metric>`, so MLflow's compare and chart views line them up;
+the parent run of an experiment holds the headline numbers, one key per checkpoint
+(`eval/<ckpt>/test/...`, `paired/<rl>-vs-<init>/test/...`)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from rung.eval.results import Comparisons, EvalResult
+from rung.files import flatten
+
+
+def metric_name(key: str) -> str:
+    """A dotted metrics-file key as an MLflow metric name: dots become '/', '@' becomes '_at_'
+    (avg@4 -> avg_at_4), and any other character MLflow refuses becomes '_' (difficulty labels have
+    '=' and ',')."""
+    return re.sub(r"[^0-9A-Za-z_\-. :/]", "_", key.replace(".", "/").replace("@", "_at_"))
+
+
+def metric_keys(metrics: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    """The numeric leaves of a (nested) metrics dict as MLflow metrics `<prefix>/<key>`."""
+    return {
+        metric_name("/".join(filter(None, [prefix, k]))): float(v)
+        for k, v in flatten(metrics).items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+
+
+def eval_metrics(result: EvalResult) -> dict[str, float]:
+    """An eval stage's numbers as MLflow metrics under the same keys for every checkpoint,
+    `<set>/<metric>` (names as SetMetrics.flat gives them); its settings are params, not metrics."""
+    return {k: v for name, m in result.sets.items() for k, v in metric_keys(m.flat(), name).items()}
+
+
+def headline_metrics(evals: dict[str, EvalResult], compared: Comparisons, rl_inits: dict[str, str]) -> dict[str, float]:
+    """The parent run's metrics, so that experiments compare on one row each: per checkpoint the
+    held-out accuracy, avg@n and pass@k at the largest k (`eval/<ckpt>/test/...`); per RL stage the
+    paired difference against its init with its interval and McNemar p (`paired/<rl>-vs-<init>/test/...`)."""
+    out = {}
+    for checkpoint, result in evals.items():
+        test = result.sets["test"]
+        keep = ["accuracy", *test.avg_at_n()]
+        keep += [f"pass_at_{max(test.pass_at_k, key=int)}"] if test.pass_at_k else []
+        flat = test.flat()
+        out |= metric_keys({k: flat[k] for k in keep}, f"eval/{checkpoint.replace('/', '-')}/test")
+    rl_vs_init = {(f"rl/{name}", init) for name, init in rl_inits.items()}
+    for key, c in compared.comparisons.items():
+        if (c.new, c.old) in rl_vs_init and "test" in c.sets:
+            test = c.sets["test"]
+            out |= {
+                f"paired/{key}/test/{k}": float(getattr(test, k))
+                for k in ("difference", "ci_low", "ci_high", "mcnemar_p")
+            }
+    return out
