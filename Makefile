@@ -37,6 +37,13 @@ demo: setup
 	python -m flows.server dvc repro
 	rung table
 
+# DVC's experiments table, readable: the headline metrics (data/reports/headline.json) and the key params as
+# columns, every other column dropped (dvc exp show alone lists ~300: every param, metric and dep).
+EXPS_KEEP := Experiment|Created|State|seed$$|rl\.stages\.[^.]+\.(preset|objective|learning_rate|max_steps)$$|eval/[^/]+/test/accuracy$$|paired/.+/(difference|mcnemar_p)$$
+
+exps:
+	dvc exp show --drop '.*' --keep '$(EXPS_KEEP)' $(ARGS)
+
 # The same DAG run by the Prefect pipeline flow (ephemeral Prefect, or PREFECT_API_URL's server).
 pipeline: setup
 	rung validate params.yaml

@@ -1,6 +1,7 @@
 """Stage `report`: every checkpoint side by side, with paired comparisons (markdown, HTML, DVC
-metrics file, Prefect artifact, MLflow: metrics `paired/<new>-vs-<old>/<set>/...` of the report run;
-on the parent run the headline metrics, the comparison tables and the report itself)."""
+metrics files of the comparisons and of the headline numbers, Prefect artifact, MLflow: metrics
+`paired/<new>-vs-<old>/<set>/...` of the report run; on the parent run the headline metrics, the
+comparison tables and the report itself)."""
 
 from __future__ import annotations
 
@@ -52,6 +53,8 @@ def report(params_file: str = str(paths.PARAMS)) -> str:
             for w in m.get("warnings", [])
         ]
         text = rep.run(evals, curves, rl, settings, compared, warnings)
+        headline = keys.headline_metrics(evals, compared, {n: s.init for n, s in params.rl.stages.items()})
+        files.write_json(rep.HEADLINE, headline)
         # The comparisons file is the stage's DVC metrics; the same numbers (significance as 0/1) on its MLflow run.
         tracking.log_metrics({k: _numeric(c.dump()["sets"]) for k, c in compared.comparisons.items()}, prefix="paired")
         mlflow.log_artifact(str(rep.COMPARISONS))
@@ -69,9 +72,7 @@ def report(params_file: str = str(paths.PARAMS)) -> str:
             )
             client = mlflow.MlflowClient()
             client.log_text(parent, rep.paired_markdown(compared), "paired_comparisons.md")
-            tracking.log_headlines(
-                parent, keys.headline_metrics(evals, compared, {n: s.init for n, s in params.rl.stages.items()})
-            )
+            tracking.log_headlines(parent, headline)
             for path in (paths.REPORT, paths.HTML_REPORT):
                 client.log_artifact(parent, str(path))
         create_markdown_artifact(

@@ -388,6 +388,18 @@ def test_compare_cli(workspace):
     res = run("rung", "compare", "--dvc", "--keys", "*eval-sft.json:sets.test.accuracy", "--all")
     assert res.returncode == 0, res.stderr
     assert "workspace" in res.stdout and "sets.test.accuracy" in res.stdout
+    # `make exps`: DVC's experiments table with the headline metrics and key params only (docs/orchestration.md)
+    res = run("make", "-s", "exps", "ARGS=--csv")
+    assert res.returncode == 0, res.stderr
+    header = res.stdout.splitlines()[0].split(",")
+    assert {
+        "Experiment",
+        "seed",
+        "rl.stages.main.learning_rate",
+        *(f"eval/{c}/test/accuracy" for c in ("base", "sft", "rl-main")),
+        "paired/rl-main-vs-sft/test/difference",
+        "paired/rl-main-vs-sft/test/mcnemar_p",
+    } <= set(header) and len(header) <= 16, header
     res = run("rung", "compare", "no-such-run-id")
     assert res.returncode == 2 and res.stderr.startswith("error:") and len(res.stderr.strip().splitlines()) == 1
 

@@ -16,6 +16,9 @@ from rung.report import htmlpage, tables
 # The paired comparisons: a DVC metrics file of the report stage (next to report.md, outside
 # data/metrics, which the stage depends on).
 COMPARISONS = paths.REPORTS / "comparisons.json"
+HEADLINE = paths.REPORTS / "headline.json"
+"""The headline metrics under the MLflow parent run's keys (rung.report.keys): the DVC metrics file
+`dvc exp show` is read by (docs/orchestration.md)."""
 
 
 def rl_summary(stage: Any, metrics: Mapping[str, float]) -> dict[str, str]:
