@@ -39,7 +39,7 @@ demo: setup
 
 # DVC's experiments table, readable: the headline metrics (data/reports/headline.json) and the key params as
 # columns, every other column dropped (dvc exp show alone lists ~300: every param, metric and dep).
-EXPS_KEEP := Experiment|Created|State|seed$$|rl\.stages\.[^.]+\.(preset|objective|learning_rate|max_steps)$$|eval/[^/]+/test/accuracy$$|paired/.+/(difference|mcnemar_p)$$
+EXPS_KEEP := Experiment|Created|State|(params.yaml:)?seed$$|rl\.stages\.[^.]+\.(preset|objective|learning_rate|max_steps)$$|eval/[^/]+/test/accuracy$$|paired/.+/(difference|mcnemar_p)$$
 
 exps:
 	dvc exp show --drop '.*' --keep '$(EXPS_KEEP)' $(ARGS)

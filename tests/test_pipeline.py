@@ -394,7 +394,7 @@ def test_compare_cli(workspace):
     header = res.stdout.splitlines()[0].split(",")
     assert {
         "Experiment",
-        "seed",
+        "params.yaml:seed",  # a metrics file has a `seed` too, so DVC names the column by its file
         "rl.stages.main.learning_rate",
         *(f"eval/{c}/test/accuracy" for c in ("base", "sft", "rl-main")),
         "paired/rl-main-vs-sft/test/difference",
