@@ -69,6 +69,10 @@ class SetMetrics(Result):
     accuracy_by_task: dict[str, Number] = {}
     accuracy_by_difficulty: dict[str, Number] = {}
     pass_at_k: dict[str, Number] = {}
+    pass_at_k_band: dict[str, list[Number]] = {}
+    """Bootstrap interval over prompts of pass@k at every power of two up to n (and n): [low, high]."""
+    coverage: Number | None = None
+    """Share of prompts solved at least once in the n samples (= pass@n)."""
     maj_at_k: dict[str, Number] = {}
     sampled_mean_tokens: Number | None = None
 
@@ -114,12 +118,26 @@ class MetricTest(Result):
     verdict: str
 
 
+class Boundary(Result):
+    """Coverage (prompts solved at least once in n samples) of old and new, and the prompts on which
+    it differs: those only old solves, those only new solves (ids), and the exact McNemar p of
+    those two counts."""
+
+    coverage_old: Number
+    coverage_new: Number
+    solved_only_old: list[str]
+    solved_only_new: list[str]
+    mcnemar_p: Number
+
+
 class SampledTest(Result):
-    """avg@n and pass@k (k = 1..n) of new against old. On disk each metric sits next to n and
-    samples (`"avg@4": {...}, "pass@1": {...}`); here they are under `metrics`."""
+    """avg@n and pass@k (k = 1..n) of new against old, and their coverage boundary. On disk each
+    metric sits next to n, samples and boundary (`"avg@4": {...}, "pass@1": {...}`); here they are
+    under `metrics`."""
 
     n: int
     samples: int
+    boundary: Boundary | None = None
     metrics: dict[str, MetricTest]
 
     @model_validator(mode="before")
@@ -129,7 +147,8 @@ class SampledTest(Result):
             data = {
                 "n": data.get("n"),
                 "samples": data.get("samples"),
-                "metrics": {k: v for k, v in data.items() if k not in ("n", "samples")},
+                **({"boundary": data["boundary"]} if "boundary" in data else {}),
+                "metrics": {k: v for k, v in data.items() if k not in ("n", "samples", "boundary")},
             }
         return data
 
@@ -201,6 +220,8 @@ class Comparisons(Result):
     confidence: Number
     resamples: int
     seed: int
+    compare_k: list[int] = []
+    """k at which the tables show pass@k (eval.samples.compare_k), besides avg@n and pass@n."""
     comparisons: dict[str, Comparison[GreedyTest]]
 
 

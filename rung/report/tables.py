@@ -139,7 +139,8 @@ def paired_rows(result: Comparisons) -> tuple[list[list[str]], list[list[str]]]:
             )
             s = g.sampled
             if s:
-                for metric in (f"avg@{s.samples}", f"pass@{s.samples}"):
+                ks = [k for k in result.compare_k if k < s.samples]
+                for metric in (f"avg@{s.samples}", *(f"pass@{k}" for k in ks), f"pass@{s.samples}"):
                     m = s.metrics[metric]
                     sampled.append(
                         [
@@ -155,6 +156,60 @@ def paired_rows(result: Comparisons) -> tuple[list[list[str]], list[list[str]]]:
     return greedy, sampled
 
 
+def boundary_table(result: Comparisons) -> Table:
+    """Coverage (solved at least once in n samples) of each pair of checkpoints with samples, and the
+    prompts one solves and the other never does (counts, exact McNemar p, the first few ids)."""
+    header = [
+        "comparison (new vs old)",
+        "eval set",
+        "prompts",
+        "coverage old → new",
+        "solved by old only",
+        "solved by new only",
+        "exact McNemar p",
+        "e.g. (old only; new only)",
+    ]
+    rows = []
+    for c in result.comparisons.values():
+        for name, g in c.sets.items():
+            b = g.sampled.boundary if g.sampled else None
+            if b is None:
+                continue
+            rows.append(
+                [
+                    f"{c.new} vs {c.old}",
+                    name,
+                    str(g.sampled.n),
+                    f"{pct(b.coverage_old)} → {pct(b.coverage_new)}",
+                    str(len(b.solved_only_old)),
+                    str(len(b.solved_only_new)),
+                    p_text(b.mcnemar_p),
+                    f"{', '.join(b.solved_only_old[:3]) or '—'}; {', '.join(b.solved_only_new[:3]) or '—'}",
+                ]
+            )
+    return header, rows
+
+
+def spectrum_table(evals: Mapping[str, EvalResult], set_name: str = "test") -> Table:
+    """pass@k at every k of the spectrum (with its band over prompts) and coverage, per checkpoint
+    that has samples on `set_name`."""
+    sampled = {c: m.sets[set_name] for c, m in evals.items() if set_name in m.sets and m.sets[set_name].pass_at_k}
+    ks = sorted({int(k) for m in sampled.values() for k in (m.pass_at_k_band or m.pass_at_k)})
+    header = ["checkpoint", *(f"pass@{k} %" for k in ks), "coverage %"]
+    rows = []
+    for c, m in sampled.items():
+        cells = []
+        for k in ks:
+            v, band = m.pass_at_k.get(str(k)), m.pass_at_k_band.get(str(k))
+            cells.append(
+                "—"
+                if v is None
+                else f"{100 * v:.1f}" + (f" [{100 * band[0]:.1f}, {100 * band[1]:.1f}]" if band else "")
+            )
+        rows.append([c, *cells, "—" if m.coverage is None else f"{100 * m.coverage:.1f}"])
+    return header, rows
+
+
 def paired_explanation(result: Comparisons) -> list[str]:
     """What the paired tables mean, in words."""
     conf, alpha = result.confidence, result.level
@@ -164,7 +219,7 @@ def paired_explanation(result: Comparisons) -> list[str]:
         "Right → wrong and wrong → right count the prompts whose greedy answer changed grade; "
         "the exact McNemar test asks "
         "whether those flips lean one way more than chance would, and gives the verdict of the accuracy row. "
-        f"For avg@n and pass@n the verdict is whether the {100 * conf:g}% paired interval excludes 0.",
+        f"For avg@n and pass@k the verdict is whether the {100 * conf:g}% paired interval excludes 0.",
         f'"Not significant at {alpha:g}" means these prompts do not establish a difference either way; '
         'it does not mean the checkpoints are equal. "Needs about N prompts": the number of prompts at which the exact '
         f"McNemar test would find the observed effect significant at {alpha:g} with 80% power, "
