@@ -9,7 +9,7 @@ so reading a file into its model and dumping it again gives the same JSON, byte 
 
 from __future__ import annotations
 
-from typing import Any, Generic, TypedDict, TypeVar
+from typing import Any, Generic, NotRequired, TypedDict, TypeVar
 
 from pydantic import BaseModel, ConfigDict, model_serializer, model_validator
 
@@ -244,6 +244,31 @@ class ArmResult(Result):
     """'<set>/<metric>' and 'rl/<metric>' -> its spread over seeds."""
 
 
+class ClaimTest(Result):
+    """One k of a claim: the paired test of new against old (pass@k per prompt, mean over seeds), its
+    verdict against the expected direction, and what a clear answer would need: prompts (at this
+    effect, and at the study's reference effect) and seeds (at this effect)."""
+
+    k: int
+    test: ArmsTest
+    verdict: str
+    prompts_needed: int | None
+    prompts_needed_reference: int | None
+    seeds_needed: int | None
+
+
+class ClaimResult(Result):
+    """A published claim checked at this scale (rung.report.spectrum.check_claim)."""
+
+    claim: str
+    new: str
+    old: str
+    eval_set: str
+    expect: str
+    verdict: str
+    tests: list[ClaimTest]
+
+
 class StudyResult(Result):
     """A study's result (data/studies/<name>/study.json, with the page's settings added)."""
 
@@ -259,6 +284,12 @@ class StudyResult(Result):
     comparisons: dict[str, Comparison[ArmsTest]]
     curves: dict[str, dict[str, list[Band]]]
     """Per arm: reward, train_accuracy and held_out_accuracy as (step, mean, min, max)."""
+    spectrum: dict[str, dict[str, list[Band]]] = {}
+    """Per sampled eval set, per arm (and the init checkpoint): (k, pass@k mean over seeds, low, high),
+    the band a bootstrap interval over prompts of the seed-averaged per-prompt pass@k."""
+    coverage: dict[str, dict[str, Spread]] = {}
+    """Per sampled eval set, per arm (and the init checkpoint): coverage (solved at least once in n) over seeds."""
+    claims: list[ClaimResult] = []
 
 
 class StudyRun(TypedDict):
@@ -271,3 +302,7 @@ class StudyRun(TypedDict):
     init_eval: EvalResult | None
     records: dict[str, list[EvalRecord]]
     curve: list[dict[str, float]]
+    samples: NotRequired[dict[str, list[EvalRecord]]]
+    """Sampled records per eval set (<set>.samples.jsonl), when the eval stage sampled this checkpoint."""
+    init_samples: NotRequired[dict[str, list[EvalRecord]]]
+    """The same of the checkpoint the RL stage started from."""
