@@ -13,7 +13,7 @@ from rung.errors import InputError
 from rung.eval import metrics, paired
 from rung.eval.evaluate import summarize_sampled
 from rung.eval.results import EvalResult, StudyResult
-from rung.report import spectrum, study, studypage, tables
+from rung.report import study, studypage, tables
 from tests.conftest import ROOT
 from tests.records import sampled, study_run
 
