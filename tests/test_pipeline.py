@@ -114,6 +114,7 @@ def test_dvc_repro_runs_every_stage(workspace, tmp_path):
         assert (
             set(test["pass_at_k"]) == {"1", "2", "3"} and "avg@3" in test and set(test["maj_at_k"]) == {"1", "2", "3"}
         )
+        assert set(test["pass_at_k_band"]) == {"1", "2", "3"} and test["coverage"] == test["pass_at_k"]["3"]
         assert (
             m["sets"]["ood_chain"]["n"] == 6
             and len(m["model_md5"]) == 32
@@ -124,6 +125,7 @@ def test_dvc_repro_runs_every_stage(workspace, tmp_path):
     report = (ws / "data/reports/report.md").read_text()
     for ckpt in ("| base |", "| sft |", "| rl/main |"):
         assert ckpt in report
+    assert "pass@k spectrum on test:" in report and "Coverage: the share of prompts solved at least once" in report
     # a random tiny model is degenerate: the report and the MLflow runs say so
     assert (
         "Warnings (rung.health):" in report and "eval-base: the model never follows the answer format on test" in report
@@ -218,6 +220,11 @@ def test_dvc_repro_runs_every_stage(workspace, tmp_path):
     ]
     assert verdict.startswith(rl_vs_sft["verdict"])  # a non-significant one adds what a significant result would need
     assert "eval-sft/sets/test/pass_at_k/3" in by_name["eval@sft"].data.metrics
+    assert by_name["eval@sft"].data.metrics["throughput/tokens_per_s"] > 0
+    assert {a.path for a in client.list_artifacts(by_name["eval@sft"].info.run_id, "plots")} == {
+        "plots/pass_at_k-test.svg",
+        "plots/pass_at_k-ood_chain.svg",
+    }
     assert {a.path for a in client.list_artifacts(by_name["eval@sft"].info.run_id, "samples")} >= {
         "samples/test.jsonl",
         "samples/ood_chain.jsonl",

@@ -26,6 +26,8 @@ def rl_summary(stage: Any, metrics: Mapping[str, float]) -> dict[str, str]:
         "recipe": (
             f"{stage.algorithm}, {stage.preset or 'custom'}: {stage.loss_type} loss, "
             f"clip {stage.epsilon}/{stage.epsilon_high or stage.epsilon}, beta {stage.beta}"
+            + (f", objective {stage.objective}" if stage.objective != "group_relative" else "")
+            + (f" (lambda {stage.positive_weight})" if stage.objective == "w_reinforce" else "")
         ),
         "curriculum": stage.curriculum.type + (f" + dynamic sampling ({ds.max_rounds} rounds)" if ds else ""),
         "steps": (
