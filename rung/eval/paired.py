@@ -245,10 +245,11 @@ def units_needed(sd: float, effect: float, alpha: float = 0.05, power: float = 0
     """Paired units (prompts, or seeds) a two-sided test of a mean difference at `alpha` needs to
     detect `effect` with probability `power` when the per-unit differences have standard deviation
     `sd`: the normal approximation n = ((z_{1-alpha/2} + z_power) sd / effect)^2. Written out because
-    scipy has no power solver (statsmodels, which has one, is not a dependency). None for effect 0."""
+    scipy has no power solver (statsmodels, which has one, is not a dependency). None for effect 0, and
+    for sd 0 (differences that never vary give no spread to plan from)."""
     if sd < 0 or not (0 < alpha < 1 and 0 < power < 1):
         raise ValueError(f"need sd >= 0 and alpha, power in (0, 1), got {sd}, {alpha}, {power}")
-    if effect == 0:
+    if effect == 0 or sd == 0:
         return None
     return max(2, int(np.ceil(((norm.ppf(1 - alpha / 2) + norm.ppf(power)) * sd / abs(effect)) ** 2)))
 

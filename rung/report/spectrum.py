@@ -51,14 +51,14 @@ class Claim(BaseModel):
 
 
 def sampled_records(runs: Sequence[StudyRun], init: str) -> Sampled:
-    """The sampled records per arm and seed, and the init checkpoint's as one more arm named `init`."""
-    out: Sampled = {}
+    """The sampled records per arm and seed, after those of the init checkpoint as an arm named `init`."""
+    out: Sampled = {init: {}}
     for r in runs:
         if r.get("samples"):
             out.setdefault(r["arm"], {})[r["seed"]] = r["samples"]
         if r.get("init_samples"):
-            out.setdefault(init, {})[r["seed"]] = r["init_samples"]
-    return out
+            out[init][r["seed"]] = r["init_samples"]
+    return {arm: seeds for arm, seeds in out.items() if seeds}
 
 
 def _n(by_seed: Mapping[int, Sequence[EvalRecord]]) -> int:
