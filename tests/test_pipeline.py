@@ -144,7 +144,7 @@ def test_dvc_repro_runs_every_stage(workspace, tmp_path):
         test = c["sets"]["test"]
         assert test["n"] == len(test_rows) and test["ci_low"] <= test["difference"] <= test["ci_high"]
         assert 0 <= test["mcnemar_p"] <= 1 and test["verdict"] in ("significant at 0.05", "not significant at 0.05")
-        assert set(test["sampled"]) == {"n", "samples", "avg@3", "pass@1", "pass@2", "pass@3"}
+        assert set(test["sampled"]) == {"n", "samples", "boundary", "avg@3", "pass@1", "pass@2", "pass@3"}
     rl_vs_sft = compared["comparisons"]["rl-main-vs-sft"]["sets"]["test"]
     assert (
         "## Paired comparisons" in report

@@ -249,7 +249,7 @@ def units_needed(sd: float, effect: float, alpha: float = 0.05, power: float = 0
     for sd 0 (differences that never vary give no spread to plan from)."""
     if sd < 0 or not (0 < alpha < 1 and 0 < power < 1):
         raise ValueError(f"need sd >= 0 and alpha, power in (0, 1), got {sd}, {alpha}, {power}")
-    if effect == 0 or sd == 0:
+    if abs(effect) < 1e-9 or sd == 0:  # a difference of rounding noise is no effect
         return None
     return max(2, int(np.ceil(((norm.ppf(1 - alpha / 2) + norm.ppf(power)) * sd / abs(effect)) ** 2)))
 
