@@ -211,7 +211,8 @@ def aggregate(
         name=study.name,
         seed_key=study.seed_key,
         seeds=study.seeds,
-        definition=study.model_dump(mode="json"),
+        # a study without claims keeps the definition it wrote before claims existed
+        definition=study.model_dump(mode="json", exclude=None if study.claims else {"claims", "reference_effect"}),
         level=paired.level(confidence),
         confidence=confidence,
         resamples=resamples,
