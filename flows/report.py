@@ -45,7 +45,8 @@ def report(params_file: str = str(paths.PARAMS)) -> str:
         settings = {"seed": params.seed, "model": params.model.source, "git commit": tracking.git_commit()[:12]}
         boot = params.eval.bootstrap
         pairs = comparisons.pairs({n: s.init for n, s in params.rl.stages.items()})
-        compared = comparisons.comparisons(pairs, boot.confidence, boot.resamples, params.seed)
+        compare_k = params.eval.samples.compare_k if params.eval.samples else []
+        compared = comparisons.comparisons(pairs, boot.confidence, boot.resamples, params.seed, compare_k)
         warnings = [
             w
             for path in sorted(paths.METRICS.glob("*.json"))

@@ -50,7 +50,8 @@ def _jsonl(text: str) -> list[EvalRecord]:
 
 def collect(exp: str, arm: str, seed: int, stage: str, init: str) -> StudyRun:
     """What the aggregation needs from one experiment: the RL stage's metrics and curve, its
-    checkpoint's eval metrics and per-prompt greedy records of every eval set, and the eval of
+    checkpoint's eval metrics and per-prompt greedy records of every eval set, its sampled records
+    and those of the checkpoint it started from (where the eval stage sampled them), and the eval of
     the checkpoint it started from (if the DAG evaluates it)."""
     slug = paths.checkpoint_slug(f"rl/{stage}")
     metrics = _read(str(paths.metrics(f"eval-{slug}")), exp)
@@ -59,13 +60,19 @@ def collect(exp: str, arm: str, seed: int, stage: str, init: str) -> StudyRun:
             f"experiment {exp}: no {paths.metrics(f'eval-{slug}')}; the study needs the eval_rl@{stage} stage"
         )
     evaluated = EvalResult.model_validate_json(metrics)
-    records = {}
+    records, samples, init_samples = {}, {}, {}
     for name in evaluated.sets:
         text = _read(str(paths.EVAL / slug / f"{name}.jsonl"), exp)
         if text is not None:
             records[name] = _jsonl(text)
+        for into, folder in ((samples, slug), (init_samples, paths.checkpoint_slug(init))):
+            text = _read(str(paths.EVAL / folder / f"{name}.samples.jsonl"), exp)
+            if text is not None:
+                into[name] = _jsonl(text)
     init_eval = _read(str(paths.metrics(f"eval-{paths.checkpoint_slug(init)}")), exp)
     return StudyRun(
+        samples=samples,
+        init_samples=init_samples,
         arm=arm,
         seed=seed,
         eval=evaluated,
@@ -138,9 +145,10 @@ def study(definition: str, jobs: int = 1, params_file: str = str(paths.PARAMS)) 
     failed = [exp for exp in pending if results.get(exp, {}).get("state") != "success"]
     if failed:
         raise RuntimeError(f"experiment(s) failed: {', '.join(failed)} (see `dvc queue logs <name>`)")
+    init = params.rl.stages[stage].init
     runs = [collect(exp, t["arm"], t["seed"], stage, checked[exp].rl.stages[stage].init) for exp, t in todo.items()]
     boot = params.eval.bootstrap
-    result = core.aggregate(spec, runs, boot.confidence, boot.resamples, params.seed)
+    result = core.aggregate(spec, runs, boot.confidence, boot.resamples, params.seed, init)
     settings = {
         "definition": definition,
         "RL stage": f"rl/{stage}",

@@ -115,6 +115,7 @@ def test_dvc_repro_runs_every_stage(workspace, tmp_path):
         assert (
             set(test["pass_at_k"]) == {"1", "2", "3"} and "avg@3" in test and set(test["maj_at_k"]) == {"1", "2", "3"}
         )
+        assert set(test["pass_at_k_band"]) == {"1", "2", "3"} and test["coverage"] == test["pass_at_k"]["3"]
         assert (
             m["sets"]["ood_chain"]["n"] == 6
             and len(m["model_md5"]) == 32
@@ -125,6 +126,7 @@ def test_dvc_repro_runs_every_stage(workspace, tmp_path):
     report = (ws / "data/reports/report.md").read_text()
     for ckpt in ("| base |", "| sft |", "| rl/main |"):
         assert ckpt in report
+    assert "pass@k spectrum on test:" in report and "Coverage: the share of prompts solved at least once" in report
     # a random tiny model is degenerate: the report and the MLflow runs say so
     assert (
         "Warnings (rung.health):" in report and "eval-base: the model never follows the answer format on test" in report
@@ -143,7 +145,7 @@ def test_dvc_repro_runs_every_stage(workspace, tmp_path):
         test = c["sets"]["test"]
         assert test["n"] == len(test_rows) and test["ci_low"] <= test["difference"] <= test["ci_high"]
         assert 0 <= test["mcnemar_p"] <= 1 and test["verdict"] in ("significant at 0.05", "not significant at 0.05")
-        assert set(test["sampled"]) == {"n", "samples", "avg@3", "pass@1", "pass@2", "pass@3"}
+        assert set(test["sampled"]) == {"n", "samples", "boundary", "avg@3", "pass@1", "pass@2", "pass@3"}
     rl_vs_sft = compared["comparisons"]["rl-main-vs-sft"]["sets"]["test"]
     assert (
         "## Paired comparisons" in report
@@ -255,6 +257,12 @@ def test_dvc_repro_runs_every_stage(workspace, tmp_path):
         r["verdict"] for r in rows if r["comparison (new vs old)"] == "rl/main vs sft" and r["eval set"] == "test"
     ]
     assert verdict.startswith(rl_vs_sft["verdict"])  # a non-significant one adds what a significant result would need
+    assert "test/pass_at_3" in by_name["eval@sft"].data.metrics
+    assert by_name["eval@sft"].data.metrics["throughput/tokens_per_s"] > 0
+    assert {a.path for a in client.list_artifacts(by_name["eval@sft"].info.run_id, "plots")} == {
+        "plots/pass_at_k-test.svg",
+        "plots/pass_at_k-ood_chain.svg",
+    }
     assert {a.path for a in client.list_artifacts(by_name["eval@sft"].info.run_id, "samples")} >= {
         "samples/test.jsonl",
         "samples/ood_chain.jsonl",

@@ -56,6 +56,7 @@ from rung.config.eval import BootstrapParams, EvalParams, SampledEvalParams
 from rung.config.rl import (
     BUILTIN_REWARDS,
     PRESETS,
+    SIGNED_OBJECTIVES,
     AdaptiveCurriculum,
     BanditCurriculum,
     Curriculum,
@@ -75,6 +76,7 @@ from rung.config.sft import LoraParams, SFTParams
 __all__ = [
     "BUILTIN_REWARDS",
     "PRESETS",
+    "SIGNED_OBJECTIVES",
     "AdaptiveCurriculum",
     "BanditCurriculum",
     "BenchmarkSource",
@@ -158,6 +160,12 @@ class Params(Section):
                     f"rl.stages.{name}: unknown difficulty buckets {sorted(used - known)} "
                     f"(difficulty.buckets has {sorted(known)})"
                 )
+        sampled = self.eval.samples.checkpoints if self.eval.samples else None
+        if sampled and set(sampled) - set(self.checkpoints):
+            raise ValueError(
+                f"eval.samples.checkpoints: {sorted(set(sampled) - set(self.checkpoints))} are not checkpoints "
+                f"of this pipeline {self.checkpoints}"
+            )
         return self
 
     @property

@@ -10,12 +10,24 @@ from rung.config.data import Source
 
 
 class SampledEvalParams(SamplingParams):
-    """n samples per prompt for avg@n, pass@k and maj@k (k = 1..n)."""
+    """n samples per prompt for avg@n, pass@k and maj@k (k = 1..n), the pass@k spectrum (a bootstrap
+    band at every power of two up to n) and coverage (the share of prompts solved at least once)."""
 
     n: int = Field(4, ge=1)
     """Samples per prompt; pass@k and maj@k are reported for every k <= n."""
     max_prompts: int | None = Field(None, gt=0)
     """Sample only the first N prompts of each eval set (id order); None samples all."""
+    compare_k: list[int] = [1]
+    """k at which the report's paired comparisons test pass@k, besides avg@n and pass@n (= coverage)."""
+    checkpoints: list[str] | None = None
+    """Checkpoints that get the sampled evaluation ('base', 'sft', 'rl/<stage>'); None: all. Cost grows
+    with n: a study of RL against its init can leave the base model out."""
+
+    @model_validator(mode="after")
+    def _k_within_n(self) -> SampledEvalParams:
+        if any(not 1 <= k <= self.n for k in self.compare_k):
+            raise ValueError(f"compare_k: every k must be within 1..n={self.n}, got {self.compare_k}")
+        return self
 
 
 class BootstrapParams(Section):

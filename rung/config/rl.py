@@ -206,13 +206,22 @@ PRESETS: dict[str, dict[str, Any]] = {
         "epsilon": 3e-4,
         "epsilon_high": 4e-4,
     },
+    # Zhu et al. 2025 (arXiv:2506.01347): REINFORCE on +1/-1 rewards, split into positive and negative
+    # sample reinforcement; token-level loss, no KL, the accuracy reward alone (rung.rl.objectives).
+    **{
+        name: {"objective": name, "loss_type": "dapo", "beta": 0.0, "epsilon": 0.2, "epsilon_high": None}
+        for name in ("psr", "nsr", "w_reinforce")
+    },
 }
+
+# The objectives that replace TRL's group-relative advantage by the sign of the accuracy reward.
+SIGNED_OBJECTIVES = ("psr", "nsr", "w_reinforce")
 
 
 class RLStageParams(Section):
     """One RL stage; field names follow TRL's GRPOConfig (RLOOConfig for algorithm rloo)."""
 
-    preset: Literal["grpo", "dr_grpo", "dapo", "gspo"] | None = None
+    preset: Literal["grpo", "dr_grpo", "dapo", "gspo", "psr", "nsr", "w_reinforce"] | None = None
     """A published recipe (rung.config.PRESETS) whose settings this stage's own keys override."""
     algorithm: Literal["grpo", "rloo"] = "grpo"
     """TRL trainer: GRPOTrainer, or RLOOTrainer (leave-one-out baseline; Ahmadian et al. 2024)."""
@@ -253,6 +262,17 @@ class RLStageParams(Section):
     """Upper clip (DAPO clip-higher: 0.28); None uses epsilon."""
     scale_rewards: Literal["group", "batch", "none"] = "group"
     """Advantages divided by the reward std of the group, of the batch, or not at all (Dr. GRPO)."""
+    objective: Literal["group_relative", "psr", "nsr", "w_reinforce"] = "group_relative"
+    """The advantage each completion is trained with (rung.rl.objectives). group_relative: TRL's
+    (reward minus its group's mean, scaled per scale_rewards). psr, nsr, w_reinforce (Zhu et al. 2025,
+    "The Surprising Effectiveness of Negative Reinforcement in LLM Reasoning"): +1 for a correct
+    completion and -1 for a wrong one (the accuracy reward), no group normalisation; psr keeps the
+    correct ones only (positive sample reinforcement), nsr the wrong ones only (negative),
+    w_reinforce both with the correct ones weighted by positive_weight (lambda * PSR + NSR). Needs
+    algorithm grpo, no dynamic sampling (it drops groups that carry gradient here) and every reward
+    but accuracy at weight 0."""
+    positive_weight: float = Field(0.1, ge=0, le=1)
+    """w_reinforce's lambda, the weight of the correct completions (the paper's 0.1); unused otherwise."""
     importance_sampling_level: Literal["token", "sequence"] = "token"
     """'sequence' is GSPO."""
     top_entropy_quantile: float = Field(1.0, gt=0, le=1)
@@ -325,12 +345,27 @@ class RLStageParams(Section):
                 f"prompts_per_step: {self.prompts_per_step} is not divisible by "
                 f"launch.num_processes {self.launch.num_processes}"
             )
+        if self.objective in SIGNED_OBJECTIVES:
+            self._signed_objective()
         for name, reward in self.rewards.items():
             if reward.import_path is None and name not in BUILTIN_REWARDS:
                 raise ValueError(
                     f"rewards.{name}: not a built-in reward {list(BUILTIN_REWARDS)}; give its 'import' path"
                 )
         return self
+
+    def _signed_objective(self) -> None:
+        """psr / nsr / w_reinforce train on the accuracy reward's sign alone: say which setting breaks that."""
+        why = f"objective {self.objective} trains on the accuracy reward's sign alone"
+        if self.algorithm != "grpo":
+            raise ValueError(f"algorithm: {why}, through GRPOTrainer; use algorithm grpo")
+        if self.dynamic_sampling is not None:
+            raise ValueError(f"dynamic_sampling: {why}; groups of equal rewards carry gradient there, set it to null")
+        if "accuracy" not in self.rewards:
+            raise ValueError(f"rewards: {why}; add accuracy")
+        for name, reward in self.rewards.items():
+            if name != "accuracy" and reward.weight != 0:
+                raise ValueError(f"rewards.{name}: {why}; set its weight to 0 or remove it")
 
 
 class RLParams(Section):

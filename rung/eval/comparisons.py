@@ -26,10 +26,13 @@ def _records(checkpoint: str, name: str) -> list[EvalRecord] | None:
     return cast(list[EvalRecord], files.read_jsonl(path)) if path.is_file() else None
 
 
-def comparisons(pairs: list[tuple[str, str]], confidence: float, resamples: int, seed: int) -> Comparisons:
+def comparisons(
+    pairs: list[tuple[str, str]], confidence: float, resamples: int, seed: int, compare_k: list[int] | None = None
+) -> Comparisons:
     """Paired comparisons of each (new, old) pair on every eval set both were evaluated on, from
     the per-prompt records under data/eval: greedy accuracy (paired bootstrap, flips, exact
-    McNemar) and, where both have samples, avg@n and pass@k (paired bootstrap)."""
+    McNemar) and, where both have samples, avg@n and pass@k (paired bootstrap) and the coverage
+    boundary; `compare_k` (eval.samples.compare_k) are the k the report's tables show."""
     out: dict[str, Comparison[GreedyTest]] = {}
     for new, old in pairs:
         sets: dict[str, GreedyTest] = {}
@@ -49,5 +52,10 @@ def comparisons(pairs: list[tuple[str, str]], confidence: float, resamples: int,
                 )
         out[paired.key(new, old)] = Comparison[GreedyTest](new=new, old=old, sets=sets)
     return Comparisons(
-        level=paired.level(confidence), confidence=confidence, resamples=resamples, seed=seed, comparisons=out
+        level=paired.level(confidence),
+        confidence=confidence,
+        resamples=resamples,
+        seed=seed,
+        **({"compare_k": compare_k} if compare_k else {}),  # unset stays out of the file (Result.dump)
+        comparisons=out,
     )

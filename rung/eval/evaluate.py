@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from rung import files, paths
 from rung.answers import formats
 from rung.answers.verify import is_correct
-from rung.config import EvalParams, FormatParams
+from rung.config import BootstrapParams, EvalParams, FormatParams
 from rung.data.rows import difficulty_label
 from rung.eval import metrics
 from rung.eval.results import EvalRecord, EvalResult, Graded, SetMetrics
@@ -81,15 +81,31 @@ def summarize_greedy(records: list[Record], params: EvalParams, seed: int) -> Se
     )
 
 
-def summarize_sampled(records: list[Record]) -> dict[str, Any]:
-    """avg@n, pass@k and maj@k (k = 1..n) over n sampled completions per prompt: the fields of
-    SetMetrics that need samples, avg@n under a key named for n."""
+def summarize_sampled(records: list[Record], bootstrap: BootstrapParams | None = None, seed: int = 0) -> dict[str, Any]:
+    """avg@n, pass@k and maj@k (k = 1..n) and coverage over n sampled completions per prompt: the
+    fields of SetMetrics that need samples, avg@n under a key named for n; with `bootstrap`, the
+    band of pass@k over prompts at every k of the spectrum (powers of two up to n, and n)."""
     n = min(len(r["samples"]) for r in records)
     per_prompt = [[s["correct"] for s in r["samples"][:n]] for r in records]
+    counts = [sum(c) for c in per_prompt]
     votes = [[(s["extracted"], s["correct"]) for s in r["samples"][:n]] for r in records]
+    band = (
+        {
+            str(k): list(
+                metrics.bootstrap_ci(
+                    [metrics.pass_at_k(n, c, k) for c in counts], bootstrap.confidence, bootstrap.resamples, seed
+                )
+            )
+            for k in metrics.spectrum_ks(n)
+        }
+        if bootstrap
+        else {}
+    )
     return {
         f"avg@{n}": metrics.avg_at_n(per_prompt),
-        "pass_at_k": {str(k): metrics.mean_pass_at_k([sum(c) for c in per_prompt], n, k) for k in range(1, n + 1)},
+        "pass_at_k": {str(k): metrics.mean_pass_at_k(counts, n, k) for k in range(1, n + 1)},
+        **({"pass_at_k_band": band} if band else {}),
+        "coverage": metrics.coverage(counts),
         "maj_at_k": {str(k): metrics.maj_at_k(votes, k) for k in range(1, n + 1)},
         "sampled_mean_tokens": mean(s["tokens"] for r in records for s in r["samples"][:n]),
     }
@@ -116,8 +132,12 @@ def evaluate(
         s = params.samples
         subset = rows[: s.max_prompts]
         sampled = grade(subset, gen.generate(prompts[: len(subset)], s, n=s.n, seed=seed + 1, desc=f"eval x{s.n}"), fmt)
-        result = SetMetrics(**result.dump(), **summarize_sampled(sampled))
+        result = SetMetrics(**result.dump(), **summarize_sampled(sampled, params.bootstrap, seed))
     return greedy, sampled, result
+
+
+def _band(band: list[float] | None) -> dict[str, float]:
+    return {"pass_at_k_low": band[0], "pass_at_k_high": band[1]} if band else {}
 
 
 def run(
@@ -144,7 +164,10 @@ def run(
         paths.plot("accuracy_by_difficulty", slug),
         [{"difficulty": d, "accuracy": a} for d, a in test.accuracy_by_difficulty.items()],
     )
-    curve = [{"k": int(k), "pass_at_k": v, "maj_at_k": test.maj_at_k[k]} for k, v in test.pass_at_k.items()]
+    curve = [
+        {"k": int(k), "pass_at_k": v, "maj_at_k": test.maj_at_k[k], **_band(test.pass_at_k_band.get(k))}
+        for k, v in test.pass_at_k.items()
+    ]
     files.write_json(paths.plot("pass_at_k", slug), curve)  # empty without eval.samples
     return EvalResult(
         checkpoint=checkpoint,

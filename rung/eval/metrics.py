@@ -37,6 +37,22 @@ def mean_pass_at_k(correct_counts: Sequence[int], n: int, k: int) -> float:
     return float(np.mean([pass_at_k(n, c, k) for c in correct_counts]))
 
 
+def spectrum_ks(n: int) -> list[int]:
+    """The k of the pass@k spectrum for n samples: every power of two up to n, and n itself."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    ks = [1 << i for i in range(n.bit_length())]
+    return ks if ks[-1] == n else [*ks, n]
+
+
+def coverage(correct_counts: Sequence[int]) -> float:
+    """The share of prompts solved at least once among their samples (pass@n for n samples):
+    the boundary of what the model can solve at all, at this budget."""
+    if len(correct_counts) == 0:
+        raise ValueError("correct_counts is empty")
+    return float(np.mean([c > 0 for c in correct_counts]))
+
+
 def avg_at_n(per_prompt_correct: Sequence[Sequence[bool]]) -> float:
     """avg@n: the fraction of correct samples per prompt (pass@1 estimated from n samples),
     averaged over prompts, so every prompt weighs the same whatever its number of samples."""

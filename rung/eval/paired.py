@@ -29,7 +29,7 @@ differ on this population of prompts; the spread over seeds is reported next to 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from statistics import mean
 from typing import Any
 
@@ -38,7 +38,7 @@ from scipy.stats import binomtest, norm, ttest_rel
 
 from rung.errors import InputError
 from rung.eval import metrics
-from rung.eval.results import ArmsTest, EvalRecord, GreedyTest, MetricTest, SampledTest
+from rung.eval.results import ArmsTest, Boundary, EvalRecord, GreedyTest, MetricTest, SampledTest
 
 Record = EvalRecord
 
@@ -191,7 +191,8 @@ def sampled_test(
 ) -> SampledTest:
     """avg@n and pass@k (k = 1..n) of `new` against `old`, from n samples per prompt: per metric
     the difference with a paired bootstrap interval over prompts; significant at 1 - confidence
-    when the interval excludes 0."""
+    when the interval excludes 0. And the boundary: coverage (solved at least once in n) of each,
+    the prompts only one of them solves, and the exact McNemar test of those counts."""
     pairs = align(old, new, what)
     n = min(len(r["samples"]) for pair in pairs for r in pair)
     hits = [([s["correct"] for s in o["samples"][:n]], [s["correct"] for s in m["samples"][:n]]) for o, m in pairs]
@@ -212,11 +213,45 @@ def sampled_test(
             significant=significant,
             verdict=verdict(significant, alpha),
         )
-    return SampledTest(n=len(pairs), samples=n, metrics=out)
+    solved = [(any(x), any(y)) for x, y in hits]
+    flips = mcnemar([a for a, _ in solved], [b for _, b in solved])
+    boundary = Boundary(
+        coverage_old=float(np.mean([a for a, _ in solved])),
+        coverage_new=float(np.mean([b for _, b in solved])),
+        solved_only_old=[o["id"] for (o, _), (a, b) in zip(pairs, solved, strict=True) if a and not b],
+        solved_only_new=[o["id"] for (o, _), (a, b) in zip(pairs, solved, strict=True) if b and not a],
+        mcnemar_p=flips["mcnemar_p"],
+    )
+    return SampledTest(n=len(pairs), samples=n, boundary=boundary, metrics=out)
 
 
-def _correct(records: Sequence[Record]) -> dict[str, bool]:
-    return {r["id"]: bool(r["samples"][0]["correct"]) for r in records}
+def greedy_correct(record: Record) -> float:
+    """A record's greedy outcome: True (1) when its first completion is graded correct. A bool, so that
+    means over seeds keep the types the study files had (statistics.mean of bools can be an int)."""
+    return bool(record["samples"][0]["correct"])
+
+
+def pass_at(k: int) -> Callable[[Record], float]:
+    """A record's pass@k from its n sampled completions (the unbiased estimator, rung.eval.metrics)."""
+
+    def value(record: Record) -> float:
+        hits = [s["correct"] for s in record["samples"]]
+        return metrics.pass_at_k(len(hits), sum(hits), k)
+
+    return value
+
+
+def units_needed(sd: float, effect: float, alpha: float = 0.05, power: float = 0.8) -> int | None:
+    """Paired units (prompts, or seeds) a two-sided test of a mean difference at `alpha` needs to
+    detect `effect` with probability `power` when the per-unit differences have standard deviation
+    `sd`: the normal approximation n = ((z_{1-alpha/2} + z_power) sd / effect)^2. Written out because
+    scipy has no power solver (statsmodels, which has one, is not a dependency). None for effect 0, and
+    for sd 0 (differences that never vary give no spread to plan from)."""
+    if sd < 0 or not (0 < alpha < 1 and 0 < power < 1):
+        raise ValueError(f"need sd >= 0 and alpha, power in (0, 1), got {sd}, {alpha}, {power}")
+    if abs(effect) < 1e-9 or sd == 0:  # a difference of rounding noise is no effect
+        return None
+    return max(2, int(np.ceil(((norm.ppf(1 - alpha / 2) + norm.ppf(power)) * sd / abs(effect)) ** 2)))
 
 
 def arms_test(
@@ -226,17 +261,19 @@ def arms_test(
     resamples: int,
     seed: int,
     what: str,
+    value: Callable[[Record], float] = greedy_correct,
 ) -> ArmsTest:
-    """Greedy accuracy of arm `new` against arm `old` on one eval set, from their per-prompt records
-    per seed (seeds both have): see the module docstring for the unit, interval and tests."""
+    """Arm `new` against arm `old` on one eval set, from their per-prompt records per seed (seeds
+    both have): by default greedy accuracy, or any per-record `value` (e.g. pass_at(k) on sampled
+    records); see the module docstring for the unit, interval and tests."""
     seeds = [s for s in old if s in new]
     if not seeds:
         raise InputError(f"{what}: no seed that both arms ran")
     aligned = {s: align(old[s], new[s], f"{what}, seed {s}") for s in seeds}
     ids = {s: sorted(o["id"] for o, _ in pairs) for s, pairs in aligned.items()}
     shared = all(ids[s] == ids[seeds[0]] for s in seeds)
-    a = {s: _correct(old[s]) for s in seeds}
-    b = {s: _correct(new[s]) for s in seeds}
+    a = {s: {r["id"]: value(r) for r in old[s]} for s in seeds}
+    b = {s: {r["id"]: value(r) for r in new[s]} for s in seeds}
     strata: list[int] | None
     if shared:  # unit: a prompt, with its outcomes in every seed
         x_old = np.array([mean(a[s][i] for s in seeds) for i in ids[seeds[0]]])

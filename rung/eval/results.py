@@ -9,7 +9,7 @@ so reading a file into its model and dumping it again gives the same JSON, byte 
 
 from __future__ import annotations
 
-from typing import Any, Generic, TypedDict, TypeVar
+from typing import Any, Generic, NotRequired, TypedDict, TypeVar
 
 from pydantic import BaseModel, ConfigDict, model_serializer, model_validator
 
@@ -69,6 +69,10 @@ class SetMetrics(Result):
     accuracy_by_task: dict[str, Number] = {}
     accuracy_by_difficulty: dict[str, Number] = {}
     pass_at_k: dict[str, Number] = {}
+    pass_at_k_band: dict[str, list[Number]] = {}
+    """Bootstrap interval over prompts of pass@k at every power of two up to n (and n): [low, high]."""
+    coverage: Number | None = None
+    """Share of prompts solved at least once in the n samples (= pass@n)."""
     maj_at_k: dict[str, Number] = {}
     sampled_mean_tokens: Number | None = None
 
@@ -123,12 +127,26 @@ class MetricTest(Result):
     verdict: str
 
 
+class Boundary(Result):
+    """Coverage (prompts solved at least once in n samples) of old and new, and the prompts on which
+    it differs: those only old solves, those only new solves (ids), and the exact McNemar p of
+    those two counts."""
+
+    coverage_old: Number
+    coverage_new: Number
+    solved_only_old: list[str]
+    solved_only_new: list[str]
+    mcnemar_p: Number
+
+
 class SampledTest(Result):
-    """avg@n and pass@k (k = 1..n) of new against old. On disk each metric sits next to n and
-    samples (`"avg@4": {...}, "pass@1": {...}`); here they are under `metrics`."""
+    """avg@n and pass@k (k = 1..n) of new against old, and their coverage boundary. On disk each
+    metric sits next to n, samples and boundary (`"avg@4": {...}, "pass@1": {...}`); here they are
+    under `metrics`."""
 
     n: int
     samples: int
+    boundary: Boundary | None = None
     metrics: dict[str, MetricTest]
 
     @model_validator(mode="before")
@@ -138,7 +156,8 @@ class SampledTest(Result):
             data = {
                 "n": data.get("n"),
                 "samples": data.get("samples"),
-                "metrics": {k: v for k, v in data.items() if k not in ("n", "samples")},
+                **({"boundary": data["boundary"]} if "boundary" in data else {}),
+                "metrics": {k: v for k, v in data.items() if k not in ("n", "samples", "boundary")},
             }
         return data
 
@@ -210,6 +229,8 @@ class Comparisons(Result):
     confidence: Number
     resamples: int
     seed: int
+    compare_k: list[int] = []
+    """k at which the tables show pass@k (eval.samples.compare_k), besides avg@n and pass@n."""
     comparisons: dict[str, Comparison[GreedyTest]]
 
 
@@ -232,6 +253,31 @@ class ArmResult(Result):
     """'<set>/<metric>' and 'rl/<metric>' -> its spread over seeds."""
 
 
+class ClaimTest(Result):
+    """One k of a claim: the paired test of new against old (pass@k per prompt, mean over seeds), its
+    verdict against the expected direction, and what a clear answer would need: prompts (at this
+    effect, and at the study's reference effect) and seeds (at this effect)."""
+
+    k: int
+    test: ArmsTest
+    verdict: str
+    prompts_needed: int | None
+    prompts_needed_reference: int | None
+    seeds_needed: int | None
+
+
+class ClaimResult(Result):
+    """A published claim checked at this scale (rung.report.spectrum.check_claim)."""
+
+    claim: str
+    new: str
+    old: str
+    eval_set: str
+    expect: str
+    verdict: str
+    tests: list[ClaimTest]
+
+
 class StudyResult(Result):
     """A study's result (data/studies/<name>/study.json, with the page's settings added)."""
 
@@ -247,6 +293,12 @@ class StudyResult(Result):
     comparisons: dict[str, Comparison[ArmsTest]]
     curves: dict[str, dict[str, list[Band]]]
     """Per arm: reward, train_accuracy and held_out_accuracy as (step, mean, min, max)."""
+    spectrum: dict[str, dict[str, list[Band]]] = {}
+    """Per sampled eval set, per arm (and the init checkpoint): (k, pass@k mean over seeds, low, high),
+    the band a bootstrap interval over prompts of the seed-averaged per-prompt pass@k."""
+    coverage: dict[str, dict[str, Spread]] = {}
+    """Per sampled eval set, per arm (and the init checkpoint): coverage (solved at least once in n) over seeds."""
+    claims: list[ClaimResult] = []
 
 
 class StudyRun(TypedDict):
@@ -259,3 +311,7 @@ class StudyRun(TypedDict):
     init_eval: EvalResult | None
     records: dict[str, list[EvalRecord]]
     curve: list[dict[str, float]]
+    samples: NotRequired[dict[str, list[EvalRecord]]]
+    """Sampled records per eval set (<set>.samples.jsonl), when the eval stage sampled this checkpoint."""
+    init_samples: NotRequired[dict[str, list[EvalRecord]]]
+    """The same of the checkpoint the RL stage started from."""

@@ -166,20 +166,28 @@ def settings_table(settings: Mapping[str, Any]) -> str:
     return _table("settings", "Settings", ["setting", "value"], body)
 
 
-def _pass_at_k_plot(evals: Mapping[str, Mapping[str, Any]], colors: Mapping[str, str]) -> Figure | None:
-    curves = {
-        name: sorted((int(k), v) for k, v in m["pass_at_k"].items()) for name, m in evals.items() if m.get("pass_at_k")
-    }
+def pass_at_k_plot(evals: Mapping[str, Mapping[str, Any]], colors: Mapping[str, str] | None = None) -> Figure | None:
+    """pass@k against k (log2 axis), one line per name of `evals` (metrics with pass_at_k, and
+    optionally pass_at_k_band {k: [low, high]}, drawn as a shaded band at the band's k)."""
+    curves = {}
+    for name, m in evals.items():
+        band = m.get("pass_at_k_band") or {}
+        ks = sorted(int(k) for k in (band or m.get("pass_at_k") or {}))
+        if ks:
+            curves[name] = [(k, m["pass_at_k"][str(k)], *band.get(str(k), ())) for k in ks]
     if not curves:
         return None
     fig = Figure(figsize=_FIGSIZE, layout="constrained")
     ax = fig.add_subplot()
-    for name, points in curves.items():
-        ks, values = zip(*points, strict=True)
-        ax.plot(ks, [100 * v for v in values], marker="o", color=colors[name], label=_mpl_text(name))
-    ks = sorted({k for points in curves.values() for k, _ in points})
+    for i, (name, points) in enumerate(curves.items()):
+        color = (colors or {}).get(name, f"C{i % 10}")
+        ks, values = [p[0] for p in points], [100 * p[1] for p in points]
+        ax.plot(ks, values, marker="o", markersize=4, color=color, label=_mpl_text(name))
+        if all(len(p) == 4 for p in points):
+            ax.fill_between(ks, [100 * p[2] for p in points], [100 * p[3] for p in points], color=color, alpha=0.15)
+    ks = sorted({p[0] for points in curves.values() for p in points})
     ax.set_xscale("log", base=2)  # k is usually 1, 2, 4, ...: evenly spaced on a log2 axis
-    ax.set_xticks(ks, labels=[str(k) for k in ks])
+    ax.set_xticks(ks, labels=[str(k) for k in ks] if len(ks) <= 16 else None)
     ax.xaxis.set_minor_locator(NullLocator())
     ax.set_ylim(bottom=0)
     ax.set(xlabel="k (samples per prompt)", ylabel="pass@k (%)")
@@ -331,9 +339,10 @@ def render(
         [
             (
                 "plot-pass-at-k",
-                lambda: _pass_at_k_plot(evals, colors),
+                lambda: pass_at_k_plot(evals, colors),
                 "pass@k per checkpoint: the chance that at least one of k samples is correct "
-                "(unbiased estimator of Chen et al. 2021).",
+                "(unbiased estimator of Chen et al. 2021); the band, where drawn, is the bootstrap "
+                "interval over prompts at each power of two.",
             ),
             (
                 "plot-by-source",

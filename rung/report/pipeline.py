@@ -29,6 +29,8 @@ def rl_summary(stage: Any, metrics: Mapping[str, float]) -> dict[str, str]:
         "recipe": (
             f"{stage.algorithm}, {stage.preset or 'custom'}: {stage.loss_type} loss, "
             f"clip {stage.epsilon}/{stage.epsilon_high or stage.epsilon}, beta {stage.beta}"
+            + (f", objective {stage.objective}" if stage.objective != "group_relative" else "")
+            + (f" (lambda {stage.positive_weight})" if stage.objective == "w_reinforce" else "")
         ),
         "curriculum": stage.curriculum.type + (f" + dynamic sampling ({ds.max_rounds} rounds)" if ds else ""),
         "steps": (
@@ -71,8 +73,39 @@ def paired_markdown(result: Comparisons) -> str:
         *tables.md_table(greedy_header, greedy),
     ]
     if sampled:
-        lines += ["", "Sampled (avg@n, pass@n):", "", *tables.md_table(sampled_header, sampled)]
+        lines += [
+            "",
+            "Sampled (avg@n, pass@k at eval.samples.compare_k, pass@n):",
+            "",
+            *tables.md_table(sampled_header, sampled),
+        ]
+    boundary_header, boundary = tables.boundary_table(result)
+    if boundary:
+        lines += ["", BOUNDARY_NOTE, "", *tables.md_table(boundary_header, boundary)]
     return "\n".join(lines) + "\n"
+
+
+BOUNDARY_NOTE = (
+    "Coverage: the share of prompts solved at least once in the n samples (pass@n). Solved by one only: "
+    "prompts one checkpoint solves at least once and the other never does, the boundary RL can move; "
+    "the exact McNemar test asks whether those counts lean one way more than chance would."
+)
+SPECTRUM_NOTE = (
+    "pass@k (unbiased estimator, Chen et al. 2021) at every power of two up to n, with its {conf:g}% "
+    "bootstrap interval over prompts (of that checkpoint alone), and coverage (solved at least once in n)."
+)
+
+
+def spectrum_markdown(evals: Mapping[str, EvalResult]) -> list[str]:
+    """The pass@k spectrum of every checkpoint with samples, one table per eval set."""
+    first = next(iter(evals.values()))
+    conf = 100 * (first.bootstrap or {}).get("confidence", 0.95)
+    lines: list[str] = []
+    for name in first.sets:
+        header, rows = tables.spectrum_table(evals, name)
+        if rows:
+            lines += ["", f"pass@k spectrum on {name}:", "", *tables.md_table(header, rows)]
+    return ["", SPECTRUM_NOTE.format(conf=conf), *lines] if lines else []
 
 
 def markdown(
@@ -115,6 +148,7 @@ def markdown(
             *notes,
             "",
             *tables.md_table(*tables.checkpoint_table(views)),
+            *spectrum_markdown(evals),
             *paired_lines,
             *rl_lines,
             *warning_lines,
@@ -138,7 +172,13 @@ def html(
             curves[f"{name} (all generated)"] = [
                 (int(c["step"]), c["reward_generated"]) for c in points if "reward_generated" in c
             ]
-    extra = []
+    first = next(iter(evals.values()))
+    conf = 100 * (first.bootstrap or {}).get("confidence", 0.95)
+    extra = [
+        htmlpage.Extra(f"spectrum-{name}", f"pass@k spectrum on {name}", *table, [SPECTRUM_NOTE.format(conf=conf)])
+        for name in first.sets
+        if (table := tables.spectrum_table(evals, name))[1]
+    ]
     if compared and compared.comparisons:
         greedy, sampled = tables.paired_rows(compared)
         greedy_header, sampled_header = tables.paired_headers(compared)
@@ -154,7 +194,14 @@ def html(
         if sampled:
             extra.append(
                 htmlpage.Extra(
-                    "paired-sampled", "Paired comparisons: avg@n and pass@n (same prompts)", sampled_header, sampled, []
+                    "paired-sampled", "Paired comparisons: avg@n and pass@k (same prompts)", sampled_header, sampled, []
+                )
+            )
+        boundary_header, boundary = tables.boundary_table(compared)
+        if boundary:
+            extra.append(
+                htmlpage.Extra(
+                    "boundary", "Coverage and the boundary (same prompts)", boundary_header, boundary, [BOUNDARY_NOTE]
                 )
             )
     htmlpage.write(

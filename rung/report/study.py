@@ -36,6 +36,7 @@ from rung import config, files
 from rung.errors import InputError
 from rung.eval import paired
 from rung.eval.results import ArmResult, ArmsTest, Band, Comparison, EvalResult, Spread, StudyResult, StudyRun
+from rung.report import spectrum
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_.]*$"  # part of a DVC experiment name (a git ref): no '-' so names split cleanly
 # Metrics of an eval set shown in the per-arm table (all numeric headline metrics go to study.json).
@@ -56,6 +57,12 @@ class Study(BaseModel):
     """Dotted params overrides shared by every arm."""
     arms: dict[str, dict[str, Any]] = Field(min_length=1)
     """Arm name -> dotted params overrides."""
+    claims: list[spectrum.Claim] = []
+    """Published claims about the pass@k curve checked on the sampled evaluations (rung.report.spectrum);
+    they may name the arms and the checkpoint the RL stage starts from (its `init`, e.g. 'sft')."""
+    reference_effect: float = Field(0.05, gt=0, le=1)
+    """The effect (a difference of pass@k, 0.05 = 5 points) the power statement of every claim also
+    gives the prompts needed for."""
 
     @model_validator(mode="after")
     def _check(self) -> Study:
@@ -161,10 +168,14 @@ def curves(runs: Sequence[StudyRun]) -> dict[str, dict[str, list[Band]]]:
     return out
 
 
-def aggregate(study: Study, runs: Sequence[StudyRun], confidence: float, resamples: int, seed: int) -> StudyResult:
+def aggregate(
+    study: Study, runs: Sequence[StudyRun], confidence: float, resamples: int, seed: int, init: str = "init"
+) -> StudyResult:
     """The study's result from its runs (each {arm, seed, eval, rl, init_eval, records: {set:
-    records}, curve}): per arm the mean and sd over seeds of every headline metric, per pair of arms
-    (each later arm against each earlier one) and eval set the paired comparison, and the curves."""
+    records}, curve}, and sampled records where evaluated): per arm the mean and sd over seeds of
+    every headline metric, per pair of arms (each later arm against each earlier one) and eval set
+    the paired comparison, and the curves; with sampled records, the pass@k spectrum of every arm and
+    of the init checkpoint (named `init`), coverage, and the study's claims checked."""
     arms: dict[str, ArmResult] = {}
     for arm in study.arms:
         rs = sorted((r for r in runs if r["arm"] == arm), key=lambda r: r["seed"])
@@ -188,11 +199,20 @@ def aggregate(study: Study, runs: Sequence[StudyRun], confidence: float, resampl
                     per[old], per[new], confidence, resamples, seed, f"{new} vs {old} on {name}"
                 )
             comparisons[paired.key(new, old)] = Comparison[ArmsTest](new=new, old=old, sets=sets)
+    sampled = spectrum.sampled_records(runs, init)
+    extra: dict[str, Any] = {}
+    if sampled:
+        extra["spectrum"], extra["coverage"] = spectrum.curves(sampled, confidence, resamples, seed)
+        extra["claims"] = spectrum.check_claims(
+            study.claims, sampled, confidence, resamples, seed, study.reference_effect
+        )
     return StudyResult(
+        **extra,
         name=study.name,
         seed_key=study.seed_key,
         seeds=study.seeds,
-        definition=study.model_dump(mode="json"),
+        # a study without claims keeps the definition it wrote before claims existed
+        definition=study.model_dump(mode="json", exclude=None if study.claims else {"claims", "reference_effect"}),
         level=paired.level(confidence),
         confidence=confidence,
         resamples=resamples,

@@ -30,6 +30,13 @@ def markdown(result: StudyResult, settings: Mapping[str, Any]) -> str:
     ]
     if tests:
         lines += ["", "## Paired comparisons between arms", "", second, "", *tables.md_table(tests_header, tests)]
+    if result.spectrum:
+        spectrum_note, claims_note = tables.spectrum_explanation(result)
+        lines += ["", "## pass@k spectrum", "", spectrum_note]
+        for name in result.spectrum:
+            lines += ["", f"On {name}:", "", *tables.md_table(*tables.study_spectrum_table(result, name))]
+        if result.claims:
+            lines += ["", "## Claims", "", claims_note, "", *tables.md_table(*tables.claims_table(result))]
     return "\n".join([*lines, ""])
 
 
@@ -42,7 +49,24 @@ def plots(result: StudyResult) -> list[htmlpage.Plot]:
     def pct(key: str) -> dict[str, list[Band]]:
         return {arm: [(x, 100 * m, 100 * lo, 100 * hi) for x, m, lo, hi in pts] for arm, pts in pick(key).items()}
 
+    spectra: list[htmlpage.Plot] = [
+        (
+            f"plot-pass-at-k-{name}",
+            lambda arms=arms: htmlpage.pass_at_k_plot(
+                {
+                    arm: {
+                        "pass_at_k": {str(int(p[0])): p[1] for p in points},
+                        "pass_at_k_band": {str(int(p[0])): [p[2], p[3]] for p in points},
+                    }
+                    for arm, points in arms.items()
+                }
+            ),
+            f"pass@k on {name} per arm: mean over seeds, band the bootstrap interval over prompts.",
+        )
+        for name, arms in result.spectrum.items()
+    ]
     return [
+        *spectra,
         (
             "plot-held-out",
             lambda: htmlpage.band_plot(pct("held_out_accuracy"), "training step", "held-out accuracy (%)"),
@@ -76,6 +100,19 @@ def html(result: StudyResult, settings: Mapping[str, Any]) -> str:
                 )
             )
         )
+    if result.spectrum:
+        spectrum_note, claims_note = tables.spectrum_explanation(result)
+        for name in result.spectrum:
+            header, rows = tables.study_spectrum_table(result, name)
+            parts.append(
+                htmlpage.extra_table(
+                    htmlpage.Extra(f"spectrum-{name}", f"pass@k spectrum on {name}", header, rows, [spectrum_note])
+                )
+            )
+        if result.claims:
+            parts.append(
+                htmlpage.extra_table(htmlpage.Extra("claims", "Claims", *tables.claims_table(result), [claims_note]))
+            )
     parts.append(htmlpage.settings_table(settings))
     return htmlpage.page(f"Study {result.name}", parts, figures)
 

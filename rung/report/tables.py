@@ -139,7 +139,8 @@ def paired_rows(result: Comparisons) -> tuple[list[list[str]], list[list[str]]]:
             )
             s = g.sampled
             if s:
-                for metric in (f"avg@{s.samples}", f"pass@{s.samples}"):
+                ks = [k for k in result.compare_k if k < s.samples]
+                for metric in (f"avg@{s.samples}", *(f"pass@{k}" for k in ks), f"pass@{s.samples}"):
                     m = s.metrics[metric]
                     sampled.append(
                         [
@@ -155,6 +156,60 @@ def paired_rows(result: Comparisons) -> tuple[list[list[str]], list[list[str]]]:
     return greedy, sampled
 
 
+def boundary_table(result: Comparisons) -> Table:
+    """Coverage (solved at least once in n samples) of each pair of checkpoints with samples, and the
+    prompts one solves and the other never does (counts, exact McNemar p, the first few ids)."""
+    header = [
+        "comparison (new vs old)",
+        "eval set",
+        "prompts",
+        "coverage old → new",
+        "solved by old only",
+        "solved by new only",
+        "exact McNemar p",
+        "e.g. (old only; new only)",
+    ]
+    rows = []
+    for c in result.comparisons.values():
+        for name, g in c.sets.items():
+            b = g.sampled.boundary if g.sampled else None
+            if b is None:
+                continue
+            rows.append(
+                [
+                    f"{c.new} vs {c.old}",
+                    name,
+                    str(g.sampled.n),
+                    f"{pct(b.coverage_old)} → {pct(b.coverage_new)}",
+                    str(len(b.solved_only_old)),
+                    str(len(b.solved_only_new)),
+                    p_text(b.mcnemar_p),
+                    f"{', '.join(b.solved_only_old[:3]) or '—'}; {', '.join(b.solved_only_new[:3]) or '—'}",
+                ]
+            )
+    return header, rows
+
+
+def spectrum_table(evals: Mapping[str, EvalResult], set_name: str = "test") -> Table:
+    """pass@k at every k of the spectrum (with its band over prompts) and coverage, per checkpoint
+    that has samples on `set_name`."""
+    sampled = {c: m.sets[set_name] for c, m in evals.items() if set_name in m.sets and m.sets[set_name].pass_at_k}
+    ks = sorted({int(k) for m in sampled.values() for k in (m.pass_at_k_band or m.pass_at_k)})
+    header = ["checkpoint", *(f"pass@{k} %" for k in ks), "coverage %"]
+    rows = []
+    for c, m in sampled.items():
+        cells = []
+        for k in ks:
+            v, band = m.pass_at_k.get(str(k)), m.pass_at_k_band.get(str(k))
+            cells.append(
+                "—"
+                if v is None
+                else f"{100 * v:.1f}" + (f" [{100 * band[0]:.1f}, {100 * band[1]:.1f}]" if band else "")
+            )
+        rows.append([c, *cells, "—" if m.coverage is None else f"{100 * m.coverage:.1f}"])
+    return header, rows
+
+
 def paired_explanation(result: Comparisons) -> list[str]:
     """What the paired tables mean, in words."""
     conf, alpha = result.confidence, result.level
@@ -164,7 +219,7 @@ def paired_explanation(result: Comparisons) -> list[str]:
         "Right → wrong and wrong → right count the prompts whose greedy answer changed grade; "
         "the exact McNemar test asks "
         "whether those flips lean one way more than chance would, and gives the verdict of the accuracy row. "
-        f"For avg@n and pass@n the verdict is whether the {100 * conf:g}% paired interval excludes 0.",
+        f"For avg@n and pass@k the verdict is whether the {100 * conf:g}% paired interval excludes 0.",
         f'"Not significant at {alpha:g}" means these prompts do not establish a difference either way; '
         'it does not mean the checkpoints are equal. "Needs about N prompts": the number of prompts at which the exact '
         f"McNemar test would find the observed effect significant at {alpha:g} with 80% power, "
@@ -271,4 +326,83 @@ def study_explanation(result: StudyResult) -> list[str]:
         '"needs about N units": the units at '
         "which the sign test would find this effect significant with 80% power "
         "(rung.eval.paired.mcnemar_prompts_needed).",
+    ]
+
+
+def study_spectrum_table(result: StudyResult, set_name: str) -> Table:
+    """Per arm (and the init checkpoint): pass@k at every k of the spectrum, mean over seeds with the
+    bootstrap band over prompts, and coverage mean ± sd over seeds."""
+    arms = result.spectrum.get(set_name, {})
+    ks = sorted({int(p[0]) for points in arms.values() for p in points})
+    header = ["arm", *(f"pass@{k} %" for k in ks), "coverage %"]
+    rows = []
+    for arm, points in arms.items():
+        by_k = {int(p[0]): p for p in points}
+        cells = [
+            f"{100 * by_k[k][1]:.1f} [{100 * by_k[k][2]:.1f}, {100 * by_k[k][3]:.1f}]" if k in by_k else "—" for k in ks
+        ]
+        rows.append([arm, *cells, _pm(result.coverage[set_name][arm], True)])
+    return header, rows
+
+
+def claims_table(result: StudyResult) -> Table:
+    """One row per claim, arm, eval set and k: the difference with its interval, the tests, the verdict
+    and what a clear answer would need."""
+    effect = signed_points(result.definition.get("reference_effect", 0.05)).lstrip("+")
+    header = [
+        "claim",
+        "arm vs",
+        "eval set",
+        "k",
+        "pass@k old → new %",
+        f"difference, points [{100 * result.confidence:g}% CI]",
+        "per-seed differences",
+        "prompts better / worse",
+        "sign test p",
+        "t-test over seeds p",
+        "verdict at this k",
+        "claim's verdict",
+        f"prompts needed (this effect; {effect} points)",
+        "seeds needed (this effect)",
+    ]
+    rows = []
+    for c in result.claims:
+        for t in c.tests:
+            g = t.test
+            rows.append(
+                [
+                    c.claim,
+                    f"{c.new} vs {c.old}",
+                    c.eval_set,
+                    str(t.k),
+                    f"{100 * g.accuracy_old:.1f} → {100 * g.accuracy_new:.1f}",
+                    interval(g.difference, g.ci_low, g.ci_high),
+                    ", ".join(signed_points(v) for v in g.per_seed_difference.values()),
+                    f"{g.units_better} / {g.units_worse}",
+                    p_text(g.sign_test_p),
+                    "—" if g.seed_t_test_p is None else p_text(g.seed_t_test_p),
+                    t.verdict,
+                    c.verdict,
+                    f"{t.prompts_needed or '—'}; {t.prompts_needed_reference or '—'}",
+                    str(t.seeds_needed or "—"),
+                ]
+            )
+    return header, rows
+
+
+def spectrum_explanation(result: StudyResult) -> list[str]:
+    """What the spectrum and claims tables mean, in words."""
+    conf = 100 * result.confidence
+    return [
+        "pass@k: the unbiased estimator (Chen et al. 2021) from the n samples per prompt, per prompt averaged "
+        f"over seeds, then over prompts; in brackets its {conf:g}% bootstrap interval over prompts "
+        f"({result.resamples} resamples). Coverage: the share of prompts solved at least once in the n samples "
+        "(= pass@n), mean ± sd over seeds. The init checkpoint (the one every arm starts from) is evaluated once.",
+        "Claims: at each k, a unit is a prompt with its pass@k averaged over seeds; difference new − old in points "
+        f"with its {conf:g}% paired bootstrap interval over prompts, the exact sign test over prompts and the paired "
+        "t-test over seeds. Verdict: reproduced when the interval excludes 0 in the claimed direction, contradicted "
+        "when it excludes 0 the other way, else inside the noise (for ≥ and ≤ claims: not contradicted, not shown). "
+        "Prompts needed: a paired test at 80% power and the study's level, from the sd of the per-prompt "
+        "differences (normal approximation), for this effect and for the reference effect; seeds needed the same "
+        "from the per-seed differences (rung.eval.paired.units_needed).",
     ]

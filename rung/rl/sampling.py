@@ -16,8 +16,8 @@ import torch
 from trl.trainer.utils import pad
 
 from rung import files
-from rung.config import DynamicSamplingParams
-from rung.rl import curricula
+from rung.config import SIGNED_OBJECTIVES, DynamicSamplingParams
+from rung.rl import curricula, objectives
 from rung.train.checkpoints import CURRICULUM_STATE
 
 
@@ -35,7 +35,13 @@ class CurriculumSampling:
     trained on; `reward_generated` and `rewards_generated/<func>/mean` everything generated (the
     same without dynamic sampling); `dynamic_sampling/*` the groups dropped for zero variance
     (their share of what was generated) and the extra completions the refills cost.
+
+    Under a signed objective (psr, nsr, w_reinforce: rung.rl.objectives) the advantages of every
+    generated batch are replaced by the objective's, from the accuracy reward of each completion.
     """
+
+    objective: str = "group_relative"
+    positive_weight: float = 0.1
 
     def setup_curriculum(
         self, scheduler: curricula.Scheduler, rows: list[dict[str, Any]], dynamic: DynamicSamplingParams | None
@@ -43,9 +49,24 @@ class CurriculumSampling:
         self.curriculum, self.rows, self.dynamic = scheduler, rows, dynamic
         self._last_rewards: torch.Tensor | None = None
 
+    def setup_objective(self, objective: str, positive_weight: float) -> None:
+        """The advantage the trainer trains with (rl.stages.<name>.objective and its positive_weight)."""
+        self.objective, self.positive_weight = objective, positive_weight
+
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):  # type: ignore[no-untyped-def]
         out = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._last_rewards = out  # (global batch, reward funcs), gathered across processes
+        return out
+
+    def _generate_scored(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        """TRL's generation and scoring of one batch; under a signed objective, its advantages replaced."""
+        out = super()._generate_and_score_completions(inputs)  # type: ignore[misc]
+        if self.objective in SIGNED_OBJECTIVES:
+            accuracy = self._last_rewards[:, self.reward_func_names.index("accuracy")]
+            local = len(out["advantages"])  # TRL's slice of the gathered batch for this process
+            start = self.accelerator.process_index * local
+            signed = objectives.signed_advantages(accuracy, self.objective, self.positive_weight)
+            out["advantages"] = signed[start : start + local].to(out["advantages"].device)
         return out
 
     def _draw(self, n_local: int) -> tuple[list[int], list[dict[str, Any]]]:
@@ -87,7 +108,7 @@ class CurriculumSampling:
         n_local = len(inputs)
         marks = {k: len(self._metrics["train"][k]) for k in self._reward_names()}
         global_idx, inputs = self._draw(n_local)
-        out = super()._generate_and_score_completions(inputs)
+        out = self._generate_scored(inputs)
         results, zero = self._score_groups(global_idx, out)
         self._log_buckets(results)
         self.curriculum.update(results, step=self.state.global_step)
@@ -118,7 +139,7 @@ class CurriculumSampling:
         while rounds < self.dynamic.max_rounds and min(len(k) for k in kept) < per_rank:
             rounds += 1
             global_idx, inputs = self._draw(per_rank * g)
-            more = super()._generate_and_score_completions(inputs)
+            more = self._generate_scored(inputs)
             rewards.append(self._last_rewards)
             results, more_zero = self._score_groups(global_idx, more)
             self.curriculum.update(results, step=self.state.global_step)

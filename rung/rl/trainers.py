@@ -211,6 +211,7 @@ def trainer_for(job: RLJob, callbacks: list[Any] | None = None) -> GRPO | RLOO:
         rows,
         stage.dynamic_sampling,
     )
+    trainer.setup_objective(stage.objective, stage.positive_weight)
     if stage.eval_every is not None and job.heldout is not None:
         trainer.add_callback(
             HeldOut(
