@@ -6,12 +6,13 @@ markdown and HTML (rung.report.htmlpage); the numbers come typed from rung.eval.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from rung.eval.results import ArmsTest, Comparisons, EvalResult, GreedyTest, Spread, StudyResult
+from rung.eval.results import ArmsTest, Comparison, Comparisons, EvalResult, GreedyTest, Spread, StudyResult
 
 Table = tuple[list[str], list[list[str]]]  # (header, rows)
+PAIR = ["comparison (new vs old)", "eval set"]  # the first two columns of every paired table
 
 # The checkpoint table: (key of the headline view, header).
 COLUMNS = [
@@ -21,6 +22,13 @@ COLUMNS = [
     ("mean_tokens", "mean tokens"),
     ("truncation_rate", "truncated"),
 ]
+
+
+def per_set(comparisons: Mapping[str, Comparison[Any]]) -> Iterator[tuple[str, str, Any]]:
+    """("new vs old", eval set, test) for every compared pair and eval set, in order."""
+    for c in comparisons.values():
+        for name, g in c.sets.items():
+            yield f"{c.new} vs {c.old}", name, g
 
 
 def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -104,8 +112,7 @@ def paired_headers(result: Comparisons) -> tuple[list[str], list[str]]:
     diff = f"difference, points [{100 * result.confidence:g}% CI]"
     return (
         [
-            "comparison (new vs old)",
-            "eval set",
+            *PAIR,
             "prompts",
             "accuracy old → new",
             diff,
@@ -114,45 +121,43 @@ def paired_headers(result: Comparisons) -> tuple[list[str], list[str]]:
             "exact McNemar p",
             "verdict",
         ],
-        ["comparison (new vs old)", "eval set", "prompts", "metric", "old → new", diff, "verdict"],
+        [*PAIR, "prompts", "metric", "old → new", diff, "verdict"],
     )
 
 
 def paired_rows(result: Comparisons) -> tuple[list[list[str]], list[list[str]]]:
     """Display rows of the paired comparisons: (greedy accuracy rows, avg@n / pass@n rows)."""
     greedy, sampled = [], []
-    for c in result.comparisons.values():
-        label = f"{c.new} vs {c.old}"
-        for name, g in c.sets.items():
-            greedy.append(
-                [
-                    label,
-                    name,
-                    str(g.n),
-                    f"{pct(g.accuracy_old)} → {pct(g.accuracy_new)}",
-                    interval(g.difference, g.ci_low, g.ci_high),
-                    str(g.right_to_wrong),
-                    str(g.wrong_to_right),
-                    p_text(g.mcnemar_p),
-                    verdict(g),
-                ]
-            )
-            s = g.sampled
-            if s:
-                ks = [k for k in result.compare_k if k < s.samples]
-                for metric in (f"avg@{s.samples}", *(f"pass@{k}" for k in ks), f"pass@{s.samples}"):
-                    m = s.metrics[metric]
-                    sampled.append(
-                        [
-                            label,
-                            name,
-                            str(s.n),
-                            metric,
-                            f"{pct(m.old)} → {pct(m.new)}",
-                            interval(m.difference, m.ci_low, m.ci_high),
-                            m.verdict,
-                        ]
-                    )
+    for label, name, g in per_set(result.comparisons):
+        greedy.append(
+            [
+                label,
+                name,
+                str(g.n),
+                f"{pct(g.accuracy_old)} → {pct(g.accuracy_new)}",
+                interval(g.difference, g.ci_low, g.ci_high),
+                str(g.right_to_wrong),
+                str(g.wrong_to_right),
+                p_text(g.mcnemar_p),
+                verdict(g),
+            ]
+        )
+        s = g.sampled
+        if s:
+            ks = [k for k in result.compare_k if k < s.samples]
+            for metric in (f"avg@{s.samples}", *(f"pass@{k}" for k in ks), f"pass@{s.samples}"):
+                m = s.metrics[metric]
+                sampled.append(
+                    [
+                        label,
+                        name,
+                        str(s.n),
+                        metric,
+                        f"{pct(m.old)} → {pct(m.new)}",
+                        interval(m.difference, m.ci_low, m.ci_high),
+                        m.verdict,
+                    ]
+                )
     return greedy, sampled
 
 
@@ -160,8 +165,7 @@ def boundary_table(result: Comparisons) -> Table:
     """Coverage (solved at least once in n samples) of each pair of checkpoints with samples, and the
     prompts one solves and the other never does (counts, exact McNemar p, the first few ids)."""
     header = [
-        "comparison (new vs old)",
-        "eval set",
+        *PAIR,
         "prompts",
         "coverage old → new",
         "solved by old only",
@@ -170,23 +174,22 @@ def boundary_table(result: Comparisons) -> Table:
         "e.g. (old only; new only)",
     ]
     rows = []
-    for c in result.comparisons.values():
-        for name, g in c.sets.items():
-            b = g.sampled.boundary if g.sampled else None
-            if b is None:
-                continue
-            rows.append(
-                [
-                    f"{c.new} vs {c.old}",
-                    name,
-                    str(g.sampled.n),
-                    f"{pct(b.coverage_old)} → {pct(b.coverage_new)}",
-                    str(len(b.solved_only_old)),
-                    str(len(b.solved_only_new)),
-                    p_text(b.mcnemar_p),
-                    f"{', '.join(b.solved_only_old[:3]) or '—'}; {', '.join(b.solved_only_new[:3]) or '—'}",
-                ]
-            )
+    for pair, name, g in per_set(result.comparisons):
+        b = g.sampled.boundary if g.sampled else None
+        if b is None:
+            continue
+        rows.append(
+            [
+                pair,
+                name,
+                str(g.sampled.n),
+                f"{pct(b.coverage_old)} → {pct(b.coverage_new)}",
+                str(len(b.solved_only_old)),
+                str(len(b.solved_only_new)),
+                p_text(b.mcnemar_p),
+                f"{', '.join(b.solved_only_old[:3]) or '—'}; {', '.join(b.solved_only_new[:3]) or '—'}",
+            ]
+        )
     return header, rows
 
 
@@ -270,8 +273,7 @@ def arm_table(result: StudyResult) -> Table:
 def arms_test_table(result: StudyResult) -> Table:
     """The paired tests between arms, one row per pair and eval set."""
     header = [
-        "comparison (new vs old)",
-        "eval set",
+        *PAIR,
         "seeds",
         "units",
         "accuracy old → new",
@@ -282,25 +284,22 @@ def arms_test_table(result: StudyResult) -> Table:
         "verdict",
         "t-test over seeds p",
     ]
-    rows = []
-    for c in result.comparisons.values():
-        for name, g in c.sets.items():
-            t = "—" if g.seed_t_test_p is None else p_text(g.seed_t_test_p)
-            rows.append(
-                [
-                    f"{c.new} vs {c.old}",
-                    name,
-                    str(len(g.seeds)),
-                    f"{g.units} ({g.unit})",
-                    f"{pct(g.accuracy_old)} → {pct(g.accuracy_new)}",
-                    interval(g.difference, g.ci_low, g.ci_high),
-                    ", ".join(signed_points(v) for v in g.per_seed_difference.values()),
-                    f"{g.units_better} / {g.units_worse}",
-                    p_text(g.sign_test_p),
-                    verdict(g, "units"),
-                    t,
-                ]
-            )
+    rows = [
+        [
+            pair,
+            name,
+            str(len(g.seeds)),
+            f"{g.units} ({g.unit})",
+            f"{pct(g.accuracy_old)} → {pct(g.accuracy_new)}",
+            interval(g.difference, g.ci_low, g.ci_high),
+            ", ".join(signed_points(v) for v in g.per_seed_difference.values()),
+            f"{g.units_better} / {g.units_worse}",
+            p_text(g.sign_test_p),
+            verdict(g, "units"),
+            "—" if g.seed_t_test_p is None else p_text(g.seed_t_test_p),
+        ]
+        for pair, name, g in per_set(result.comparisons)
+    ]
     return header, rows
 
 
