@@ -111,16 +111,7 @@ def paired_headers(result: Comparisons) -> tuple[list[str], list[str]]:
     """Column names of the (greedy, sampled) paired tables."""
     diff = f"difference, points [{100 * result.confidence:g}% CI]"
     return (
-        [
-            *PAIR,
-            "prompts",
-            "accuracy old → new",
-            diff,
-            "right → wrong",
-            "wrong → right",
-            "exact McNemar p",
-            "verdict",
-        ],
+        [*PAIR, "prompts", "accuracy old → new", diff, "right → wrong", "wrong → right", "exact McNemar p", "verdict"],
         [*PAIR, "prompts", "metric", "old → new", diff, "verdict"],
     )
 
