@@ -206,7 +206,7 @@ def test_rung_study_runs_two_arms_by_two_seeds(tiny_model, prefect_server, tmp_p
     assert json.loads(run("dvc", "exp", "show", "--json").stdout)[0].get("experiments") is None  # nothing queued
 
     (tmp / "study.yaml").write_text(STUDY)
-    res = run("rung", "study", str(tmp / "study.yaml"))
+    res = run("rung", "study", str(tmp / "study.yaml"), "--jobs", "2")  # two DVC queue workers, as users run it
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     out = ws / "data/studies/tiny"
     result = json.loads((out / "study.json").read_text())
