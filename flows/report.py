@@ -44,7 +44,8 @@ def report(params_file: str = str(paths.PARAMS)) -> str:
         }
         settings = {"seed": params.seed, "model": params.model.source, "git commit": tracking.git_commit()[:12]}
         boot = params.eval.bootstrap
-        pairs = comparisons.pairs({n: s.init for n, s in params.rl.stages.items()})
+        inits = {n: s.init for n, s in params.rl.stages.items()}
+        pairs = comparisons.pairs(inits)
         compare_k = params.eval.samples.compare_k if params.eval.samples else []
         compared = comparisons.comparisons(pairs, boot.confidence, boot.resamples, params.seed, compare_k)
         warnings = [
@@ -54,7 +55,7 @@ def report(params_file: str = str(paths.PARAMS)) -> str:
             for w in m.get("warnings", [])
         ]
         text = rep.run(evals, curves, rl, settings, compared, warnings)
-        headline = keys.headline_metrics(evals, compared, {n: s.init for n, s in params.rl.stages.items()})
+        headline = keys.headline_metrics(evals, compared, inits)
         files.write_json(rep.HEADLINE, headline)
         # The comparisons file is the stage's DVC metrics; the same numbers (significance as 0/1) on its MLflow run.
         tracking.log_metrics({k: _numeric(c.dump()["sets"]) for k, c in compared.comparisons.items()}, prefix="paired")

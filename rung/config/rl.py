@@ -182,6 +182,9 @@ class DynamicSamplingParams(Section):
     filled with dropped groups, which carry no gradient."""
 
 
+# The objectives that replace TRL's group-relative advantage by the sign of the accuracy reward.
+SIGNED_OBJECTIVES = ("psr", "nsr", "w_reinforce")
+
 # Published recipes a stage selects with `preset`; keys the stage sets itself win.
 PRESETS: dict[str, dict[str, Any]] = {
     # DeepSeekMath GRPO: sequence-mean loss, group std scaling, KL 0.04.
@@ -210,12 +213,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # sample reinforcement; token-level loss, no KL, the accuracy reward alone (rung.rl.objectives).
     **{
         name: {"objective": name, "loss_type": "dapo", "beta": 0.0, "epsilon": 0.2, "epsilon_high": None}
-        for name in ("psr", "nsr", "w_reinforce")
+        for name in SIGNED_OBJECTIVES
     },
 }
-
-# The objectives that replace TRL's group-relative advantage by the sign of the accuracy reward.
-SIGNED_OBJECTIVES = ("psr", "nsr", "w_reinforce")
 
 
 class RLStageParams(Section):

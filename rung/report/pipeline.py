@@ -96,16 +96,23 @@ SPECTRUM_NOTE = (
 )
 
 
+def _confidence(evals: Mapping[str, EvalResult]) -> float:
+    """The bootstrap confidence of the evals (the first checkpoint's; 0.95 where unrecorded)."""
+    return (next(iter(evals.values())).bootstrap or {}).get("confidence", 0.95)
+
+
+def _spectrum_note(evals: Mapping[str, EvalResult]) -> str:
+    return SPECTRUM_NOTE.format(conf=100 * _confidence(evals))
+
+
 def spectrum_markdown(evals: Mapping[str, EvalResult]) -> list[str]:
     """The pass@k spectrum of every checkpoint with samples, one table per eval set."""
-    first = next(iter(evals.values()))
-    conf = 100 * (first.bootstrap or {}).get("confidence", 0.95)
     lines: list[str] = []
-    for name in first.sets:
+    for name in next(iter(evals.values())).sets:
         header, rows = tables.spectrum_table(evals, name)
         if rows:
             lines += ["", f"pass@k spectrum on {name}:", "", *tables.md_table(header, rows)]
-    return ["", SPECTRUM_NOTE.format(conf=conf), *lines] if lines else []
+    return ["", _spectrum_note(evals), *lines] if lines else []
 
 
 def markdown(
@@ -119,7 +126,7 @@ def markdown(
     first = next(iter(evals.values()))
     n = next(iter(views.values()))["n"]
     sampling = ", ".join(f"{k}={v}" for k, v in sorted(first.sampling.items()))
-    confidence = (first.bootstrap or {}).get("confidence", 0.95)
+    confidence = _confidence(evals)
     notes = [
         f"Held-out split: {n} prompts; headline decoding: {sampling}; "
         f"accuracy with its {100 * confidence:.0f}% bootstrap interval "
@@ -172,11 +179,9 @@ def html(
             curves[f"{name} (all generated)"] = [
                 (int(c["step"]), c["reward_generated"]) for c in points if "reward_generated" in c
             ]
-    first = next(iter(evals.values()))
-    conf = 100 * (first.bootstrap or {}).get("confidence", 0.95)
     extra = [
-        htmlpage.Extra(f"spectrum-{name}", f"pass@k spectrum on {name}", *table, [SPECTRUM_NOTE.format(conf=conf)])
-        for name in first.sets
+        htmlpage.Extra(f"spectrum-{name}", f"pass@k spectrum on {name}", *table, [_spectrum_note(evals)])
+        for name in next(iter(evals.values())).sets
         if (table := tables.spectrum_table(evals, name))[1]
     ]
     if compared and compared.comparisons:
