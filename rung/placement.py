@@ -11,12 +11,10 @@ from rung.errors import InputError
 
 
 def device(spec: str = "auto") -> torch.device:
-    """'auto': this process's CUDA device when one is visible (LOCAL_RANK's under a distributed
-    launcher), else the CPU; 'cpu', 'cuda' or 'cuda:N' as named, refused in one line if absent."""
+    """'auto': this process's CUDA device when one is visible, else the CPU; 'cpu', 'cuda' or
+    'cuda:N' as named, refused in one line if absent."""
     if spec == "auto":
-        if not torch.cuda.is_available():
-            return torch.device("cpu")
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", torch.cuda.current_device())))
+        return _local_cuda() if torch.cuda.is_available() else torch.device("cpu")
     where = torch.device(spec)
     if where.type == "cuda":
         if not torch.cuda.is_available():
@@ -28,9 +26,25 @@ def device(spec: str = "auto") -> torch.device:
     return where
 
 
+def _local_cuda() -> torch.device:
+    """The CUDA device of this process: under a distributed launcher LOCAL_RANK's where each rank sees
+    the node's GPUs, or the one GPU a launcher that pins ranks (CUDA_VISIBLE_DEVICES per rank) leaves it."""
+    visible = torch.cuda.device_count()
+    rank = os.environ.get("LOCAL_RANK")
+    if rank is None or visible == 1:
+        return torch.device("cuda", torch.cuda.current_device())
+    if int(rank) >= visible:
+        raise InputError(
+            f"model.device: auto, but local rank {rank} sees {visible} CUDA devices: "
+            "give each rank one GPU or all of them"
+        )
+    return torch.device("cuda", int(rank))
+
+
 def dtype(spec: str, where: torch.device) -> str:
     """'auto': bfloat16 on a CUDA device that supports it, else float32 (bf16 matmuls are slow on
-    most CPUs: a TRL step ran ~10x slower with bf16 autocast on an AVX2-only machine)."""
+    most CPUs: a TRL step ran ~10x slower with bf16 autocast on an AVX2-only machine). Generating
+    stages hold their weights in it; training stages compute in it over fp32 weights (rung.train.harness)."""
     if spec != "auto":
         return spec
     return "bfloat16" if where.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"

@@ -36,3 +36,9 @@ def generator(name: str, task: str, size: int, terms: tuple[int, int], digits: i
     """A reasoning-gym source of params (`curate.sources`): sums of `terms` (min, max) numbers of `digits` digits."""
     config = dict(min_terms=terms[0], max_terms=terms[1], min_digits=digits, max_digits=digits)
     return dict(name=name, task=task, size=size, config=config)
+
+
+def even_tokens(completion_ids: list[list[int]], **_: Any) -> list[float]:
+    """A reward with variance inside every group of a random model, whose completions never stop
+    early (so a reward of their length or format is constant): the share of even token ids."""
+    return [sum(t % 2 == 0 for t in ids) / len(ids) for ids in completion_ids]

@@ -15,6 +15,7 @@ from trl import GRPOTrainer
 from rung import models
 from rung.answers import formats
 from rung.config import SamplingParams
+from rung.errors import InputError
 from rung.generate.api import generate, generate_ids
 from rung.generate.completion import render
 from rung.rl import trainers
@@ -123,3 +124,27 @@ def test_gpu_bench_smoke_runs_on_the_cpu_with_only_its_dependencies():
         assert line in done.stdout
     greedy = [r for r in done.stdout.splitlines() if r.startswith("| greedy")]
     assert all(r.rstrip(" |").endswith("6/6") for r in greedy), greedy
+
+
+@pytest.mark.parametrize(
+    "visible, local_rank, index",
+    [(8, "3", 3), (1, "3", 0), (2, None, 1), (2, "5", None)],
+    ids=["rank-of-all", "pinned-rank", "no-launcher", "rank-beyond"],
+)
+def test_auto_device_under_launchers(monkeypatch, visible, local_rank, index):
+    """`model.device: auto` takes LOCAL_RANK's GPU where a rank sees the node's GPUs, the one GPU a
+    launcher pinned it to (index 0), the current device without a launcher; else one line."""
+    from rung import placement
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0 if visible == 1 else 1)
+    if local_rank is None:
+        monkeypatch.delenv("LOCAL_RANK", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_RANK", local_rank)
+    if index is None:
+        with pytest.raises(InputError, match=r"^model.device: auto, but local rank 5 sees 2 CUDA devices"):
+            placement.device("auto")
+    else:
+        assert placement.device("auto") == torch.device("cuda", index)

@@ -12,7 +12,7 @@ from rung.data.curate import curate
 from rung.data.difficulty import bucket, histogram, keep, pass_rates, summarize
 from rung.errors import InputError
 from rung.eval.evaluate import evaluate
-from rung.generate import api, prepacked
+from rung.generate import api, compiled, prepacked
 from rung.generate.api import generate
 from rung.generate.completion import Completion, Generator, render
 from tests.conftest import ROOT
@@ -258,3 +258,52 @@ def test_out_of_memory_halves_the_batch_and_redraws_the_same_samples(tiny_model)
     finally:
         handle.remove()
     assert got == want and max(seen) > 2 and seen[-1] <= 2
+
+
+def test_the_loop_refuses_in_one_line_when_one_prompts_samples_do_not_fit(tiny_model):
+    """The loop decodes a prompt's n samples in one batch, so halving below n rows cannot help: it
+    says so instead of retrying at the same size forever."""
+    model, tok = models.load(tiny_model)
+    prompts = render(tok, [[{"role": "user", "content": r["prompt"]}] for r in ROWS])
+
+    def oom(module, args, kwargs):
+        if kwargs["input_ids"].shape[0] > 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    handle = model.register_forward_pre_hook(oom, with_kwargs=True)
+    try:
+        with pytest.raises(InputError, match=r"^generation: out of memory with one prompt's 2 samples in a batch"):
+            generate(model, tok, prompts, SamplingParams(temperature=1.0, max_new_tokens=5, batch_size=8), n=2)
+    finally:
+        handle.remove()
+        api._backed_off.pop(model, None)
+
+
+def test_compiled_calls_pad_every_chunk_to_one_bucket_and_remember_the_longest_cache(eos_model):
+    """A call of 6 rows at capacity 4 decodes 4 + 2 rows: the last chunk is padded to the first's
+    bucket (one compilation per process, not one per chunk size); the static cache's length is kept
+    for sizing later batches (transformers keeps the longest cache a process has allocated)."""
+    model, tok, prompts = eos_model
+    ids = tok(prompts[:6], add_special_tokens=False)["input_ids"]
+    sampling = SamplingParams(temperature=0, max_new_tokens=12, batch_size=4)
+    rows, generate_, before = [], model.generate, api._longest.get(model, 0)
+
+    def recording(**kw):
+        rows.append(kw["input_ids"].shape[0])
+        return generate_(**kw)
+
+    model.generate = recording
+    try:
+        api.generate_ids(
+            model,
+            ids,
+            sampling,
+            [model.generation_config.eos_token_id],
+            desc=None,
+            engine="compiled",
+            compile_config=_cpu_compile_config(),
+        )
+    finally:
+        del model.generate
+    assert rows == [4, 4]
+    assert api._longest[model] == max(before, compiled.round_up(max(map(len, ids)) + 12))

@@ -1,5 +1,6 @@
 """On a CUDA device (marked `gpu`, skipped without one): generation and evaluation on the device,
-an SFT and an RL step in bf16 with resume, and the out-of-memory back-off. docs/gpu.md ("One GPU")
+an SFT and an RL step in bf16 compute with resume that move the fp32 weights, batch sizing and the
+out-of-memory back-off. docs/gpu.md ("One GPU")
 gives the command that runs them with carried wheels; they need no reasoning-gym, MLflow, Prefect or
 DVC, and no weights (SmolLM2's tokenizer and a small random model).
 
@@ -21,7 +22,7 @@ from rung.config import DifficultyParams, FormatParams, RLStageParams, SamplingP
 from rung.generate import api
 from rung.generate.completion import render
 from rung.rl import trainers
-from rung.train import sft
+from rung.train import movement, sft
 from rung.train.checkpoints import FINAL
 from rung.train.jobs import RLJob, SFTJob
 from tests.tiny_model import build
@@ -105,8 +106,12 @@ class CrashAfterFirst(TrainerCallback):
             raise KeyboardInterrupt
 
 
-def _close(a: Path, b: Path) -> None:
-    """Two checkpoints' weights agree (bf16 kernels on a GPU need not be bit-exact run to run)."""
+def _trained_alike(init: Path, a: Path, b: Path) -> None:
+    """Both checkpoints moved (nearly) every weight from their init, as fp32 master weights do (bf16
+    weights kept ~6% of SmolLM2's moving), and agree with each other (bf16 kernels on a GPU need not be
+    bit-exact run to run)."""
+    for out in (a, b):
+        assert movement.since(init, out)["weights_changed_share"] > 0.99
     x, _ = models.load(a, "float32")
     y, _ = models.load(b, "float32")
     for p, q in zip(x.state_dict().values(), y.state_dict().values(), strict=True):
@@ -127,14 +132,19 @@ def test_sft_step_in_bf16_resumes(small_model, tmp_path):
         sft.train(SFTJob(work_dir=tmp_path / "b", callbacks=["tests.test_gpu:CrashAfterFirst"], **job))
     resumed = sft.train(SFTJob(work_dir=tmp_path / "b", resume=str(tmp_path / "b" / "checkpoint-1"), **job))
     assert whole.metrics["steps"] == resumed.metrics["steps"] == 2
-    _close(tmp_path / "a" / FINAL, tmp_path / "b" / FINAL)
+    _trained_alike(small_model, tmp_path / "a" / FINAL, tmp_path / "b" / FINAL)
 
 
 def test_rl_step_in_bf16_with_rungs_rollouts_resumes(small_model, tmp_path):
     data = tmp_path / "rows.jsonl"
     files.write_jsonl(data, ROWS)
     shape = dict(max_steps=2, num_generations=4, prompts_per_step=2, max_completion_length=16, save_steps=1)
-    stage = RLStageParams(preset="dapo", learning_rate=1e-4, rewards={"accuracy": 1.0, "format": 0.1}, **shape)
+    stage = RLStageParams(
+        preset="dapo",
+        learning_rate=1e-4,
+        rewards={"accuracy": 1.0, "even": {"import": "tests.rows:even_tokens"}},
+        **shape,
+    )
     job = dict(
         key="rl.stages.main",
         params=stage,
@@ -158,7 +168,7 @@ def test_rl_step_in_bf16_with_rungs_rollouts_resumes(small_model, tmp_path):
     )
     assert whole.metrics["steps"] == resumed.metrics["steps"] == 2
     assert [c["step"] for c in files.read_json(tmp_path / "b.json")] == [1, 2]
-    _close(tmp_path / "a" / FINAL, tmp_path / "b" / FINAL)
+    _trained_alike(small_model, tmp_path / "a" / FINAL, tmp_path / "b" / FINAL)
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA's allocator limit forces the error")
@@ -182,3 +192,24 @@ def test_out_of_memory_backs_off_and_draws_the_same_samples(small_model):
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
     assert model in api._backed_off and got == want
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA's allocator")
+def test_batch_sizing_counts_cached_blocks_as_free_and_the_longest_static_cache(small_model):
+    """Blocks PyTorch's allocator caches after a step are free to this process: the batch after them
+    is as large as before. A compiled call with a long cache makes later, shorter calls size their
+    batches at that length (transformers keeps the longest static cache)."""
+    model, tok = models.load(small_model, "bfloat16", DEVICE)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=32)
+    before = api.memory_rows(model, 512)
+    free, _ = torch.cuda.mem_get_info()
+    cached = torch.empty(int(free * 0.6), dtype=torch.uint8, device=DEVICE)
+    del cached  # reserved by the allocator, allocated to nothing
+    assert torch.cuda.memory_reserved() - torch.cuda.memory_allocated() > free * 0.5
+    assert api.memory_rows(model, 512) == before
+    torch.cuda.empty_cache()
+    long_prompt = tok(_prompts(tok)[0] * 12, add_special_tokens=False)["input_ids"]
+    api.generate_ids(model, [long_prompt], sampling, [tok.eos_token_id], desc=None)
+    longest = api._longest[model]
+    assert longest >= len(long_prompt) + 32
+    assert api.batch_rows(model, sampling, 8) == min(api.compiled.ROW_BUCKETS[-1], api.memory_rows(model, longest))

@@ -18,7 +18,7 @@ from rung.generate.api import generate
 from rung.generate.completion import render
 from rung.generate.decode import shared_prefix
 from rung.rl import trainers
-from rung.train import launch
+from rung.train import launch, movement
 from rung.train.checkpoints import CURRICULUM_STATE, FINAL
 from rung.train.jobs import RLJob
 from tests.rows import sums
@@ -29,7 +29,7 @@ BUCKETS = DifficultyParams().buckets
 
 
 def parity(completion_ids, **_):
-    """A cheap reward with variance inside groups of a random model."""
+    """A cheap reward; constant where every completion runs to max_completion_length (a random model's do)."""
     return [float(len(ids) % 2) for ids in completion_ids]
 
 
@@ -159,7 +159,12 @@ class _Crash(TrainerCallback):
 
 @pytest.mark.parametrize("curriculum", [{"type": "adaptive"}, {"type": "bandit"}])
 def test_resume_continues_model_optimizer_rng_and_curriculum(tiny_model, tmp_path, curriculum):
-    stage = _stage(curriculum=curriculum, dynamic_sampling={"max_rounds": 1})
+    # a reward with variance in every group, so that the weights move (parity is constant at 8 tokens)
+    stage = _stage(
+        curriculum=curriculum,
+        dynamic_sampling={"max_rounds": 1},
+        rewards={"even": {"import": "tests.rows:even_tokens"}},
+    )
     _, whole_curves = _train(tiny_model, tmp_path / "whole", stage)
     with pytest.raises(KeyboardInterrupt):
         _train(tiny_model, tmp_path / "cut", stage, callbacks=[_Crash(2)])
@@ -167,6 +172,7 @@ def test_resume_continues_model_optimizer_rng_and_curriculum(tiny_model, tmp_pat
     _, resumed_curves = _train(tiny_model, tmp_path / "cut", stage, resume=str(tmp_path / "cut" / "checkpoint-2"))
     assert state  # the curriculum state travelled with the checkpoint
     assert resumed_curves[-1] == whole_curves[-1]
+    assert movement.since(tiny_model, tmp_path / "whole" / FINAL)["weights_changed_share"] > 0.99  # it trained
     whole, _ = models.load(tmp_path / "whole" / "final")
     resumed, _ = models.load(tmp_path / "cut" / "final")
     for a, b in zip(whole.state_dict().values(), resumed.state_dict().values(), strict=True):

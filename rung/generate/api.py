@@ -20,6 +20,7 @@ from transformers import CompileConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from rung import models, placement
 from rung.config import SamplingParams, VllmParams
+from rung.errors import InputError
 from rung.generate import compiled, decode, vllm
 from rung.generate.completion import Completion, Generator, stop_ids
 from rung.generate.prepacked import prepacked
@@ -105,7 +106,10 @@ def generate_ids(
     pending = list(range(len(ids)))
     with tqdm(total=len(ids) * n, desc=desc, unit="seq", disable=desc is None) as bar:
         while pending:
-            rows = batch_rows(model, sampling, max(len(ids[i]) for i in pending))
+            width = max(len(ids[i]) for i in pending)
+            if use_compiled:  # the static cache keeps the longest length this process has used
+                _longest[model] = max(_longest.get(model, 0), compiled.round_up(width + sampling.max_new_tokens))
+            rows = batch_rows(model, sampling, width)
             try:
                 if use_compiled:
                     done = compiled.decode(
@@ -121,6 +125,11 @@ def generate_ids(
             except torch.OutOfMemoryError:
                 if rows <= 1:
                     raise
+                if not use_compiled and rows <= n:  # the loop decodes a prompt's n samples in one batch
+                    raise InputError(
+                        f"generation: out of memory with one prompt's {n} samples in a batch ({rows} rows); "
+                        "lower the samples or max_new_tokens, or use the compiled engine"
+                    ) from None
                 _back_off(model, rows)
                 pending = [i for i, slots in enumerate(out) if None in slots]
                 for i in pending:  # redo every sample of a prompt cut short, so the bar counts each once
@@ -131,6 +140,9 @@ def generate_ids(
 
 _backed_off: WeakKeyDictionary[PreTrainedModel, int] = WeakKeyDictionary()
 """The row cap an out-of-memory error left each model with: kept for the rest of the process (the stage)."""
+_longest: WeakKeyDictionary[PreTrainedModel, int] = WeakKeyDictionary()
+"""The longest static cache (tokens a row) each model's compiled generation has allocated: transformers
+keeps a call's cache at least as long as the previous call's, so later batches are sized for it."""
 
 
 def _back_off(model: PreTrainedModel, rows: int) -> None:
@@ -144,12 +156,13 @@ def _back_off(model: PreTrainedModel, rows: int) -> None:
 
 
 def batch_rows(model: PreTrainedModel, sampling: SamplingParams, width: int) -> int:
-    """Rows decoded at once: on CUDA the largest row bucket whose KV cache and logits fit in
-    KV_SHARE of the free memory, on the CPU CPU_ROWS; params `batch_size` caps either, and so does
+    """Rows decoded at once: on CUDA the largest row bucket whose KV cache (at the longest static
+    cache this model has allocated) and logits fit in KV_SHARE of the free memory, on the CPU
+    CPU_ROWS; params `batch_size` caps either, and so does
     an earlier out-of-memory error."""
     cap = sampling.batch_size or (CPU_ROWS if model.device.type != "cuda" else compiled.ROW_BUCKETS[-1])
     if model.device.type == "cuda":
-        cap = min(cap, memory_rows(model, width + sampling.max_new_tokens))
+        cap = min(cap, memory_rows(model, max(width + sampling.max_new_tokens, _longest.get(model, 0))))
     return min(cap, _backed_off.get(model, cap))
 
 
@@ -165,5 +178,7 @@ def memory_rows(model: PreTrainedModel, length: int) -> int:
         + 24 * config.vocab_size
     )
     free, _ = torch.cuda.mem_get_info(model.device)
+    # blocks PyTorch's allocator holds but no tensor uses are free to this process, though not to the driver
+    free += torch.cuda.memory_reserved(model.device) - torch.cuda.memory_allocated(model.device)
     fits = int(free * KV_SHARE) // per_row
     return max([b for b in compiled.ROW_BUCKETS if b <= fits], default=1)

@@ -76,9 +76,11 @@ def decode(model: PreTrainedModel, req: Request, compile_config: CompileConfig |
     cache_len = round_up(max(len(ids[i]) for i in order) + sampling.max_new_tokens)
     config = generation_config(sampling, eos_ids, cache_len, compile_config)
     eos = set(eos_ids)
+    # every chunk in the first one's bucket: a smaller last chunk would compile a bucket of its own
+    bucket = rows_bucket(min(len(pairs), capacity), capacity)
     for start in range(0, len(pairs), capacity):
         chunk = pairs[start : start + capacity]
-        padded = chunk + [chunk[-1]] * (rows_bucket(len(chunk), capacity) - len(chunk))  # filler rows, dropped below
+        padded = chunk + [chunk[-1]] * (bucket - len(chunk))  # filler rows, dropped below
         width = round_up(max(len(ids[i]) for i, _ in padded))
         input_ids = torch.tensor([[eos_ids[0]] * (width - len(ids[i])) + ids[i] for i, _ in padded], device="cpu").to(
             model.device

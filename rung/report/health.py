@@ -9,6 +9,7 @@ from typing import Any
 SFT_TRUNCATED = 0.2  # share of SFT examples cut by max_length (the answer line is often what is cut)
 DIFFICULTY_ONE_SIDED = 0.9  # share of prompts solved by every rollout, or by none: no signal for RL
 RL_ZERO_VARIANCE = 0.5  # mean share of generated groups whose rewards were all equal: no gradient from them
+TRAINING_MOVED = 0.5  # share of the weights in the tensors training touched that changed since init
 
 
 def warnings(stage: str, metrics: dict[str, Any]) -> list[str]:
@@ -26,6 +27,8 @@ def warnings(stage: str, metrics: dict[str, Any]) -> list[str]:
                     f"difficulty: {metrics[f'{side}_fraction']:.0%} of prompts are {side} by every rollout: "
                     "little for RL to learn from"
                 )
+    if (stage == "sft" or fnmatch.fnmatch(stage, "rl-*")) and "weights_changed_share" in metrics:
+        out += _barely_moved(stage, metrics)
     if fnmatch.fnmatch(stage, "rl-*") and metrics.get("frac_reward_zero_std", 0) > RL_ZERO_VARIANCE:
         out.append(
             f"{stage}: {metrics['frac_reward_zero_std']:.0%} of generated groups had zero reward variance (no gradient)"
@@ -35,3 +38,21 @@ def warnings(stage: str, metrics: dict[str, Any]) -> list[str]:
             if m.get("format_rate") == 0:
                 out.append(f"{stage}: the model never follows the answer format on {name} (format rate 0%)")
     return out
+
+
+def _barely_moved(stage: str, metrics: dict[str, Any]) -> list[str]:
+    """A trained checkpoint that is (nearly) its init: updates below the weights' precision (bf16
+    weights), a learning rate too small, frozen parameters (rung.train.movement measures it)."""
+    if metrics["weights_changed_share"] == 0:
+        return [
+            f"{stage}: no weight changed since init: the checkpoint is its init "
+            "(frozen parameters or a zero learning rate?)"
+        ]
+    touched = metrics["weights_changed_share_touched"]
+    if touched >= TRAINING_MOVED:
+        return []
+    return [
+        f"{stage}: only {touched:.1%} of the weights in the trained tensors changed since init "
+        f"(‖Δw‖/‖w‖ = {metrics['weights_relative_change']:.1e}): updates below the weights' precision "
+        "(bf16 weights) or a learning rate too small"
+    ]

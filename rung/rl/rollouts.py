@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import DynamicCache
+from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 from trl import RLOOTrainer
 from trl.models import unwrap_model_for_generation
 
@@ -30,6 +30,26 @@ MIN_SHARED_PREFIX = 8
 class Rollouts:
     _rollout_calls: tuple[int, int] = (-1, 0)
     """(step, generation calls in it): with the seed, where each rollout's sampling stream starts."""
+    _low_precision: PreTrainedModel | None = None
+
+    def generation_model(self, model: PreTrainedModel) -> PreTrainedModel:
+        """The model rung's rollouts and held-out curve decode with: the trained weights themselves
+        (float32 compute, or a peft model), or under bf16 / fp16 compute a copy of them in that dtype,
+        refreshed in place at each call: the fp32 master weights stay what the optimizer updates, and
+        the copy keeps its addresses, so the compiled path's CUDA graphs stay valid."""
+        dtype = torch.bfloat16 if self.args.bf16 else torch.float16 if self.args.fp16 else model.dtype
+        if dtype == model.dtype or getattr(model, "peft_config", None):
+            return model
+        if self._low_precision is None:
+            with torch.device(model.device):
+                self._low_precision = AutoModelForCausalLM.from_config(model.config, dtype=dtype)
+            self._low_precision.eval().requires_grad_(False)
+            self._low_precision.generation_config = model.generation_config
+        weights = model.state_dict()
+        with torch.no_grad():
+            for name, t in self._low_precision.state_dict().items():
+                t.copy_(weights[name])
+        return self._low_precision
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, *args, **kwargs):  # type: ignore[no-untyped-def]
         """Rollouts through rung's decode loop (rung.generate.api: finished rows leave the batch, the
@@ -64,7 +84,15 @@ class Rollouts:
             gather_deepspeed3_params=self.args.ds3_gather_for_generation,
             gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
         ) as unwrapped:
-            out = generate_ids(unwrapped, prompt_ids[::n], sampling, self.eos_token_ids, n=n, seed=seed, desc=None)
+            out = generate_ids(
+                self.generation_model(unwrapped),
+                prompt_ids[::n],
+                sampling,
+                self.eos_token_ids,
+                n=n,
+                seed=seed,
+                desc=None,
+            )
         ids = [tokens for samples in out for tokens, _ in samples]
         return ids if isinstance(self, RLOOTrainer) else (ids, None)  # RLOO's returns no log-probs
 
@@ -99,10 +127,9 @@ class Rollouts:
         [completion], positions counted over real tokens (TRL's forward counts left pads as
         positions; rung.generate.api, like `model.generate`, does not)."""
         prompt_len = input_ids.shape[1] - logits_to_keep
-        rows = [
-            ids[mask.bool()].tolist()
-            for ids, mask in zip(input_ids[:, :prompt_len], attention_mask[:, :prompt_len], strict=True)
-        ]
+        # one copy to the host, not a device sync per row
+        host_ids, host_mask = input_ids[:, :prompt_len].tolist(), attention_mask[:, :prompt_len].tolist()
+        rows = [[t for t, m in zip(ids, mask, strict=True) if m] for ids, mask in zip(host_ids, host_mask, strict=True)]
         prefix = shared_prefix(rows) if len(rows) > 1 else []
         if (
             len(prefix) < MIN_SHARED_PREFIX

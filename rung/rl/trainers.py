@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from transformers import AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
 
 from rung import compat, files, models, placement
@@ -26,7 +26,7 @@ from rung.rl import curricula, rewards
 from rung.rl.reward_logs import RewardLogs
 from rung.rl.rollouts import Rollouts
 from rung.rl.sampling import CurriculumSampling
-from rung.train.harness import common_args, finalize, fit, train_loss
+from rung.train.harness import common_args, finalize, fit, train_loss, trainable
 from rung.train.jobs import JobResult, RLJob, main
 
 
@@ -93,6 +93,12 @@ def trl_config(
     unknown = sorted(set(stage.trl) - fields)
     if unknown:
         raise InputError(f"{key}.trl: {unknown} are not fields of TRL's {cls.__name__}")
+    if stage.trl.get("use_transformers_continuous_batching") and placement.resolve(device, dtype)[1] != "float32":
+        # TRL 1.16 casts the trained model itself to bf16 / fp16 before each such generation
+        raise InputError(
+            f"{key}.trl.use_transformers_continuous_batching: TRL casts the trained weights to the compute dtype "
+            "for it, which drops their updates; use model.dtype: float32 or rung's rollouts"
+        )
     return cls(
         **common_args(seed, work_dir, dtype, stage.save_steps, device),
         **{k: getattr(stage, k) for k in _PASSTHROUGH if k in fields},
@@ -147,7 +153,13 @@ class HeldOut(TrainerCallback):
         with torch.no_grad():
             records = grade(
                 self.rows,
-                generate(model, self.tok, self.prompts, self.sampling, desc=f"held-out @{state.global_step}"),
+                generate(
+                    self.trainer.generation_model(model),
+                    self.tok,
+                    self.prompts,
+                    self.sampling,
+                    desc=f"held-out @{state.global_step}",
+                ),
                 self.fmt,
             )
         model.train(was_training)
@@ -195,7 +207,7 @@ def trainer_for(job: RLJob, callbacks: list[Any] | None = None) -> GRPO | RLOO:
     stage, model_dir = job.params, job.init
     rows = select(files.read_jsonl(job.data), stage, job.key)
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=placement.resolve(job.device, job.dtype)[1])
+    model = trainable(model_dir)
     funcs, weights = rewards.build(stage, job.format, f"{job.key}.rewards")
     cls = RLOO if stage.algorithm == "rloo" else GRPO
     trainer = cls(
@@ -252,7 +264,7 @@ def train(job: RLJob, callbacks: list[Any] | None = None) -> JobResult:
         for key in ("frac_reward_zero_std", "frac_zero_std_trained", "dropped_share"):
             summary[key] = mean(c.get(key, 0.0) for c in curves)
         summary["extra_generations"] = sum(c.get("extra_generations", 0.0) for c in curves)
-    finalize(trainer, tok, job.work_dir)
+    summary.update(finalize(trainer, tok, job.work_dir, job.init))
     if trainer.args.should_save:
         files.write_json(job.curves, curves)
     return JobResult(metrics=summary)

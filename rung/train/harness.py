@@ -1,5 +1,6 @@
-"""What rung's TRL trainers (SFT and RL) share around `trainer.train()`: the arguments, a fit that
-resumes, the loss over a resumed run, and the final model directory."""
+"""What rung's TRL trainers (SFT and RL) share around `trainer.train()`: the model in fp32 master
+weights, the arguments (bf16 / fp16 compute by autocast), a fit that resumes, the loss over a resumed
+run, and the final model directory with how far training moved it."""
 
 from __future__ import annotations
 
@@ -9,11 +10,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import TrainerState
+from transformers import AutoModelForCausalLM, PreTrainedModel, TrainerState
 from transformers.trainer import TRAINER_STATE_NAME
 
 from rung import placement
+from rung.train import movement
 from rung.train.checkpoints import FINAL
+
+
+def trainable(model_dir: Path) -> PreTrainedModel:
+    """The model a training stage updates, in float32 whatever `model.dtype` says: the trainer's
+    weights and AdamW state are the master copy (an update of lr 1e-6-5e-5 rounds away in bf16, whose
+    spacing near a weight of 0.02 is 1.2e-4), and bf16 / fp16 is the compute dtype, run by autocast
+    (single device, DDP) or the engine's mixed-precision policy (FSDP, DeepSpeed): docs/gpu.md."""
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
 
 
 def common_args(seed: int, work_dir: Path, dtype: str, save_steps: int, device: str = "auto") -> dict[str, Any]:
@@ -33,7 +43,8 @@ def common_args(seed: int, work_dir: Path, dtype: str, save_steps: int, device: 
         save_steps=save_steps,
         save_total_limit=1,  # the latest checkpoint is all a resume needs
         use_cpu=where.type == "cpu",
-        # TRL turns bf16 autocast on by default: ~15x slower on CPU with float32 weights.
+        # the compute dtype, by autocast over the fp32 weights (TRL's own default, bf16 on, is ~15x
+        # slower on the CPU); fp16 adds transformers' loss scaler
         bf16=dtype == "bfloat16",
         fp16=dtype == "float16",
         dataloader_num_workers=0,  # a curriculum must see the state of the step it serves
@@ -42,9 +53,11 @@ def common_args(seed: int, work_dir: Path, dtype: str, save_steps: int, device: 
 
 
 def fit(trainer: Any, resume: str | None) -> None:
-    """trainer.train(), resumed from checkpoint `resume` if given. A checkpoint of the last step (a
-    job killed while saving or publishing its model) is loaded rather than trained from: transformers
-    would train one step past max_steps."""
+    """trainer.train(), resumed from checkpoint `resume` if given, with each step's update size
+    logged (rung.train.movement). A checkpoint of the last step (a job killed while saving or
+    publishing its model) is loaded rather than trained from: transformers would train one step past
+    max_steps."""
+    trainer.add_callback(movement.UpdateSize(trainer))
     if resume:
         state = TrainerState.load_from_json(str(Path(resume) / TRAINER_STATE_NAME))
         if state.global_step >= state.max_steps:
@@ -61,9 +74,11 @@ def train_loss(state: Any) -> float:
     return sum(losses) / len(losses) if losses else 0.0
 
 
-def finalize(trainer: Any, tok: Any, work_dir: Path) -> Path:
-    """Write the trained model to `work_dir`/final as a plain HF directory; LoRA adapters are
-    merged into the weights first. Every process calls it (FSDP / ZeRO-3 gather collectively)."""
+def finalize(trainer: Any, tok: Any, work_dir: Path, init: Path) -> dict[str, float]:
+    """Write the trained model to `work_dir`/final as a plain HF directory (fp32, so that progress
+    below bf16's resolution survives into the next stage); LoRA adapters are merged into the weights
+    first. Every process calls it (FSDP / ZeRO-3 gather collectively). Returns, on the main process,
+    how far the weights moved from `init` (rung.train.movement.since)."""
     out = work_dir / FINAL
     model = trainer.model
     if hasattr(model, "merge_and_unload"):  # a peft model
@@ -74,4 +89,4 @@ def finalize(trainer: Any, tok: Any, work_dir: Path) -> Path:
     if trainer.args.should_save:
         tok.save_pretrained(out)
     trainer.accelerator.wait_for_everyone()
-    return out
+    return movement.since(init, out) if trainer.args.should_save else {}

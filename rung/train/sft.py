@@ -7,13 +7,13 @@ from typing import Any
 
 from datasets import Dataset
 from peft import LoraConfig
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 from trl import SFTConfig, SFTTrainer
 
-from rung import files, placement
+from rung import files
 from rung.answers import formats
 from rung.config import FormatParams
-from rung.train.harness import common_args, finalize, fit, train_loss
+from rung.train.harness import common_args, finalize, fit, train_loss, trainable
 from rung.train.jobs import JobResult, SFTJob, main
 
 
@@ -34,7 +34,7 @@ def train(job: SFTJob) -> JobResult:
     metrics go to the active MLflow run through TRL's MLflowCallback."""
     params, model_dir, traces = job.params, job.init, files.read_jsonl(job.data)
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=placement.resolve(job.device, job.dtype)[1])
+    model = trainable(model_dir)
     config = SFTConfig(
         **common_args(job.seed, job.work_dir, job.dtype, params.save_steps, job.device),
         max_steps=params.max_steps or -1,
@@ -69,9 +69,10 @@ def train(job: SFTJob) -> JobResult:
         callbacks=job.trainer_callbacks(),
     )
     fit(trainer, job.resume)
-    finalize(trainer, tok, job.work_dir)
+    moved = finalize(trainer, tok, job.work_dir, job.init)
     return JobResult(
         metrics={
+            **moved,
             "train_loss": train_loss(trainer.state),
             "steps": float(trainer.state.global_step),
             "examples": float(len(traces)),
