@@ -231,7 +231,11 @@ class StepClock(TrainerCallback):
         self.ends.append(time.perf_counter())
 
 
-def bench_rl(model: PreTrainedModel, tok: Any, dtype: str, shape: tuple[int, int, int], steps: int) -> dict[str, Any]:
+def bench_rl(
+    model: PreTrainedModel, tok: Any, dtype: str, shape: tuple[int, int, int], steps: int, bf16_weights: bool = False
+) -> dict[str, Any]:
+    """RL steps of rung's stage trainer by phase. `bf16_weights`: the trained weights themselves in
+    bf16, as rung kept them before issue 36 (whose updates round away), for the cost of fp32 master weights."""
     prompts_per_step, gens, new = shape
     work = Path(tempfile.mkdtemp(prefix="rung-gpu-bench-"))
     model.save_pretrained(work / "init")
@@ -264,6 +268,8 @@ def bench_rl(model: PreTrainedModel, tok: Any, dtype: str, shape: tuple[int, int
     )
     clock = StepClock()
     trainer = trainers.trainer_for(job, [clock])
+    if bf16_weights:
+        trainer.model.to(torch.bfloat16)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
@@ -288,6 +294,7 @@ def main() -> None:
         "--dtype", default="auto", help="params model.dtype: auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16"
     )
     ap.add_argument("--rl-steps", type=int, default=4, help="RL steps (the first includes compilation)")
+    ap.add_argument("--skip-generation", action="store_true", help="only the RL steps")
     ap.add_argument("--out", default=None, help="also write the results here (JSON)")
     args = ap.parse_args()
 
@@ -298,11 +305,14 @@ def main() -> None:
         f"{'tiny model (smoke)' if args.smoke else 'SmolLM2-135M architecture, random weights'}"
     )
     model, tok = random_model(device, dtype, args.smoke)
-    gen = bench_generation(model, tok, SMOKE_SHAPES if args.smoke else SHAPES, args.smoke)
-    print(
-        "\n| shape | rows/batch | contender | tokens/s | compile + warm-up s | greedy identical |"
-        "\n|---|---|---|---|---|---|"
+    gen = (
+        [] if args.skip_generation else bench_generation(model, tok, SMOKE_SHAPES if args.smoke else SHAPES, args.smoke)
     )
+    if gen:
+        print(
+            "\n| shape | rows/batch | contender | tokens/s | compile + warm-up s | greedy identical |"
+            "\n|---|---|---|---|---|---|"
+        )
     for r in gen:
         same = f"{r['greedy_identical']}/{r['prompts']}" if "greedy_identical" in r else ""
         print(
@@ -310,22 +320,24 @@ def main() -> None:
             f"{r['contender']} | "
             f"{r['tokens_per_s']:,.0f} | {r['compile_s']:.1f} | {same} |"
         )
-    rl_result = bench_rl(
-        model, tok, dtype, SMOKE_SHAPES["rl"] if args.smoke else SHAPES["rl"], 2 if args.smoke else args.rl_steps
-    )
-    steps = rl_result["step_seconds"]
+    shape, steps = (SMOKE_SHAPES["rl"], 2) if args.smoke else (SHAPES["rl"], args.rl_steps)
+    # fp32 master weights (rung's training) against bf16 weights (before issue 36), when compute is bf16
+    arms = {"fp32 master weights": False, **({"bf16 weights (drops updates)": True} if dtype == "bfloat16" else {})}
+    rl_results = {arm: bench_rl(model, tok, dtype, shape, steps, bf16) for arm, bf16 in arms.items()}
     print(
-        f"\nRL, dapo, {rl_result['shape']['prompts']} prompts x {rl_result['shape']['generations']} generations x "
-        f"{rl_result['shape']['new_tokens']} tokens: {len(steps)} steps, first {steps[0]:.1f} s, then "
-        f"{sum(steps[1:]) / max(1, len(steps) - 1):.1f} s a step; {rl_result['tokens']} tokens generated; "
-        f"peak {rl_result['peak_gib']:.1f} GiB"
+        f"\nRL, dapo, {shape[0]} prompts x {shape[1]} generations x {shape[2]} tokens, {steps} steps"
+        "\n| trained weights | first step s | then s a step | tokens generated | peak GiB |\n|---|---|---|---|---|"
     )
-    print("| phase | seconds (all steps) | share |\n|---|---|---|")
+    for arm, r in rl_results.items():
+        t = r["step_seconds"]
+        print(f"| {arm} | {t[0]:.1f} | {sum(t[1:]) / max(1, len(t) - 1):.2f} | {r['tokens']} | {r['peak_gib']:.2f} |")
+    rl_result = rl_results["fp32 master weights"]
+    print("\n| phase (fp32 master weights) | seconds (all steps) | share |\n|---|---|---|")
     for p in PHASES:
         print(f"| {p} | {rl_result['phases'][p]:.1f} | {rl_result['phases'][p] / rl_result['seconds']:.0%} |")
     if args.out:
         Path(args.out).write_text(
-            json.dumps({"device": name, "dtype": dtype, "generation": gen, "rl": rl_result}, indent=2) + "\n"
+            json.dumps({"device": name, "dtype": dtype, "generation": gen, "rl": rl_results}, indent=2) + "\n"
         )
 
 

@@ -148,3 +148,18 @@ def test_auto_device_under_launchers(monkeypatch, visible, local_rank, index):
             placement.device("auto")
     else:
         assert placement.device("auto") == torch.device("cuda", index)
+
+
+def test_gpu_learning_bench_smoke_runs_on_the_cpu_with_only_its_dependencies():
+    """bench/gpu_learn.py --smoke: SFT, RL and the paired table against a reference run, without
+    MLflow, Prefect or DVC (a GPU machine lacks them)."""
+    done = _run_without_absent(
+        "import runpy\nsys.path.insert(0, 'bench')\nsys.argv = ['bench/gpu_learn.py', '--smoke']\n"
+        "runpy.run_path('bench/gpu_learn.py', run_name='__main__')\n"
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "| sft | " in done.stdout and "| 100.0% |" in done.stdout  # SFT moved every weight
+    # the random model's RL rewards have no variance: no gradient, and the bench says so
+    assert "warning: rl-main: no weight changed since init" in done.stdout
+    rows = [r for r in done.stdout.splitlines() if r.startswith(("| base |", "| sft |", "| rl/main |"))]
+    assert len(rows) == 5 and all("| 0 | 0 | 1 |" in r for r in rows[2:])  # the same run twice: no flips
