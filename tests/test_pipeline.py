@@ -181,6 +181,11 @@ def test_dvc_repro_runs_every_stage(workspace, tmp_path):
     assert sft.data.tags["md5.model"] and sft.data.tags["version.trl"]
     client = mlflow.MlflowClient()
     assert len(client.get_metric_history(sft.info.run_id, "loss")) == 2  # per step
+    # how far each training stage moved the weights: per step, and at the end from its init (issue 36)
+    for trained, prefix in ((sft, "sft"), (rl, "rl")):
+        assert len(client.get_metric_history(trained.info.run_id, "update/relative")) == 2
+        assert {f"{prefix}/weights_changed_share", f"{prefix}/weights_relative_change"} <= set(trained.data.metrics)
+    assert sft.data.metrics["sft/weights_changed_share"] > 0.99
     for key in (
         "reward",
         "kl",
