@@ -296,6 +296,7 @@ def _check_outcome(ws: Path, model: str, plot: tuple[str, str], metrics: str, re
         assert files.read_json(ws / paths.plot(*plot)) == files.read_json(reference / "curves.json")
     assert files.read_json(ws / paths.metrics(metrics)) == files.read_json(reference / "metrics.json")
     assert files.read_json(ws / paths.metrics(metrics))["steps"] == steps
+    assert files.read_json(ws / paths.metrics(metrics))["weights_changed_share"] > 0.99  # and it trained
     assert not (ws / paths.WORK / model).exists()
 
 
