@@ -13,13 +13,14 @@ import mlflow
 import pytest
 
 from rung import files
-from rung.config import DifficultyParams, FormatParams, RLStageParams, SFTParams, SolutionTraces
+from rung.config import DifficultyParams, FormatParams, SFTParams, SolutionTraces
 from rung.data import traces
 from rung.report import health
 from rung.rl import trainers
 from rung.train import sft
 from rung.train.jobs import RLJob, SFTJob
 from tests.rows import sums
+from tests.test_rl import _stage
 from tests.tiny_model import job
 
 ROWS = sums(16, lambda i: i % 7, solutions=True, graded=True)
@@ -78,16 +79,12 @@ def test_sft_in_bf16_compute_learns_like_fp32(tiny_model, tmp_path):
 def test_rl_in_bf16_compute_learns_like_fp32(tiny_model, tmp_path):
     data = tmp_path / "rows.jsonl"
     files.write_jsonl(data, ROWS)
-    stage = RLStageParams.model_validate(
-        dict(
-            max_steps=4,
-            num_generations=4,
-            prompts_per_step=2,
-            max_completion_length=8,
-            learning_rate=3e-5,
-            save_steps=100,
-            rewards={"even": {"import": "tests.rows:even_tokens"}},
-        )
+    stage = _stage(
+        max_steps=4,
+        num_generations=4,
+        learning_rate=3e-5,
+        save_steps=100,
+        rewards={"even": {"import": "tests.rows:even_tokens"}},
     )
 
     def one(dtype: str):
