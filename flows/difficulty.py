@@ -7,12 +7,12 @@ from prefect import flow
 from flows.stage import finish, main
 from rung import config, files, paths, tracking
 from rung.checks.generation import backend
-from rung.checks.models import chat_template
+from rung.checks.models import chat_template, difficulty_reference
 from rung.data import difficulty as diff
 from rung.seeding import derive
 from tasks import generation
 
-CHECKS = (chat_template, backend)
+CHECKS = (chat_template, backend, difficulty_reference)
 """What this stage checks of params before any compute (flows.stage.main)."""
 
 

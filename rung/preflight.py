@@ -13,6 +13,7 @@ ALL = (
     models.base_model,
     sources.sources,
     models.trace_models,
+    models.difficulty_reference,
     generation.backend,
     training.sft_launch,
     rl.rl_stages,

@@ -141,6 +141,15 @@ def test_near_duplicates_need_the_same_numbers_and_operators():
     assert near_duplicates(rows, same_math=False)[1].removed == 2
 
 
+def test_numbers_are_normalised_before_grouping():
+    assert normalise("It costs $1,000.") == normalise("it costs $1000") == "it costs $1000"
+    assert normalise("(1,2) and 1,2345") == "(1,2) and 1,2345"  # not thousands separators
+    assert exact_duplicates([row("A bike costs $1,000."), row("A bike costs $1000.")])[1].removed == 1
+    priced = FARM.replace("17 cows", "1,700 cows")
+    reworded = FARM_ONE_WORD.replace("17 cows", "1700 cows")
+    assert prompts(near_duplicates([row(priced), row(reworded)])[0]) == [priced]
+
+
 def test_near_duplicates_are_deterministic():
     rows = [
         row(FARM.replace("17", str(n % 7)).replace("Sunday", day)) for n in range(40) for day in ("Sunday", "Monday")
@@ -185,6 +194,27 @@ def test_template_ngrams_shared_by_eval_prompts_are_ignored():
     assert prompts(kept) == [CHAIN.format("9 - 3")] and report.removed == 2
     assert decontaminate(rows, evals, template_prompts=None)[1].removed == 3  # open-r1's rule
     assert decontaminate(rows, [evals[0], *evals])[1].removed == 2  # a repeated eval prompt counts once
+
+
+def test_short_eval_prompts_are_found_whole_inside_train_prompts():
+    evals = ["Calculate 5 - 3.", "What is the capital of France?"]
+    rows = [row("Calculate 5 - 3. Show your work."), row("Calculate 5 - 3 * 2."), row("Calculate 5 - 3.5.")]
+    rows += [row("Please calculate 5 - 3!"), row("Calculate 15 - 3."), row("Calculate 5 - 3,000.")]
+    kept, report = decontaminate(rows, evals)
+    assert prompts(kept) == ["Calculate 5 - 3 * 2.", "Calculate 5 - 3.5.", "Calculate 15 - 3.", "Calculate 5 - 3,000."]
+    assert report.removed == 2
+
+
+def test_one_problem_in_several_eval_sets_is_not_template_text():
+    # The same problem with different instructions: its n-grams are in 2 eval prompts, yet it is one problem.
+    evals = [f"{FARM} Answer with a box.", f"{FARM} Give only the number."]
+    copy = row(f"{FARM} Show your work.")
+    assert decontaminate([copy], evals[:1])[1].removed == 1
+    assert decontaminate([copy], evals)[1].removed == 1
+    assert decontaminate([copy], [*evals, FARM.replace("17", "\\(17\\)")])[1].removed == 1  # LaTeX
+    # distinct problems filling one template still make it template text
+    other = row(FARM.replace("17", "23"))
+    assert decontaminate([other], [f"{FARM} Answer with a box.", FARM.replace("17", "19")])[1].removed == 0
 
 
 def test_decontaminate_is_deterministic_and_rejects_bad_n():

@@ -7,7 +7,7 @@ from fractions import Fraction
 
 import pytest
 
-from rung.eval.metrics import avg_at_n, bootstrap_ci, maj_at_k, majority_vote, mean_pass_at_k, pass_at_k
+from rung.eval.metrics import avg_at_n, bootstrap_ci, maj_at_k, maj_at_ks, mean_pass_at_k, pass_at_k
 
 
 @pytest.mark.parametrize(
@@ -67,18 +67,21 @@ def test_avg_at_n_weighs_prompts_equally():
 
 
 @pytest.mark.parametrize(
-    "answers, expected",
+    "answers, voted",
     [
         (["4", "3", "3"], "3"),
         (["3", " 4", "4 ", None, "3"], "3"),  # 3 and 4 both twice after stripping: 3 came first
         ([" 4", "3", "4 ", "3"], "4"),  # same tie, other order
         ([None, "  ", None], None),  # nothing but missing or blank answers
-        ([], None),
         ([" 7 "], "7"),
     ],
 )
-def test_majority_vote(answers, expected):
-    assert majority_vote(answers) == expected
+def test_majority_vote(answers, voted):
+    k = len(answers)
+    for right in {voted, *(a.strip() for a in answers if a and a.strip())} - {None}:  # each answer the right one
+        samples = [(a, a is not None and a.strip() == right) for a in answers]
+        assert maj_at_k([samples], k) == float(right == voted)
+    assert maj_at_k([[(a, False) for a in answers]], k) == 0.0
 
 
 def test_maj_at_k():
@@ -93,6 +96,7 @@ def test_maj_at_k():
     assert maj_at_k(samples, k=1) == pytest.approx(1 / 3)
     with pytest.raises(ValueError, match="only 3 samples"):
         maj_at_k(samples, k=4)
+    assert maj_at_ks(samples, [3, 1, 2]) == {1: pytest.approx(1 / 3), 2: pytest.approx(1 / 3), 3: pytest.approx(2 / 3)}
 
 
 def test_bootstrap_ci_is_deterministic_and_contains_the_mean():

@@ -9,7 +9,7 @@ import torch
 from rung.config import ConfigError, RLStageParams, parse, read_yaml
 from rung.rl import objectives, trainers
 from tests.conftest import ROOT
-from tests.test_rl import _job
+from tests.test_rl import ONE_STEP, _job, _stage
 
 
 def accuracy_by_parity(completion_ids, **_):
@@ -76,6 +76,9 @@ def test_signed_advantages():
         objectives.signed_advantages(acc, "group_relative")
 
 
+ACCURACY = {"rewards": {"accuracy": 1.0}}
+
+
 @pytest.mark.parametrize(
     ("stage", "message"),
     [
@@ -87,6 +90,11 @@ def test_signed_advantages():
         ({"objective": "psr", "algorithm": "rloo"}, "rl.stages.main.algorithm: objective psr"),
         ({"preset": "w_reinforce", "rewards": {"format": 1.0}}, "rl.stages.main.rewards: objective w_reinforce"),
         ({"preset": "w_reinforce", "positive_weight": 2}, "rl.stages.main.positive_weight: Input should be less"),
+        # the paper's gradient is a token mean over the batch (loss_type dapo) without a KL term
+        ({**ACCURACY, "preset": "nsr", "loss_type": "grpo"}, "rl.stages.main.loss_type: objective nsr .* token mean"),
+        ({**ACCURACY, "preset": "psr", "loss_type": "dr_grpo"}, "rl.stages.main.loss_type: objective psr"),
+        ({**ACCURACY, "preset": "w_reinforce", "beta": 0.04}, "rl.stages.main.beta: objective w_reinforce .* KL"),
+        ({**ACCURACY, "preset": "grpo", "objective": "nsr"}, "rl.stages.main.loss_type: objective"),
     ],
 )
 def test_signed_objectives_refuse_settings_that_break_them(stage, message):
@@ -100,3 +108,42 @@ def test_presets_select_the_objectives():
         stage = RLStageParams.model_validate({"preset": name, "rewards": {"accuracy": 1.0}})
         assert (stage.objective, stage.beta, stage.loss_type, stage.dynamic_sampling) == (name, 0.0, "dapo", None)
     assert RLStageParams().objective == "group_relative"
+
+
+def test_logs_and_curricula_see_the_same_under_every_objective(tiny_model, tmp_path, monkeypatch):
+    """The completions table logs the advantages trained on, and a bandit's learnability signal (|A|
+    of the group-relative advantage) is the same whichever objective trains: not the accuracy under
+    PSR and 1 - accuracy under NSR."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    values = {}
+    for objective in ("group_relative", "psr", "nsr"):
+        stage = _stage(
+            objective=objective,
+            **ONE_STEP,
+            curriculum={"type": "bandit", "step_size": 1.0},
+            rewards={"accuracy": {"import": "tests.test_objectives:accuracy_by_parity"}},
+        )
+        trainer = trainers.trainer_for(_job(tiny_model, tmp_path / objective, stage))
+        trainer.model.train()
+        batch = trainer._generate_and_score_completions([trainer.train_dataset[0]] * 16)
+        assert list(trainer._logs["advantages"]) == batch["advantages"].tolist()
+        values[objective] = dict(trainer.curriculum.value)
+    assert any(values["psr"].values())  # some arm had a group with both grades
+    assert values["psr"] == values["nsr"] == values["group_relative"]
+
+
+def test_passk_study_says_what_each_arm_optimises():
+    """bench/passk.yaml's comment on each arm names every reward that arm trains on (the dapo arm, the
+    stage as it ships, adds the overlong punishment), and a KL penalty where the arm has one."""
+    import re
+
+    from flows import study as flow
+
+    path = ROOT / "bench/passk.yaml"
+    _, _, todo, checked = flow.plan(str(path), str(ROOT / "params.yaml"))
+    stages = {t["arm"]: checked[exp].rl.stages["main"] for exp, t in todo.items()}
+    comments = dict(re.findall(r"^  (\w+):[^#\n]*#(.*)$", path.read_text(), flags=re.M))
+    for arm, stage in stages.items():
+        optimised = [name for name, r in stage.rewards.items() if r.weight != 0] + (["KL"] if stage.beta else [])
+        assert all(word in comments[arm] for word in optimised), (arm, optimised, comments[arm])
+    assert "optimise the same reward" not in path.read_text()

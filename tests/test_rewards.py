@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from rung.config import FormatParams, RLStageParams
 from rung.errors import InputError
-from rung.rl.rewards import Accuracy, ConditionalLength, Format, Overlong, build
+from rung.rl.rewards import Accuracy, ConditionalLength, Format, Overlong, build, error_counts
 
 FMT = FormatParams()
 STAGE = RLStageParams(num_generations=2, max_completion_length=10)
@@ -63,7 +63,7 @@ def test_build_custom_reward_and_isolate_failures():
     scores = funcs[1](
         [_conv("ab"), _conv("a"), _conv("abc")], log_metric=lambda k, v: logged.append((k, v)), **_cols(3)
     )
-    assert scores == [1.0, 0.0, 0.5]  # the completion that raised scores 0 ...
+    assert scores == [1.0, None, 0.5]  # the completion that raised is unscored (TRL: NaN), not wrong ...
     assert funcs[1].errors == 1 and logged == [("rewards/flaky/errors", 1.0)]  # ... and is counted
 
 
@@ -107,3 +107,85 @@ def test_vllm_settings_reach_trl(tmp_path):
     assert config.use_vllm and {k: getattr(config, k) for k in vllm} == vllm
     with pytest.raises(ValidationError, match="vllm_gpu_memory_utilization"):
         RLStageParams(vllm_gpu_memory_utilization=1.5)
+
+
+def fragile_accuracy(completion_ids, **_):
+    """An accuracy reward whose grader raises on a third of a random model's completions."""
+    if any(ids[0] % 3 == 0 for ids in completion_ids):
+        raise ValueError("grader crashed")
+    return [float(ids[0] % 2) for ids in completion_ids]
+
+
+@pytest.mark.parametrize("objective", ["nsr", "group_relative"])
+def test_a_grader_crash_is_unscored_not_wrong(objective, tiny_model, tmp_path, monkeypatch):
+    """Under NSR a wrong completion is pushed down (advantage -1): a crash scored 0 would train the model
+    away from whatever made the grader crash. A crashed completion gets advantage 0 under every
+    objective (with another reward beside it too), and the crashes are counted per reward."""
+    import torch
+
+    from rung.rl import trainers
+    from tests.test_rl import ONE_STEP, _job, _stage
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    rewards = {"accuracy": {"import": "tests.test_rewards:fragile_accuracy"}}
+    if objective == "group_relative":
+        rewards["even"] = {"import": "tests.rows:even_tokens", "weight": 0.5}
+    stage = _stage(objective=objective, **ONE_STEP, rewards=rewards)
+    trainer = trainers.trainer_for(_job(tiny_model, tmp_path / "w", stage))
+    trainer.model.train()
+    batch = trainer._generate_and_score_completions([trainer.train_dataset[0]] * 16)
+    crashed = torch.tensor([int(ids[0]) % 3 == 0 for ids in batch["completion_ids"]])
+    assert 0 < crashed.sum() < len(crashed), "the batch needs crashed and scored completions"
+    assert (batch["advantages"][crashed] == 0).all()
+    if objective == "nsr":
+        wrong = ~crashed & (batch["completion_ids"][:, 0] % 2 == 0)
+        assert wrong.any() and (batch["advantages"][wrong] == -1).all()
+    assert trainer.reward_funcs[0].errors == int(crashed.sum())
+    assert trainer._metrics["train"]["rewards/accuracy/errors"] == [float(crashed.sum())]
+    assert error_counts(trainer.reward_funcs) == {
+        "reward_errors": float(crashed.sum()),
+        **{f"reward_errors/{name}": float(crashed.sum()) * (name == "accuracy") for name in rewards},
+    }
+
+
+def test_the_report_counts_unscored_completions_per_reward():
+    from rung.report.pipeline import rl_summary
+
+    stage = RLStageParams.model_validate({"rewards": {"accuracy": 1.0, "format": 0.1}})
+    line = rl_summary(stage, {"reward_errors": 3.0, "reward_errors/accuracy": 3.0, "reward_errors/format": 0.0})
+    assert line["unscored (grader errors)"] == "accuracy 3, format 0"
+    # a metrics file from before the per-reward counts
+    assert rl_summary(stage, {"reward_errors": 2.0})["unscored (grader errors)"] == "2 in all"
+
+
+def always_crashes(completions, **_):
+    raise ValueError("grader crashed")
+
+
+def test_groups_no_grader_scored_leave_the_curriculum_alone(tiny_model, tmp_path, monkeypatch):
+    """A grader that crashes on everything: every completion unscored (advantage 0), and the online
+    pass rates of the pools curriculum stay numbers (a NaN one would stick)."""
+    import math
+
+    from rung.rl import trainers
+    from tests.test_rl import _job
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    stage = RLStageParams.model_validate(
+        {
+            "max_steps": 1,
+            "num_generations": 2,
+            "prompts_per_step": 2,
+            "max_completion_length": 4,
+            "curriculum": {"type": "pools"},
+            "rewards": {
+                "accuracy": {"import": "tests.test_rewards:always_crashes"},
+                "even": {"import": "tests.rows:even_tokens"},
+            },
+        }
+    )
+    trainer = trainers.trainer_for(_job(tiny_model, tmp_path / "w", stage))
+    trainer.model.train()
+    batch = trainer._generate_and_score_completions([trainer.train_dataset[0]] * 4)
+    assert (batch["advantages"] == 0).all() and trainer.reward_funcs[0].errors == 4
+    assert not any(math.isnan(r) for r in trainer.curriculum.rate)

@@ -45,6 +45,10 @@ def _mlflow_store(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
 
 
+ONE_STEP = dict(max_steps=1, num_generations=4, prompts_per_step=4, max_completion_length=4)
+"""One step of 4 groups of 4 short completions: for tests that look at a single generated batch."""
+
+
 def _stage(**kw) -> RLStageParams:
     base = dict(
         max_steps=3,

@@ -41,9 +41,9 @@ def test_eval_set_band_brackets_pass_at_k_and_coverage_is_pass_at_n():
 
 
 def test_units_needed():
-    # (1.96 + 0.84)^2 * (sd / effect)^2 = 7.85 * 4 -> 32
-    assert paired.units_needed(0.2, 0.1) == 32
-    assert paired.units_needed(0.2, -0.1) == 32 and paired.units_needed(0.2, 0.0) is None
+    # the normal approximation (1.96 + 0.84)^2 * (sd / effect)^2 = 7.85 * 4 -> 32; the t-test needs 34
+    assert paired.units_needed(0.2, 0.1) == 34
+    assert paired.units_needed(0.2, -0.1) == 34 and paired.units_needed(0.2, 0.0) is None
     assert paired.units_needed(0.0, 0.1) is None  # no spread to plan from
 
 

@@ -1,9 +1,11 @@
 """The model a stage starts from: a local directory or GGUF that exists and has a tokenizer, a hub
-id cached when offline, and a chat template where `format.template: chat` needs one."""
+id cached when offline, a chat template where `format.template: chat` needs one, and the difficulty
+reference that an RL stage's pass rates come from."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -13,6 +15,8 @@ from rung.errors import InputError
 from rung.models import EMBEDDED
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+
+log = logging.getLogger(__name__)
 
 
 def base_model(params: Params) -> None:
@@ -35,6 +39,27 @@ def trace_models(params: Params) -> None:
             _model(model, "sft.traces.model")
             if params.format.template == "chat":
                 _chat_template(model, "sft.traces.model")
+
+
+def difficulty_reference(params: Params) -> None:
+    """Warn (one line) when an RL stage that reads offline pass rates (its buckets, a curriculum other
+    than uniform, or a narrowed keep window) starts from another checkpoint than `difficulty.reference`
+    scored: the rates then describe a different model from the policy its rewards grade. A warning,
+    not an error: scoring with the base model (so difficulty need not wait for SFT) is a choice."""
+    p = params.difficulty
+    window = (p.pass_rate_min, p.pass_rate_max) != (0.0, 1.0)
+    stages = [
+        f"rl.stages.{name} (init: {stage.init})"
+        for name, stage in params.rl.stages.items()
+        if stage.init in ("base", "sft")  # a later stage's init is an RL checkpoint, never scored
+        and stage.init != p.reference
+        and (window or stage.buckets is not None or stage.curriculum.type != "uniform")
+    ]
+    if stages:
+        log.warning(
+            f"difficulty.reference: {p.reference}, but {', '.join(stages)} starts from another checkpoint: "
+            "its pass rates are not its policy's"
+        )
 
 
 def _model(source: str, key: str) -> None:

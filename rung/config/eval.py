@@ -10,11 +10,12 @@ from rung.config.data import Source
 
 
 class SampledEvalParams(SamplingParams):
-    """n samples per prompt for avg@n, pass@k and maj@k (k = 1..n), the pass@k spectrum (a bootstrap
-    band at every power of two up to n) and coverage (the share of prompts solved at least once)."""
+    """n samples per prompt for avg@n, pass@k (k = 1..n), maj@k (at the spectrum's k: powers of two, n
+    and compare_k), the pass@k spectrum (a bootstrap band at every power of two up to n) and coverage
+    (the share of prompts solved at least once)."""
 
     n: int = Field(4, ge=1)
-    """Samples per prompt; pass@k and maj@k are reported for every k <= n."""
+    """Samples per prompt; pass@k is reported for every k <= n, maj@k at the spectrum's k."""
     max_prompts: int | None = Field(None, gt=0)
     """Sample only the first N prompts of each eval set (id order); None samples all."""
     compare_k: list[int] = [1]

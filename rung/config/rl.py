@@ -111,8 +111,10 @@ class BanditCurriculum(Section):
     method: Literal["sec", "ucb"] = "sec"
     """sec: TD(0) values with Boltzmann sampling (SEC); ucb: windowed mean plus bonus (DUMP)."""
     signal: Literal["abs_advantage", "learning_progress"] = "abs_advantage"
-    """Arm reward: mean |advantage| of its groups (SEC, DUMP), or the absolute change of its
-    accuracy between its last two pulls (learning progress)."""
+    """Arm reward: mean |advantage| of its groups (SEC, DUMP), the trainer's own advantage (GRPO's
+    group-relative, RLOO's leave-one-out) whatever `objective` trains, so that it means the same
+    under psr / nsr; or the absolute change of its accuracy between its last two pulls (learning
+    progress)."""
     step_size: float = Field(0.5, gt=0, le=1)
     """sec: TD(0) step size (SEC's learning rate alpha; called learning_rate before, which still
     validates with a warning)."""
@@ -269,8 +271,9 @@ class RLStageParams(Section):
     completion and -1 for a wrong one (the accuracy reward), no group normalisation; psr keeps the
     correct ones only (positive sample reinforcement), nsr the wrong ones only (negative),
     w_reinforce both with the correct ones weighted by positive_weight (lambda * PSR + NSR). Needs
-    algorithm grpo, no dynamic sampling (it drops groups that carry gradient here) and every reward
-    but accuracy at weight 0."""
+    algorithm grpo, no dynamic sampling (it drops groups that carry gradient here), every reward
+    but accuracy at weight 0, and the paper's gradient: loss_type dapo (token mean over the batch)
+    and beta 0 (no KL term); other loss types and a KL penalty are refused."""
     positive_weight: float = Field(0.1, ge=0, le=1)
     """w_reinforce's lambda, the weight of the correct completions (the paper's 0.1); unused otherwise."""
     importance_sampling_level: Literal["token", "sequence"] = "token"
@@ -361,6 +364,17 @@ class RLStageParams(Section):
             raise ValueError(f"algorithm: {why}, through GRPOTrainer; use algorithm grpo")
         if self.dynamic_sampling is not None:
             raise ValueError(f"dynamic_sampling: {why}; groups of equal rewards carry gradient there, set it to null")
+        # The paper's gradient: sum over completions of A(y) * grad log pi(y), over the batch's token count
+        # (tests/test_objectives.py checks it for loss_type dapo). Other aggregations reweight completions.
+        if self.loss_type != "dapo":
+            raise ValueError(
+                f"loss_type: objective {self.objective} trains on the paper's token mean over the batch; "
+                f"loss_type {self.loss_type} weights the completions otherwise, use dapo"
+            )
+        if self.beta != 0:
+            raise ValueError(
+                f"beta: objective {self.objective} has no KL term; a KL penalty changes its gradient, use 0"
+            )
         if "accuracy" not in self.rewards:
             raise ValueError(f"rewards: {why}; add accuracy")
         for name, reward in self.rewards.items():

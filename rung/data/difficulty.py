@@ -1,7 +1,9 @@
 """Offline difficulty: per-prompt pass rate from N rollouts of a reference model, and a keep-window.
 
 Prompts whose N rewards are all equal give GRPO a zero gradient ("Vanishing Gradients in RFT");
-open-r1 keeps pass rates in [0.1, 0.6] from 8 generations.
+open-r1 keeps pass rates in [0.1, 0.6] from 8 generations. The pass rate is graded as the RL
+accuracy reward grades (the formatted answer, rung.rl.rewards.Accuracy), so that a prompt's offline rate and the rewards
+its RL groups get measure the same thing (the pools curriculum mixes the two).
 """
 
 from __future__ import annotations
@@ -23,16 +25,16 @@ if TYPE_CHECKING:  # a type only: torch is imported by whoever loads the model (
 def pass_rates(
     gen: Generator, rows: list[dict[str, Any]], fmt: FormatParams, params: DifficultyParams, seed: int
 ) -> list[dict[str, Any]]:
-    """One score record per row: pass rate over `num_generations` samples.
-
-    Correctness here ignores the answer format (last number counts): difficulty measures whether
-    the reference model can solve the problem, not whether it already follows rung's format.
+    """One score record per row: pass rate over `num_generations` samples, graded as the accuracy
+    reward grades (the answer where the format puts it); and beside it the lenient pass rate (the
+    last number counts), which says how much of a low rate is the format rather than the problem.
     """
     prompts = gen.render([formats.prompt(r["prompt"], fmt) for r in rows])
     samples = gen.generate(prompts, params.sampling, n=params.num_generations, seed=seed, desc="difficulty")
     out = []
     for row, completions in zip(rows, samples, strict=True):
-        scores = [float(is_correct(formats.extract_lenient(c.text, fmt), row)) for c in completions]
+        texts = [c.text for c in completions]
+        scores = [float(is_correct(formats.extract(t, fmt), row)) for t in texts]  # as rung.rl.rewards.Accuracy
         rate = mean(scores)
         out.append(
             {
@@ -41,6 +43,7 @@ def pass_rates(
                 "pass_rate": rate,
                 "bucket": bucket(rate, params.buckets),
                 "scores": scores,
+                "lenient_pass_rate": mean(float(is_correct(formats.extract_lenient(t, fmt), row)) for t in texts),
             }
         )
     return out
@@ -62,6 +65,7 @@ def summarize(scores: list[dict[str, Any]], kept: int) -> dict[str, Any]:
         "prompts": len(scores),
         "kept": kept,
         "mean_pass_rate": mean(rates),
+        "mean_lenient_pass_rate": mean(s["lenient_pass_rate"] for s in scores),
         "zero_variance_fraction": mean(float(len(set(s["scores"])) == 1) for s in scores),
         "unsolved_fraction": mean(float(r == 0) for r in rates),
         "solved_fraction": mean(float(r == 1) for r in rates),

@@ -21,8 +21,13 @@ from rung.data.rows import Row
 # same problem.
 _END_PUNCTUATION = " .,;:!?\"'`"
 _TOKEN = re.compile(r"\w+|[^\w\s]")
+# A number written with thousands separators: "1,000" and "12,345,678", not "(1,2)" or "1,2345".
+_SEPARATED = re.compile(r"(?<![\d,.])\d{1,3}(?:,\d{3})+(?!\d|,\d)")
 # Numbers and arithmetic operators: the part of a math prompt that decides its answer.
 _MATH_TOKEN = re.compile(r"\d+(?:\.\d+)?|[-+*/^=<>%]")
+# Tokens that continue an arithmetic expression: an eval prompt found inside a train prompt next to
+# one of these is part of a longer expression (a different problem), not a copy.
+_OPERATORS = frozenset("+-*/^=<>%()[]{}")
 # (false positive, false negative) weights for choosing the LSH bands: candidates are confirmed
 # exactly, so a false positive costs one set comparison and a false negative a missed duplicate.
 _LSH_WEIGHTS = (0.01, 0.99)
@@ -53,8 +58,11 @@ def _partition(rows: Iterable[Row], drop: Iterable[bool], name: str, reason: str
 
 
 def normalise(text: str) -> str:
-    """Lowercase, collapse whitespace, strip sentence punctuation at both ends."""
-    return " ".join(text.lower().split()).strip(_END_PUNCTUATION)
+    """Lowercase, collapse whitespace, strip sentence punctuation at both ends, drop thousands
+    separators ("costs $1,000." and "costs $1000." are one problem; unnormalised, the numbers
+    `1` `000` and `1000` would put them in different near-duplicate groups, never compared)."""
+    text = _SEPARATED.sub(lambda m: m.group().replace(",", ""), " ".join(text.lower().split()))
+    return text.strip(_END_PUNCTUATION)
 
 
 def words(text: str) -> list[str]:
@@ -189,15 +197,43 @@ def _ngrams(tokens: Sequence[str], n: int) -> set[tuple[str, ...]]:
     return {tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)}
 
 
+def _continues(token: str) -> bool:
+    """Whether a token next to a match extends an arithmetic expression (a number or an operator)."""
+    return token in _OPERATORS or any(c.isdigit() for c in token)
+
+
+def _contains(tokens: Sequence[str], run: tuple[str, ...]) -> bool:
+    """Whether `run` occurs in `tokens` as a whole: not inside a longer expression, so that
+    "calculate 5 - 3 . show your work" contains "calculate 5 - 3" and "calculate 5 - 3 * 2" does not
+    (nor "calculate 5 - 3 . 5", a decimal)."""
+    k = len(run)
+    for i in range(len(tokens) - k + 1):
+        if tuple(tokens[i : i + k]) != run:
+            continue
+        before, after = tokens[i - 1] if i else "", tokens[i + k : i + k + 2]
+        decimal = after[:1] == ["."] and len(after) == 2 and _continues(after[1])
+        if not (before and _continues(before)) and not (after and _continues(after[0])) and not decimal:
+            return True
+    return False
+
+
+def _problem(tokens: tuple[str, ...]) -> tuple[str, ...]:
+    """What identifies an eval prompt's problem for the template rule: its numbers, which survive a
+    changed instruction or LaTeX markup; a prompt without numbers is only itself."""
+    numbers = tuple(t for t in tokens if t.isdigit())
+    return ("#", *numbers) if numbers else tokens
+
+
 def decontaminate(
     rows: list[Row], eval_prompts: list[str], n: int = 8, template_prompts: int | None = 2
 ) -> tuple[list[Row], FilterReport]:
     """Drop train rows whose prompt overlaps an evaluation prompt.
 
-    A row is contaminated if its prompt has the same tokens (see `words`) as an eval prompt, or if
-    the two share a run of `n` tokens. A prompt shorter than `n` tokens has no n-gram, so only the
-    whole-prompt comparison applies to it: "Calculate 5 - 3." (4 tokens) matches an identical
-    eval prompt, and "Calculate 5 - 3 * 2." is kept (a different problem, not a copy).
+    A row is contaminated if its prompt shares a run of `n` tokens (see `words`) with an eval
+    prompt, or contains a whole eval prompt shorter than `n` tokens. Whole means not as part of a
+    longer expression: against "Calculate 5 - 3." (4 tokens), "calculate 5-3" and "Calculate 5 - 3.
+    Show your work." are copies, while "Calculate 5 - 3 * 2." and "Calculate 5 - 3.5." are other
+    problems. An exact copy is caught at any n.
 
     n = 8 (open-r1's default) because a smaller n matches distinct problems, not copies. With
     n = 3, "5 - 3" is shared by every prompt using those operands, and 1-digit "a op b" has only
@@ -205,27 +241,35 @@ def decontaminate(
     prompts against 100 distinct eval prompts), n = 3 removes 258 rows, n = 4 144, n = 5 46,
     n = 6 18 and n = 8 2. At n = 5 "Calculate ( -8 * 5 )." goes because some eval prompt
     contains "( -8 * 5 )"; the 2 at n = 8 are nested variants like "Calculate ( -( 2 + -6 ) )."
-    inside "Calculate ( -( -( 2 + -6 ) ) )." Exact copies are caught at any n by the whole-prompt
-    comparison.
+    inside "Calculate ( -( -( 2 + -6 ) ) )."
 
     Not for a generator's own test split: its train and test rows share templates and operands
     by construction (chain_sum: 101 of 366 train rows removed at n = 8, gsm_symbolic: 303 of
     464), and the id-hash split with exact dedup already keeps them apart. Use it for external
     sources against evaluation sets.
 
-    `template_prompts`: an n-gram found in at least this many distinct eval prompts is template
+    `template_prompts`: an n-gram found in at least this many distinct eval problems is template
     text, not a copied problem, and is ignored. Without this every chain_sum train row would be
     removed by an eval set containing chain_sum rows: all of them share "state the final answer
-    to the following arithmetic problem :" (10 tokens). None keeps every n-gram (open-r1's rule);
-    with a single eval prompt nothing can be recognised as template.
+    to the following arithmetic problem :" (10 tokens). Problems, not prompts: eval prompts with
+    the same numbers (in order) count once, so that one problem put in several eval sets with
+    different instructions (or LaTeX) does not turn its own n-grams into template text and let a
+    reworded training copy through. None keeps every n-gram (open-r1's rule); with a single eval
+    problem nothing can be recognised as template.
     """
     if n < 1:
         raise ValueError(f"decontaminate: n must be >= 1, got {n}")
     evals = {tuple(words(p)) for p in eval_prompts}  # a set: a repeated eval prompt counts once
-    seen_in = Counter(g for toks in evals for g in _ngrams(toks, n))
+    per_problem: dict[tuple[str, ...], set[tuple[str, ...]]] = defaultdict(set)
+    for toks in evals:
+        per_problem[_problem(toks)] |= _ngrams(toks, n)
+    seen_in = Counter(g for grams in per_problem.values() for g in grams)
     index = {g for g, c in seen_in.items() if template_prompts is None or c < template_prompts}
+    short = [toks for toks in evals if len(toks) < n]
     tokens = [words(r["prompt"]) for r in rows]
-    drop = [tuple(t) in evals or not index.isdisjoint(_ngrams(t, n)) for t in tokens]
-    ignored = "" if template_prompts is None else f" found in fewer than {template_prompts} eval prompts"
-    reason = f"same tokens as an eval prompt, or a shared {n}-token run{ignored}"
+    drop = [
+        tuple(t) in evals or not index.isdisjoint(_ngrams(t, n)) or any(_contains(t, s) for s in short) for t in tokens
+    ]
+    ignored = "" if template_prompts is None else f" found in fewer than {template_prompts} eval problems"
+    reason = f"same tokens as an eval prompt, contains one shorter than {n} tokens, or shares a {n}-token run{ignored}"
     return _partition(rows, drop, "decontaminate", reason)

@@ -48,7 +48,7 @@ def comparisons(
             sampled_old, sampled_new = _records(old, f"{name}.samples.jsonl"), _records(new, f"{name}.samples.jsonl")
             if sampled_old and sampled_new:
                 sets[name].sampled = paired.sampled_test(
-                    sampled_old, sampled_new, confidence, resamples, seed, f"{what} (samples)"
+                    sampled_old, sampled_new, confidence, resamples, seed, f"{what} (samples)", compare_k or ()
                 )
         out[paired.key(new, old)] = Comparison[GreedyTest](new=new, old=old, sets=sets)
     return Comparisons(

@@ -1,11 +1,11 @@
 """Evaluation of one checkpoint on one eval set: greedy accuracy with a bootstrap interval,
 format compliance, lengths, breakdowns by source and difficulty, and (with n samples per
-prompt) avg@n, unbiased pass@k and maj@k for every k <= n."""
+prompt) avg@n and unbiased pass@k for every k <= n, maj@k at the k of the spectrum."""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from statistics import mean, median
 from typing import TYPE_CHECKING, Any
@@ -81,11 +81,26 @@ def summarize_greedy(records: list[Record], params: EvalParams, seed: int) -> Se
     )
 
 
-def summarize_sampled(records: list[Record], bootstrap: BootstrapParams | None = None, seed: int = 0) -> dict[str, Any]:
-    """avg@n, pass@k and maj@k (k = 1..n) and coverage over n sampled completions per prompt: the
-    fields of SetMetrics that need samples, avg@n under a key named for n; with `bootstrap`, the
-    band of pass@k over prompts at every k of the spectrum (powers of two up to n, and n)."""
-    n = min(len(r["samples"]) for r in records)
+def same_answer(row: dict[str, Any]) -> metrics.Same:
+    """Whether two answers to `row` are the same answer, as its task's grader decides: the first
+    graded against the second taken as the reference (is_correct), so "5.0" and "5" are one answer
+    to math-verify."""
+    return lambda answer, other: is_correct(answer, {**row, "answer": other})
+
+
+def summarize_sampled(
+    records: list[Record],
+    bootstrap: BootstrapParams | None = None,
+    seed: int = 0,
+    compare_k: Sequence[int] = (),
+    same: Sequence[metrics.Same] | None = None,
+) -> dict[str, Any]:
+    """avg@n, pass@k (k = 1..n) and coverage over n sampled completions per prompt (the smallest
+    count, with a warning when some prompt has more), and maj@k at the k of the spectrum and
+    `compare_k` (metrics.spectrum_ks), voting on answers `same` (one per record, same_answer of its
+    row) calls equal, else on strings: the fields of SetMetrics that need samples, avg@n under a key
+    named for n; with `bootstrap`, the band of pass@k over prompts at every k of the spectrum."""
+    n = metrics.common_n(records, "sampled evaluation")
     per_prompt = [[s["correct"] for s in r["samples"][:n]] for r in records]
     counts = [sum(c) for c in per_prompt]
     votes = [[(s["extracted"], s["correct"]) for s in r["samples"][:n]] for r in records]
@@ -106,7 +121,7 @@ def summarize_sampled(records: list[Record], bootstrap: BootstrapParams | None =
         "pass_at_k": {str(k): metrics.mean_pass_at_k(counts, n, k) for k in range(1, n + 1)},
         **({"pass_at_k_band": band} if band else {}),
         "coverage": metrics.coverage(counts),
-        "maj_at_k": {str(k): metrics.maj_at_k(votes, k) for k in range(1, n + 1)},
+        "maj_at_k": {str(k): v for k, v in metrics.maj_at_ks(votes, metrics.spectrum_ks(n, compare_k), same).items()},
         "sampled_mean_tokens": mean(s["tokens"] for r in records for s in r["samples"][:n]),
     }
 
@@ -132,7 +147,8 @@ def evaluate(
         s = params.samples
         subset = rows[: s.max_prompts]
         sampled = grade(subset, gen.generate(prompts[: len(subset)], s, n=s.n, seed=seed + 1, desc=f"eval x{s.n}"), fmt)
-        result = SetMetrics(**result.dump(), **summarize_sampled(sampled, params.bootstrap, seed))
+        summary = summarize_sampled(sampled, params.bootstrap, seed, s.compare_k, [same_answer(r) for r in subset])
+        result = SetMetrics(**result.dump(), **summary)
     return greedy, sampled, result
 
 
@@ -165,7 +181,12 @@ def run(
         [{"difficulty": d, "accuracy": a} for d, a in test.accuracy_by_difficulty.items()],
     )
     curve = [
-        {"k": int(k), "pass_at_k": v, "maj_at_k": test.maj_at_k[k], **_band(test.pass_at_k_band.get(k))}
+        {
+            "k": int(k),
+            "pass_at_k": v,
+            **({"maj_at_k": test.maj_at_k[k]} if k in test.maj_at_k else {}),  # at the spectrum's k only
+            **_band(test.pass_at_k_band.get(k)),
+        }
         for k, v in test.pass_at_k.items()
     ]
     files.write_json(paths.plot("pass_at_k", slug), curve)  # empty without eval.samples

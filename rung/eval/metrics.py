@@ -6,10 +6,14 @@ reused by any stage that has per-sample correctness.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -37,12 +41,31 @@ def mean_pass_at_k(correct_counts: Sequence[int], n: int, k: int) -> float:
     return float(np.mean([pass_at_k(n, c, k) for c in correct_counts]))
 
 
-def spectrum_ks(n: int) -> list[int]:
-    """The k of the pass@k spectrum for n samples: every power of two up to n, and n itself."""
+def spectrum_ks(n: int, also: Sequence[int] = ()) -> list[int]:
+    """The k of the pass@k spectrum for n samples: every power of two up to n, n itself, and the k of
+    `also` (e.g. eval.samples.compare_k) up to n, in order."""
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
-    ks = [1 << i for i in range(n.bit_length())]
-    return ks if ks[-1] == n else [*ks, n]
+    return sorted({*(1 << i for i in range(n.bit_length())), n, *(k for k in also if 1 <= k <= n)})
+
+
+def common_n(records: Sequence[Mapping[str, Any]], what: str) -> int:
+    """The samples every record has (the smallest count), with a warning naming the counts when some
+    record has more: its extra samples are left out, so that every prompt is scored at one n."""
+    counts = [len(r["samples"]) for r in records]
+    n = min(counts)
+    more = sum(c > n for c in counts)
+    if more:
+        log.warning(
+            "%s: %d of %d prompts have more than %d samples (up to %d); every prompt is cut to its first %d",
+            what,
+            more,
+            len(counts),
+            n,
+            max(counts),
+            n,
+        )
+    return n
 
 
 def coverage(correct_counts: Sequence[int]) -> float:
@@ -70,36 +93,86 @@ def _normalise(answer: str | None) -> str | None:
     return answer.strip() or None
 
 
-def majority_vote(answers: Sequence[str | None]) -> str | None:
-    """The most frequent answer after normalisation (strip), ignoring missing ones (None or
-    blank); ties go to the answer that occurred first. None when no sample has an answer."""
-    votes = Counter(a for a in map(_normalise, answers) if a is not None)
-    if not votes:
-        return None
-    # Counter.most_common orders equal counts by first insertion, which is the tie rule we want.
-    return votes.most_common(1)[0][0]
+Same = Callable[[str, str], bool]
+"""Whether two answers to one prompt are the same answer (the task's grader decides:
+rung.eval.evaluate.same_answer)."""
 
 
-def maj_at_k(per_prompt_samples: Sequence[Sequence[tuple[str | None, bool]]], k: int) -> float:
-    """maj@k: the fraction of prompts whose majority answer over their first k samples is correct.
+def _votes_right(samples: Sequence[tuple[str | None, bool]], ks: Sequence[int], same: Same | None) -> list[bool]:
+    """For each k of ks (ascending): whether the majority answer among the first k samples is right.
 
-    Each prompt gives its samples as (extracted answer, correct) pairs, in sampling order. The
-    voted answer counts as correct when the first of the k samples that gave it was graded
-    correct (the verifier is deterministic, so every sample with that answer has the same grade);
-    a prompt where no sample has an answer counts as wrong.
-    """
+    Answers are counted by class: every sample graded correct is one class (the grader called each
+    equal to the reference), a wrong answer joins the first earlier wrong answer `same` calls equal
+    (or, without `same`, the same string); ties go to the class that occurred first. One pass over
+    the samples for all k. Written out: no library votes over a grader's equivalence classes."""
+    counts: Counter[int] = Counter()  # class -> votes so far; class 0 is the right answer
+    first: dict[int, int] = {}  # class -> index of its first vote (the tie rule)
+    classes: dict[str, int] = {}  # answer string -> class
+    reps: list[tuple[str, int]] = []  # one string per wrong class, to compare new strings with
+    # without a right sample the majority cannot be right, and with no wrong one it cannot be wrong:
+    # the grader is asked only when both occur
+    ask = same if any(ok for _, ok in samples) and not all(ok for _, ok in samples) else None
+    out, todo = [], iter(ks)
+    k = next(todo, None)
+    for i, (answer, ok) in enumerate(samples, start=1):
+        a = _normalise(answer)
+        if a is not None:
+            if ok:
+                c = 0
+            elif a not in classes:
+                c = next((r for rep, r in reps if ask is not None and ask(a, rep)), len(reps) + 1)
+                classes[a] = c
+                if c == len(reps) + 1:
+                    reps.append((a, c))
+            else:
+                c = classes[a]
+            counts[c] += 1
+            first.setdefault(c, i)
+        while k == i:
+            top = max(counts.values(), default=0)
+            winner = min((first[c], c) for c, v in counts.items() if v == top)[1] if top else None
+            out.append(winner == 0)
+            k = next(todo, None)
+    return out
+
+
+def maj_at_ks(
+    per_prompt_samples: Sequence[Sequence[tuple[str | None, bool]]],
+    ks: Sequence[int],
+    same: Sequence[Same] | None = None,
+) -> dict[int, float]:
+    """maj@k at each k of ks: the fraction of prompts whose majority answer over their first k
+    samples is right.
+
+    Each prompt gives its samples as (extracted answer, correct) pairs, in sampling order, and,
+    with `same`, the function that says whether two of its answers are the same answer: "5", "5.0"
+    and "5.00" are one answer to a grader that calls them equal. Every right answer is one (each is
+    equal to the reference); without `same`, wrong answers are compared as stripped strings. A
+    prompt where no sample has an answer counts as wrong."""
     if len(per_prompt_samples) == 0:
         raise ValueError("per_prompt_samples is empty")
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got k={k}")
-    hits = []
+    if same is not None and len(same) != len(per_prompt_samples):
+        raise ValueError(f"same has {len(same)} graders for {len(per_prompt_samples)} prompts")
+    ks = sorted(set(ks))
+    if not ks or ks[0] < 1:
+        raise ValueError(f"every k must be >= 1, got {ks}")
     for i, samples in enumerate(per_prompt_samples):
-        if len(samples) < k:
-            raise ValueError(f"k={k} but prompt {i} has only {len(samples)} samples")
-        first_k = samples[:k]
-        voted = majority_vote([a for a, _ in first_k])
-        hits.append(voted is not None and next(ok for a, ok in first_k if _normalise(a) == voted))
-    return float(np.mean(hits))
+        if len(samples) < ks[-1]:
+            raise ValueError(f"k={ks[-1]} but prompt {i} has only {len(samples)} samples")
+    right = np.array(
+        [
+            _votes_right(samples[: ks[-1]], ks, same[i] if same is not None else None)
+            for i, samples in enumerate(per_prompt_samples)
+        ]
+    )
+    return {k: float(v) for k, v in zip(ks, right.mean(axis=0), strict=True)}
+
+
+def maj_at_k(
+    per_prompt_samples: Sequence[Sequence[tuple[str | None, bool]]], k: int, same: Sequence[Same] | None = None
+) -> float:
+    """maj@k at one k (maj_at_ks)."""
+    return maj_at_ks(per_prompt_samples, [k], same)[k]
 
 
 def check_bootstrap(confidence: float, resamples: int) -> None:
@@ -110,10 +183,36 @@ def check_bootstrap(confidence: float, resamples: int) -> None:
         raise ValueError(f"resamples must be >= 1, got {resamples}")
 
 
+def bootstrap_means(
+    values: Sequence[float] | np.ndarray, resamples: int, seed: int, strata: Sequence[Any] | None = None
+) -> np.ndarray:
+    """The means of `resamples` bootstrap resamples of values (with replacement); with `strata`,
+    each stratum (e.g. a seed) resampled within itself, keeping its size. The draws depend only on
+    the seed and the sizes, so values of one length and strata get the same resamples (a band over
+    several k reads them together)."""
+    x = np.asarray(values, dtype=float)
+    rng = np.random.default_rng(seed)
+    if strata is None:
+        groups = [np.arange(len(x))]
+    else:
+        if len(strata) != len(x):
+            raise ValueError(f"strata has {len(strata)} labels for {len(x)} prompts")
+        labels = np.asarray(strata)
+        groups = [np.flatnonzero(labels == s) for s in dict.fromkeys(strata)]  # first-seen order: deterministic
+    # One (resamples, n) matrix of indices: each stratum's columns drawn from that stratum only.
+    idx = np.concatenate([g[rng.integers(0, len(g), size=(resamples, len(g)))] for g in groups], axis=1)
+    return x[idx].mean(axis=1)
+
+
 def bootstrap_ci(
-    values: Sequence[float], confidence: float = 0.95, resamples: int = 1000, seed: int = 0
+    values: Sequence[float] | np.ndarray,
+    confidence: float = 0.95,
+    resamples: int = 1000,
+    seed: int = 0,
+    strata: Sequence[Any] | None = None,
 ) -> tuple[float, float]:
-    """Percentile-bootstrap confidence interval of the mean of values.
+    """Percentile-bootstrap confidence interval of the mean of values (resampled within `strata`
+    when given: bootstrap_means).
 
     Deterministic: the same values, confidence, resamples and seed give the same interval.
     """
@@ -122,9 +221,6 @@ def bootstrap_ci(
     if len(values) == 0:
         raise ValueError("values is empty")
     check_bootstrap(confidence, resamples)
-    x = np.asarray(values, dtype=float)
-    rng = np.random.default_rng(seed)
-    means = x[rng.integers(0, len(x), size=(resamples, len(x)))].mean(axis=1)
     alpha = (1 - confidence) / 2
-    lo, hi = np.quantile(means, [alpha, 1 - alpha])
+    lo, hi = np.quantile(bootstrap_means(values, resamples, seed, strata), [alpha, 1 - alpha])
     return float(lo), float(hi)

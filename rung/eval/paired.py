@@ -31,10 +31,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from statistics import mean
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
-from scipy.stats import binomtest, norm, ttest_rel
+from scipy.stats import binomtest, nct, norm, ttest_rel
+from scipy.stats import t as t_dist
 
 from rung.errors import InputError
 from rung.eval import metrics
@@ -86,21 +87,8 @@ def paired_bootstrap(
         raise ValueError(f"old and new must be 1-d and of one length, got {a.shape} and {b.shape}")
     if len(a) == 0:
         raise ValueError("nothing to compare: no prompts")
-    metrics.check_bootstrap(confidence, resamples)
     d = b - a
-    rng = np.random.default_rng(seed)
-    if strata is None:
-        groups = [np.arange(len(d))]
-    else:
-        if len(strata) != len(d):
-            raise ValueError(f"strata has {len(strata)} labels for {len(d)} prompts")
-        labels = np.asarray(strata)
-        groups = [np.flatnonzero(labels == s) for s in dict.fromkeys(strata)]  # first-seen order: deterministic
-    # One (resamples, n) matrix of indices: each stratum's columns drawn from that stratum only.
-    idx = np.concatenate([g[rng.integers(0, len(g), size=(resamples, len(g)))] for g in groups], axis=1)
-    means = d[idx].mean(axis=1)
-    alpha = (1 - confidence) / 2
-    lo, hi = np.quantile(means, [alpha, 1 - alpha])
+    lo, hi = metrics.bootstrap_ci(d, confidence, resamples, seed, strata)
     return float(d.mean()), float(lo), float(hi)
 
 
@@ -187,20 +175,31 @@ def greedy_test(
 
 
 def sampled_test(
-    old: Sequence[Record], new: Sequence[Record], confidence: float, resamples: int, seed: int, what: str
+    old: Sequence[Record],
+    new: Sequence[Record],
+    confidence: float,
+    resamples: int,
+    seed: int,
+    what: str,
+    compare_k: Sequence[int] = (),
 ) -> SampledTest:
-    """avg@n and pass@k (k = 1..n) of `new` against `old`, from n samples per prompt: per metric
-    the difference with a paired bootstrap interval over prompts; significant at 1 - confidence
-    when the interval excludes 0. And the boundary: coverage (solved at least once in n) of each,
-    the prompts only one of them solves, and the exact McNemar test of those counts."""
+    """avg@n and pass@k of `new` against `old`, from n samples per prompt (the smallest count, with
+    a warning when some prompt has more), at the k of the spectrum and `compare_k`
+    (metrics.spectrum_ks): per metric the difference with a paired bootstrap interval over prompts;
+    significant at 1 - confidence when the interval excludes 0. And the boundary: coverage (solved
+    at least once in n) of each, the prompts only one of them solves, and the exact McNemar test of
+    those counts."""
     pairs = align(old, new, what)
-    n = min(len(r["samples"]) for pair in pairs for r in pair)
+    n = metrics.common_n([r for pair in pairs for r in pair], what)
     hits = [([s["correct"] for s in o["samples"][:n]], [s["correct"] for s in m["samples"][:n]]) for o, m in pairs]
     alpha = level(confidence)
     out: dict[str, MetricTest] = {}
     per_prompt = {
         f"avg@{n}": lambda c: float(np.mean(c)),
-        **{f"pass@{k}": (lambda c, k=k: metrics.pass_at_k(n, int(sum(c)), k)) for k in range(1, n + 1)},
+        **{
+            f"pass@{k}": (lambda c, k=k: metrics.pass_at_k(n, int(sum(c)), k))
+            for k in metrics.spectrum_ks(n, compare_k)
+        },
     }
     for name, f in per_prompt.items():
         a, b = [f(x) for x, _ in hits], [f(y) for _, y in hits]
@@ -241,17 +240,144 @@ def pass_at(k: int) -> Callable[[Record], float]:
     return value
 
 
+def t_test_power(n: int | np.ndarray, effect: float, sd: float, alpha: float = 0.05) -> np.ndarray:
+    """Power of a two-sided one-sample (paired) t-test at `alpha` on n units whose differences have
+    mean `effect` and standard deviation `sd`: the noncentral t with n - 1 degrees of freedom and
+    noncentrality effect / sd * sqrt(n) (scipy.stats.nct); n may be an array of sizes."""
+    df = np.asarray(n) - 1
+    crit, nc = t_dist.ppf(1 - alpha / 2, df), abs(effect) / sd * np.sqrt(df + 1)
+    return nct.sf(crit, df, nc) + nct.cdf(-crit, df, nc)
+
+
 def units_needed(sd: float, effect: float, alpha: float = 0.05, power: float = 0.8) -> int | None:
-    """Paired units (prompts, or seeds) a two-sided test of a mean difference at `alpha` needs to
-    detect `effect` with probability `power` when the per-unit differences have standard deviation
-    `sd`: the normal approximation n = ((z_{1-alpha/2} + z_power) sd / effect)^2. Written out because
-    scipy has no power solver (statsmodels, which has one, is not a dependency). None for effect 0, and
-    for sd 0 (differences that never vary give no spread to plan from)."""
+    """Paired units (prompts, or seeds) a two-sided paired t-test of a mean difference at `alpha`
+    needs to detect `effect` with probability `power` when the per-unit differences have standard
+    deviation `sd`: the smallest n >= 2 whose power by the noncentral t reaches `power`
+    (t_test_power). With few units the t distribution matters: at n = 2 (df = 1) power is far below
+    what the normal approximation promises. The search starts at the normal approximation
+    ((z_{1-alpha/2} + z_power) sd / effect)^2, which never overshoots, and steps up; written out
+    because scipy has no power solver (statsmodels, which has one, is not a dependency). None for
+    effect 0, and for sd 0 (differences that never vary give no spread to plan from)."""
     if sd < 0 or not (0 < alpha < 1 and 0 < power < 1):
         raise ValueError(f"need sd >= 0 and alpha, power in (0, 1), got {sd}, {alpha}, {power}")
     if abs(effect) < 1e-9 or sd == 0:  # a difference of rounding noise is no effect
         return None
-    return max(2, int(np.ceil(((norm.ppf(1 - alpha / 2) + norm.ppf(power)) * sd / abs(effect)) ** 2)))
+    n = max(2, int(np.ceil(((norm.ppf(1 - alpha / 2) + norm.ppf(power)) * sd / abs(effect)) ** 2)))
+    while True:  # the t test needs a few units more than the normal approximation: look 8 at a time
+        ns = np.arange(n, n + 8)
+        enough = np.flatnonzero(t_test_power(ns, effect, sd, alpha) >= power)
+        if len(enough):
+            return int(ns[enough[0]])
+        n += 8
+
+
+def simultaneous_band(
+    old: Sequence[np.ndarray],
+    new: Sequence[np.ndarray],
+    confidence: float,
+    resamples: int,
+    seed: int,
+    strata: Sequence[Any] | None = None,
+) -> list[tuple[float, float]]:
+    """A paired bootstrap band of the differences new - old of several metrics on the same units
+    (e.g. pass@k at every k of a claim) that covers all of them at once with probability
+    `confidence`, so that a verdict read at every k keeps its family-wise level.
+
+    Every metric is resampled with the same draws (metrics.bootstrap_means: one seed, one length);
+    a resample's distance from the observed differences is its largest over the metrics of
+    |resampled - observed| / bootstrap standard error (a max statistic), and the band is, at each
+    metric, the observed difference ± the `confidence` quantile of that distance times its standard
+    error: the sup-t band (Montiel Olea and Plagborg-Møller 2019). It reads the bulk of the
+    resamples, not their extreme tails, so it holds its level with a thousand resamples. With one
+    metric it is the percentile interval of paired_bootstrap. Written out: no library gives a
+    simultaneous bootstrap band."""
+    if len(old) != len(new) or not old:
+        raise ValueError(f"need one or more metrics, old and new alike, got {len(old)} and {len(new)}")
+    metrics.check_bootstrap(confidence, resamples)
+    if len(old) == 1:  # no family: the interval itself
+        return [paired_bootstrap(old[0], new[0], confidence, resamples, seed, strata)[1:]]
+    diffs = [np.asarray(b, float) - np.asarray(a, float) for a, b in zip(old, new, strict=True)]
+    observed = np.array([d.mean() for d in diffs])
+    means = np.array([metrics.bootstrap_means(d, resamples, seed, strata) for d in diffs])  # (metrics, resamples)
+    se = means.std(axis=1, ddof=1)
+    # a metric that never varies (every unit the same difference) has no spread to reach: distance 0
+    scaled = np.divide(np.abs(means - observed[:, None]), se[:, None], out=np.zeros_like(means), where=se[:, None] > 0)
+    reach = float(np.quantile(scaled.max(axis=0), confidence))
+    return [(float(d - reach * e), float(d + reach * e)) for d, e in zip(observed, se, strict=True)]
+
+
+def unit_values(values: Mapping[int, Mapping[str, float]]) -> tuple[np.ndarray, list[int] | None]:
+    """The units of a comparison over seeds from each seed's value per prompt id, and their strata:
+    when every seed has the same prompts, a prompt with its value averaged over seeds (in the first
+    seed's order; no strata); otherwise (the seed also changed the data) every (seed, prompt) pair,
+    seed by seed, stratified by seed."""
+    seeds = list(values)
+    ids = list(values[seeds[0]])
+    if all(values[s].keys() == values[seeds[0]].keys() for s in seeds):
+        return np.array([[values[s][i] for i in ids] for s in seeds], dtype=float).mean(axis=0), None
+    units = np.array([float(v) for s in seeds for v in values[s].values()])
+    return units, [s for s in seeds for _ in values[s]]
+
+
+class Units(NamedTuple):
+    """Two arms' units on one eval set (unit_values) and their means per seed."""
+
+    seeds: list[int]
+    old: np.ndarray
+    new: np.ndarray
+    strata: list[int] | None
+    seed_old: list[float]
+    seed_new: list[float]
+
+
+def arm_units(
+    old: Mapping[int, Sequence[Record]],
+    new: Mapping[int, Sequence[Record]],
+    what: str,
+    value: Callable[[Record], float] = greedy_correct,
+) -> Units:
+    """The paired units of arms `new` and `old` over the seeds both ran, each record scored by
+    `value`; an InputError when they share no seed or a seed's two arms answered different prompts."""
+    seeds = [s for s in old if s in new]
+    if not seeds:
+        raise InputError(f"{what}: no seed that both arms ran")
+    pairs = {s: sorted(align(old[s], new[s], f"{what}, seed {s}"), key=lambda pair: pair[0]["id"]) for s in seeds}
+    scored = [{s: {p[side]["id"]: value(p[side]) for p in pairs[s]} for s in seeds} for side in (0, 1)]
+    (x_old, strata), (x_new, _) = unit_values(scored[0]), unit_values(scored[1])
+    return Units(
+        seeds,
+        x_old,
+        x_new,
+        strata,
+        [mean(scored[0][s].values()) for s in seeds],
+        [mean(scored[1][s].values()) for s in seeds],
+    )
+
+
+def units_test(units: Units, confidence: float, resamples: int, seed: int) -> ArmsTest:
+    """The tests of arm_units' units: see the module docstring for the interval and the tests."""
+    x_old, x_new = units.old, units.new
+    interval = _interval(x_old, x_new, confidence, resamples, seed, units.strata)
+    up, down = int((x_new > x_old).sum()), int((x_new < x_old).sum())
+    p = float(binomtest(up, up + down, 0.5).pvalue) if up + down else 1.0
+    diffs = [n - o for n, o in zip(units.seed_new, units.seed_old, strict=True)]
+    # the t-test needs differences that vary (scipy gives nan, with a warning, for identical ones)
+    t_p = float(ttest_rel(units.seed_new, units.seed_old).pvalue) if len(set(diffs)) > 1 else None
+    alpha = level(confidence)
+    return ArmsTest(
+        seeds=units.seeds,
+        unit="prompt" if units.strata is None else "seed, prompt",
+        units=len(x_old),
+        accuracy_old=float(np.mean(units.seed_old)),
+        accuracy_new=float(np.mean(units.seed_new)),
+        **interval,
+        units_better=up,
+        units_worse=down,
+        sign_test_p=p,
+        per_seed_difference={str(s): d for s, d in zip(units.seeds, diffs, strict=True)},
+        seed_t_test_p=t_p,
+        **_judged(p < alpha, alpha, down, up, len(x_old)),
+    )
 
 
 def arms_test(
@@ -266,46 +392,7 @@ def arms_test(
     """Arm `new` against arm `old` on one eval set, from their per-prompt records per seed (seeds
     both have): by default greedy accuracy, or any per-record `value` (e.g. pass_at(k) on sampled
     records); see the module docstring for the unit, interval and tests."""
-    seeds = [s for s in old if s in new]
-    if not seeds:
-        raise InputError(f"{what}: no seed that both arms ran")
-    aligned = {s: align(old[s], new[s], f"{what}, seed {s}") for s in seeds}
-    ids = {s: sorted(o["id"] for o, _ in pairs) for s, pairs in aligned.items()}
-    shared = all(ids[s] == ids[seeds[0]] for s in seeds)
-    a = {s: {r["id"]: value(r) for r in old[s]} for s in seeds}
-    b = {s: {r["id"]: value(r) for r in new[s]} for s in seeds}
-    strata: list[int] | None
-    if shared:  # unit: a prompt, with its outcomes in every seed
-        x_old = np.array([mean(a[s][i] for s in seeds) for i in ids[seeds[0]]])
-        x_new = np.array([mean(b[s][i] for s in seeds) for i in ids[seeds[0]]])
-        strata = None
-    else:  # unit: a (seed, prompt) pair, resampled within its seed
-        x_old = np.array([float(a[s][i]) for s in seeds for i in ids[s]])
-        x_new = np.array([float(b[s][i]) for s in seeds for i in ids[s]])
-        strata = [s for s in seeds for _ in ids[s]]
-    interval = _interval(x_old, x_new, confidence, resamples, seed, strata)
-    up, down = int((x_new > x_old).sum()), int((x_new < x_old).sum())
-    p = float(binomtest(up, up + down, 0.5).pvalue) if up + down else 1.0
-    acc_old = [mean(a[s].values()) for s in seeds]
-    acc_new = [mean(b[s].values()) for s in seeds]
-    diffs = [n - o for n, o in zip(acc_new, acc_old, strict=True)]
-    # the t-test needs differences that vary (scipy gives nan, with a warning, for identical ones)
-    t_p = float(ttest_rel(acc_new, acc_old).pvalue) if len(set(diffs)) > 1 else None
-    alpha = level(confidence)
-    return ArmsTest(
-        seeds=seeds,
-        unit="prompt" if shared else "seed, prompt",
-        units=len(x_old),
-        accuracy_old=float(np.mean(acc_old)),
-        accuracy_new=float(np.mean(acc_new)),
-        **interval,
-        units_better=up,
-        units_worse=down,
-        sign_test_p=p,
-        per_seed_difference={str(s): d for s, d in zip(seeds, diffs, strict=True)},
-        seed_t_test_p=t_p,
-        **_judged(p < alpha, alpha, down, up, len(x_old)),
-    )
+    return units_test(arm_units(old, new, what, value), confidence, resamples, seed)
 
 
 def key(new: str, old: str) -> str:

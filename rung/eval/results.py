@@ -53,7 +53,7 @@ class EvalRecord(TypedDict, total=False):
 
 class SetMetrics(Result):
     """Metrics of one checkpoint on one eval set. Greedy (the headline), then with eval.samples:
-    avg@<n> (a key named for n, kept as an extra field), pass@k and maj@k for k = 1..n."""
+    avg@<n> (a key named for n, kept as an extra field), pass@k for k = 1..n and maj@k at the spectrum's k."""
 
     model_config = ConfigDict(extra="allow")
 

@@ -22,7 +22,7 @@ from rung import models, placement
 from rung.config import SamplingParams, VllmParams
 from rung.errors import InputError
 from rung.generate import compiled, decode, vllm
-from rung.generate.completion import Completion, Generator, stop_ids
+from rung.generate.completion import Completion, Generator, stop_ids, token_ids
 from rung.generate.prepacked import prepacked
 
 log = logging.getLogger(__name__)
@@ -54,13 +54,14 @@ def load(
 def generate(
     model: PreTrainedModel,
     tok: PreTrainedTokenizerBase,
-    prompts: list[str],
+    prompts: list[str] | list[list[int]],
     sampling: SamplingParams,
     n: int = 1,
     seed: int = 0,
     desc: str = "generate",
 ) -> list[list[Completion]]:
-    """`n` completions for each rendered prompt, in input order. Deterministic given `seed`.
+    """`n` completions for each prompt (token ids, or a rendered text: see completion.token_ids), in
+    input order. Deterministic given `seed`.
 
     Greedy completions are those of batched `model.generate` (same argmax on the same logits, up to
     floating-point summation order). Each sample draws from its own seeded stream, so a prompt's
@@ -68,7 +69,7 @@ def generate(
     """
     if not prompts:
         return []
-    ids = tok(prompts, add_special_tokens=False)["input_ids"]
+    ids = token_ids(tok, prompts)
     out = generate_ids(model, ids, sampling, stop_ids(model.generation_config, tok), n, seed, desc)
     return [
         [

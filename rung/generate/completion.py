@@ -1,9 +1,9 @@
 """What every generation backend returns and is used through: a Completion per sample, and a
-Generator that renders prompts with the model's chat template and samples from them."""
+Generator that renders prompts to token ids exactly as TRL's trainers do and samples from them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from transformers import GenerationConfig, PreTrainedTokenizerBase
@@ -31,10 +31,29 @@ def render(tok: PreTrainedTokenizerBase, prompts: list[Prompt]) -> list[str]:
     ]
 
 
+def encode(tok: PreTrainedTokenizerBase, prompts: list[Prompt]) -> list[list[int]]:
+    """Each prompt's token ids as TRL's SFT and GRPO / RLOO trainers tokenize it, so a checkpoint is
+    scored on the context it was trained on: a conversation through the chat template, which writes
+    any BOS itself (TRL's `apply_chat_template(tokenize=True)` adds no special tokens); a plain-template
+    text with the tokenizer's special tokens (TRL calls `tok(text)`), i.e. with the BOS that Llama 3,
+    Mistral or Gemma tokenizers add (SmolLM2's and Qwen's add none)."""
+    return [
+        tok(text, add_special_tokens=isinstance(p, str))["input_ids"]
+        for p, text in zip(prompts, render(tok, prompts), strict=True)
+    ]
+
+
+def token_ids(tok: PreTrainedTokenizerBase, prompts: Sequence[str | list[int]]) -> list[list[int]]:
+    """The ids a backend generates from: `encode`'s ids as they are, a rendered text (chat-template
+    output, e.g. from `render`) without added special tokens."""
+    return [p if isinstance(p, list) else tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+
+
 @dataclass(frozen=True)
 class Generator:
     """A loaded model that samples: `generate(prompts, sampling, n, seed, desc)` -> n completions
-    per rendered prompt, in input order; `device` and `dtype` say where it runs."""
+    per prompt (token ids from `render`, or rendered texts; see `token_ids`), in input order;
+    `device` and `dtype` say where it runs."""
 
     tok: PreTrainedTokenizerBase
     generate: Callable[..., list[list[Completion]]]
@@ -43,8 +62,9 @@ class Generator:
     close: Callable[[], None] | None = None
     """Ends what the backend started (the vLLM worker); None: nothing to end (the process's exit does)."""
 
-    def render(self, prompts: list[Prompt]) -> list[str]:
-        return render(self.tok, prompts)
+    def render(self, prompts: list[Prompt]) -> list[list[int]]:
+        """The prompts' token ids, as the trainers tokenize them (`encode`)."""
+        return encode(self.tok, prompts)
 
 
 def stop_ids(config: GenerationConfig | None, tok: PreTrainedTokenizerBase) -> list[int]:

@@ -24,7 +24,7 @@ from typing import Any
 from rung.config import SamplingParams, VllmParams
 from rung.errors import InputError
 from rung.generate import vllm_worker
-from rung.generate.completion import Completion, Generator, stop_ids
+from rung.generate.completion import Completion, Generator, stop_ids, token_ids
 
 log = logging.getLogger(__name__)
 
@@ -176,13 +176,17 @@ def load(model_dir: Path | str, dtype: str, params: VllmParams | None = None) ->
     )
 
     def sample(
-        prompts: list[str], sampling: SamplingParams, n: int = 1, seed: int = 0, desc: str | None = "generate"
+        prompts: list[str] | list[list[int]],
+        sampling: SamplingParams,
+        n: int = 1,
+        seed: int = 0,
+        desc: str | None = "generate",
     ) -> list[list[Completion]]:
         if sampling.temperature == 0 and n > 1:
             raise ValueError("sampling.temperature: 0 (greedy) gives identical samples; use n=1 or temperature > 0")
         if not prompts:
             return []
-        ids = tok(prompts, add_special_tokens=False)["input_ids"]
+        ids = token_ids(tok, prompts)
         answer = worker.ask(
             op="generate",
             prompts=ids,

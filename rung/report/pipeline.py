@@ -53,7 +53,16 @@ def rl_summary(stage: Any, metrics: Mapping[str, float]) -> dict[str, str]:
             if ds and "reward_generated_last" in metrics
             else ""
         ),
+        "unscored (grader errors)": _unscored(stage, metrics),
     }
+
+
+def _unscored(stage: Any, metrics: Mapping[str, float]) -> str:
+    """Completions each reward's grader crashed on (rung.rl.rewards.Guarded: unscored, not wrong); the
+    total alone for a metrics file written before the per-reward counts."""
+    if not any(f"reward_errors/{name}" in metrics for name in stage.rewards):
+        return f"{metrics.get('reward_errors', 0.0):.0f} in all"
+    return ", ".join(f"{name} {metrics.get(f'reward_errors/{name}', 0.0):.0f}" for name in stage.rewards)
 
 
 def paired_markdown(result: Comparisons) -> str:

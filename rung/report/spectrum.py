@@ -1,19 +1,23 @@
 """A study's pass@k spectrum: per arm (and the checkpoint the arms start from) pass@k at every power
 of two up to n with a bootstrap band over prompts, coverage over seeds, and published claims about the
-curve checked with paired tests across prompts and seeds.
+curve checked with paired tests across prompts and seeds. Every arm is read at the smallest n of the
+eval set (a warning names the counts when some arm drew more).
 
 A claim names arms `new`, one arm `old` (or the init checkpoint, e.g. 'sft'), the direction expected
 and the k it is about. At each k the unit is a prompt, its value the pass@k of its n samples averaged
-over seeds (rung.eval.paired.arms_test with value pass_at(k)); the verdict reads the paired bootstrap
-interval of the difference new - old:
-- expect greater / less: "reproduced" when the interval excludes 0 in the expected direction,
+over seeds, or a (seed, prompt) pair when the seeds answered different prompts (rung.eval.paired
+.arm_units with value pass_at(k)); the verdict reads the paired bootstrap band of the difference
+new - old, simultaneous over the claim's k (rung.eval.paired.simultaneous_band: all k covered at once
+with the study's confidence, so a claim over 7 k is not 7 chances of a false alarm; with one k it is
+the percentile interval):
+- expect greater / less: "reproduced" when the band excludes 0 in the expected direction,
   "contradicted" when it excludes 0 the other way, else "inside the noise";
-- expect at_least / at_most: "contradicted" only when the interval excludes 0 the wrong way,
+- expect at_least / at_most: "contradicted" only when the band excludes 0 the wrong way,
   "reproduced" when it excludes 0 the right way, else "inside the noise" (not contradicted).
 A claim over several k is contradicted when any k is, reproduced when every k is, else inside the
-noise. The power statement: prompts a paired test would need to see this difference (and the
-study's reference effect) at 80% power, from the spread of the per-prompt differences, and seeds
-from the spread of the per-seed differences (rung.eval.paired.units_needed).
+noise. The power statement: units a paired t-test would need to see this difference (and the
+study's reference effect) at 80% power, from the spread of the per-unit differences, and seeds
+from the spread of the per-seed differences (rung.eval.paired.units_needed, by the noncentral t).
 """
 
 from __future__ import annotations
@@ -61,34 +65,39 @@ def sampled_records(runs: Sequence[StudyRun], init: str) -> Sampled:
     return {arm: seeds for arm, seeds in out.items() if seeds}
 
 
-def _n(by_seed: Mapping[int, Sequence[EvalRecord]]) -> int:
-    return min(len(rec["samples"]) for records in by_seed.values() for rec in records)
-
-
-def _per_prompt(by_seed: Mapping[int, Sequence[EvalRecord]], k: int) -> dict[str, float]:
-    """Each prompt's pass@k, averaged over seeds."""
+def _values(by_seed: Mapping[int, Sequence[EvalRecord]], k: int) -> dict[int, dict[str, float]]:
+    """Each seed's pass@k per prompt id."""
     value = paired.pass_at(k)
-    ids = [r["id"] for r in next(iter(by_seed.values()))]
-    per_seed = [{r["id"]: value(r) for r in records} for records in by_seed.values()]
-    return {i: mean(s[i] for s in per_seed) for i in ids}
+    return {s: {r["id"]: value(r) for r in records} for s, records in by_seed.items()}
 
 
 def curves(
     sampled: Sampled, confidence: float, resamples: int, seed: int
 ) -> tuple[dict[str, dict[str, list[Band]]], dict[str, dict[str, Spread]]]:
-    """Per eval set and arm: the spectrum (k, mean pass@k, band low, band high) and coverage over seeds."""
+    """Per eval set and arm: the spectrum (k, mean pass@k, band low, band high) and coverage over seeds,
+    both at the smallest number of samples of the set over every arm and seed (metrics.common_n warns
+    when some record has more), so that arms that drew different n compare at one n. The unit of the
+    band is a prompt, or a (seed, prompt) pair when seeds answered different prompts (paired.unit_values)."""
     spectrum: dict[str, dict[str, list[Band]]] = {}
     coverage: dict[str, dict[str, Spread]] = {}
-    for arm, seeds in sampled.items():
-        for name in next(iter(seeds.values())):
-            by_seed = {s: sets[name] for s, sets in seeds.items() if name in sets}
+    names = dict.fromkeys(name for seeds in sampled.values() for sets in seeds.values() for name in sets)
+    for name in names:
+        by_arm = {arm: {s: sets[name] for s, sets in seeds.items() if name in sets} for arm, seeds in sampled.items()}
+        by_arm = {arm: by_seed for arm, by_seed in by_arm.items() if by_seed}
+        n = metrics.common_n(
+            [r for by_seed in by_arm.values() for records in by_seed.values() for r in records], f"spectrum of {name}"
+        )
+        for arm, by_seed in by_arm.items():
             points: list[Band] = []
-            for k in metrics.spectrum_ks(_n(by_seed)):
-                values = list(_per_prompt(by_seed, k).values())
-                points.append((k, float(np.mean(values)), *metrics.bootstrap_ci(values, confidence, resamples, seed)))
+            for k in metrics.spectrum_ks(n):
+                values, strata = paired.unit_values(_values(by_seed, k))
+                points.append(
+                    (k, float(np.mean(values)), *metrics.bootstrap_ci(values, confidence, resamples, seed, strata))
+                )
             spectrum.setdefault(name, {})[arm] = points
             cov = [
-                metrics.coverage([sum(s["correct"] for s in r["samples"]) for r in recs]) for recs in by_seed.values()
+                metrics.coverage([sum(s["correct"] for s in r["samples"][:n]) for r in recs])
+                for recs in by_seed.values()
             ]
             coverage.setdefault(name, {})[arm] = Spread(
                 mean=mean(cov), sd=stdev(cov) if len(cov) > 1 else None, values=cov
@@ -125,25 +134,28 @@ def check_claim(
         old_seeds = {s: only for s in new_seeds}
     old = {s: sets[name] for s, sets in old_seeds.items()}
     new_records = {s: sets[name] for s, sets in new_seeds.items()}
-    n = min(_n(old), _n(new_records))
+    n = min(len(r["samples"]) for by_seed in (old, new_records) for records in by_seed.values() for r in records)
     ks = metrics.spectrum_ks(n) if claim.k == "all" else [n] if claim.k == "n" else claim.k
     if any(not 1 <= k <= n for k in ks):
         raise InputError(f"claims: {claim.claim!r}: k {ks} outside 1..{n} (the samples per prompt)")
     alpha = paired.level(confidence)
+    what = f"{new} vs {claim.old} on {name}"
+    units = [paired.arm_units(old, new_records, what, paired.pass_at(k)) for k in ks]
+    # one band over the claim's k: its verdict is wrong at any k with probability 1 - confidence at most
+    band = paired.simultaneous_band(
+        [u.old for u in units], [u.new for u in units], confidence, resamples, seed, units[0].strata
+    )
     tests = []
-    for k in ks:
-        test = paired.arms_test(
-            old, new_records, confidence, resamples, seed, f"{new} vs {claim.old} on {name}", value=paired.pass_at(k)
-        )
-        a, b = _per_prompt({s: old[s] for s in test.seeds}, k), _per_prompt({s: new_records[s] for s in test.seeds}, k)
-        diffs = [b[i] - a[i] for i in a]
+    for k, u, (low, high) in zip(ks, units, band, strict=True):
+        test = paired.units_test(u, confidence, resamples, seed).model_copy(update={"ci_low": low, "ci_high": high})
+        diffs = u.new - u.old
         sd = float(np.std(diffs, ddof=1)) if len(diffs) > 1 else 0.0
         per_seed = list(test.per_seed_difference.values())
         tests.append(
             ClaimTest(
                 k=k,
                 test=test,
-                verdict=_verdict(claim.expect, test.ci_low, test.ci_high),
+                verdict=_verdict(claim.expect, low, high),
                 prompts_needed=paired.units_needed(sd, test.difference, alpha),
                 prompts_needed_reference=paired.units_needed(sd, reference_effect, alpha),
                 seeds_needed=paired.units_needed(stdev(per_seed), test.difference, alpha)

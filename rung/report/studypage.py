@@ -15,6 +15,19 @@ from rung.report import htmlpage, tables
 STUDIES = Path("data/studies")
 
 
+def band_note(result: StudyResult) -> str:
+    """How a claim over several k is held to the study's level (rung.report.spectrum.check_claim)."""
+    conf = f"{100 * result.confidence:g}%"
+    return (
+        f"A claim over several k: its intervals are one simultaneous {conf} band over those k (the sup-t "
+        "bootstrap: the same resamples at every k, the band the quantile of the largest standardised deviation "
+        "over k; rung.eval.paired.simultaneous_band), and its verdicts read the band, so that some k is called "
+        f"reproduced or contradicted by chance with probability {result.level:g} at most, not {result.level:g} "
+        f"per k. A claim about one k reads its {conf} percentile interval. Prompts and seeds needed: the smallest "
+        "number at which a paired t-test reaches 80% power, by the noncentral t (rung.eval.paired.units_needed)."
+    )
+
+
 def markdown(result: StudyResult, settings: Mapping[str, Any]) -> str:
     arms_header, arms = tables.arm_table(result)
     tests_header, tests = tables.arms_test_table(result)
@@ -36,7 +49,16 @@ def markdown(result: StudyResult, settings: Mapping[str, Any]) -> str:
         for name in result.spectrum:
             lines += ["", f"On {name}:", "", *tables.md_table(*tables.study_spectrum_table(result, name))]
         if result.claims:
-            lines += ["", "## Claims", "", claims_note, "", *tables.md_table(*tables.claims_table(result))]
+            lines += [
+                "",
+                "## Claims",
+                "",
+                claims_note,
+                "",
+                band_note(result),
+                "",
+                *tables.md_table(*tables.claims_table(result)),
+            ]
     return "\n".join([*lines, ""])
 
 
@@ -111,7 +133,9 @@ def html(result: StudyResult, settings: Mapping[str, Any]) -> str:
             )
         if result.claims:
             parts.append(
-                htmlpage.extra_table(htmlpage.Extra("claims", "Claims", *tables.claims_table(result), [claims_note]))
+                htmlpage.extra_table(
+                    htmlpage.Extra("claims", "Claims", *tables.claims_table(result), [claims_note, band_note(result)])
+                )
             )
     parts.append(htmlpage.settings_table(settings))
     return htmlpage.page(f"Study {result.name}", parts, figures)

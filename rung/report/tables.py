@@ -388,11 +388,12 @@ def spectrum_explanation(result: StudyResult) -> list[str]:
         f"over seeds, then over prompts; in brackets its {conf:g}% bootstrap interval over prompts "
         f"({result.resamples} resamples). Coverage: the share of prompts solved at least once in the n samples "
         "(= pass@n), mean ± sd over seeds. The init checkpoint (the one every arm starts from) is evaluated once.",
-        "Claims: at each k, a unit is a prompt with its pass@k averaged over seeds; difference new − old in points "
-        f"with its {conf:g}% paired bootstrap interval over prompts, the exact sign test over prompts and the paired "
-        "t-test over seeds. Verdict: reproduced when the interval excludes 0 in the claimed direction, contradicted "
-        "when it excludes 0 the other way, else inside the noise (for ≥ and ≤ claims: not contradicted, not shown). "
-        "Prompts needed: a paired test at 80% power and the study's level, from the sd of the per-prompt "
-        "differences (normal approximation), for this effect and for the reference effect; seeds needed the same "
-        "from the per-seed differences (rung.eval.paired.units_needed).",
+        "Claims: at each k, a unit is a prompt with its pass@k averaged over seeds (a seed and a prompt where the "
+        f"seeds answered different prompts); difference new − old in points with its {conf:g}% paired bootstrap "
+        "interval over prompts (over several k: the simultaneous band below), the exact sign test over prompts and "
+        "the paired t-test over seeds. Verdict: reproduced when the interval excludes 0 in the claimed direction, "
+        "contradicted when it excludes 0 the other way, else inside the noise (for ≥ and ≤ claims: not "
+        "contradicted, not shown). Prompts needed: a paired t-test at 80% power and the study's level by the "
+        "noncentral t, from the sd of the per-prompt differences, for this effect and for the reference effect; "
+        "seeds needed the same from the per-seed differences (rung.eval.paired.units_needed).",
     ]

@@ -37,7 +37,10 @@ class GroupResult:
     """Mean accuracy reward of the group: the online pass rate."""
     reward_std: float
     abs_advantage: float
-    """Mean |advantage| over the group's completions."""
+    """Mean |advantage| over the group's completions: the trainer's own (group-relative, or RLOO's
+    leave-one-out) advantage from the rewards, under every objective, so that it measures the same
+    learnability whichever advantage is trained (a signed objective's |A| would be the accuracy
+    under PSR and 1 - accuracy under NSR)."""
 
     def __post_init__(self) -> None:
         # Plain Python numbers (not numpy/torch scalars) keep state_dict JSON-serialisable.

@@ -7,7 +7,9 @@ With rewards r = +1 (correct) / -1 (wrong) and no baseline, REINFORCE's loss spl
 and W-REINFORCE = lambda * L_PSR + L_NSR (the paper's lambda = 0.1). On samples drawn from pi, their
 gradients are those of TRL's policy loss -A * log pi(y|x) with the advantage A(y) = +1 / 0 (psr),
 0 / -1 (nsr) or lambda / -1 (w_reinforce) for a correct / wrong y: so the objective replaces the
-advantage TRL computed and leaves TRL's loss (clipping, token normalisation per loss_type) alone.
+advantage TRL computed and leaves TRL's loss (clipping, token normalisation) alone. That holds for
+TRL's token mean over the batch (loss_type dapo) without a KL term: rung.config refuses other
+loss types (grpo divides each completion by its length) and beta > 0 with these objectives.
 No library provides these objectives (TRL's advantages are group-relative). rung.rl.sampling applies
 the transform to every batch TRL generates and scores for training.
 """

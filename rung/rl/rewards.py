@@ -145,18 +145,24 @@ REGISTRY: dict[str, Callable[..., RewardFunc]] = {
 
 class Guarded:
     """A reward that survives its own exceptions: a failing batch is rescored one completion at a
-    time and a completion that raises scores 0; failures are logged as rewards/<name>/errors."""
+    time, and a completion that raises is unscored (None: NaN in TRL), not wrong. A score of 0 would
+    be a wrong answer, which NSR and W-REINFORCE push down: the model would learn away from whatever
+    made the grader crash. rung.rl.sampling leaves such a completion out of training altogether
+    (advantage 0). Failures are counted (`errors`, `crashed`) and logged as rewards/<name>/errors."""
 
     def __init__(self, func: RewardFunc, name: str):
         self.func, self.__name__ = func, name
         self.errors = 0
+        self.crashed: list[int] = []
+        """Indices of the completions of the last call that raised."""
 
     def __call__(self, completions: list[Any], **kwargs: Any) -> list[float | None]:
         log_metric = kwargs.get("log_metric")
+        self.crashed = []
         try:
-            scores, failed = list(self.func(completions=completions, **kwargs)), 0
+            scores = list(self.func(completions=completions, **kwargs))
         except Exception:  # noqa: BLE001 - any failure of user code falls back to per-completion scoring
-            scores, failed = [], 0
+            scores = []
             for i in range(len(completions)):
                 one = {
                     k: v[i : i + 1] if isinstance(v, list) and len(v) == len(completions) else v
@@ -165,12 +171,20 @@ class Guarded:
                 try:
                     scores.append(self.func(completions=completions[i : i + 1], **one)[0])
                 except Exception:  # noqa: BLE001 - a reward's failure must not stop training
-                    scores.append(0.0)
-                    failed += 1
-        self.errors += failed
-        if failed and log_metric is not None:
-            log_metric(f"rewards/{self.__name__}/errors", float(failed))
+                    scores.append(None)
+                    self.crashed.append(i)
+        self.errors += len(self.crashed)
+        if self.crashed and log_metric is not None:
+            log_metric(f"rewards/{self.__name__}/errors", float(len(self.crashed)))
         return scores
+
+
+def error_counts(funcs: list[Guarded]) -> dict[str, float]:
+    """A stage's summary metrics of grader crashes: `reward_errors` in all and `reward_errors/<name>`
+    per reward (the completions each left unscored)."""
+    return {"reward_errors": float(sum(f.errors for f in funcs))} | {
+        f"reward_errors/{f.__name__}": float(f.errors) for f in funcs
+    }
 
 
 def load_custom(path: str, key: str) -> Callable[..., Any]:

@@ -4,21 +4,23 @@ and restored from each checkpoint.
 
 Overrides TRL 1.16's private `_generate_and_score_completions`, `_calculate_rewards`,
 `_save_checkpoint` and `_load_optimizer_and_scheduler` (rung/compat.py lists them; tests/test_rl.py
-and tests/test_compat.py cover them because private hooks can move).
+and tests/test_compat.py cover them because private hooks can move), and reads and restores TRL's
+generation cycle (`_step`, `_buffered_inputs`) and its completions log (`_logs`).
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
 import torch
-from trl.trainer.utils import pad
+from trl.trainer.utils import nanstd, pad
 
 from rung import files
 from rung.config import SIGNED_OBJECTIVES, DynamicSamplingParams
 from rung.rl import curricula, objectives
-from rung.train.checkpoints import CURRICULUM_STATE
+from rung.train.checkpoints import CURRICULUM_STATE, generation_state
 
 
 class CurriculumSampling:
@@ -37,7 +39,17 @@ class CurriculumSampling:
     (their share of what was generated) and the extra completions the refills cost.
 
     Under a signed objective (psr, nsr, w_reinforce: rung.rl.objectives) the advantages of every
-    generated batch are replaced by the objective's, from the accuracy reward of each completion.
+    generated batch are replaced by the objective's, from the accuracy reward of each completion, in
+    the batch and in TRL's completions log. The curricula's learnability signal stays TRL's own
+    advantage (group-relative, or RLOO's leave-one-out) whatever the objective, so that it means the
+    same under each.
+
+    A completion one of the rewards crashed on (rung.rl.rewards.Guarded) is unscored as a whole: NaN
+    for every reward, which TRL leaves out of its group's baseline and trains with advantage 0.
+
+    Checkpoints carry the curriculum's state and, per process, TRL's generation cycle: with
+    num_iterations > 1 a batch is trained on over several steps, and a checkpoint in the middle of
+    that cycle keeps it, so that a resumed run trains on what an unkilled one would.
     """
 
     objective: str = "group_relative"
@@ -55,18 +67,30 @@ class CurriculumSampling:
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):  # type: ignore[no-untyped-def]
         out = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        # A crashed grader's NaN alone would leave the row scored by the other rewards, as if the crashed
+        # one had given 0: the whole row is unscored instead (out of the baseline, advantage 0).
+        crashed = torch.zeros(len(prompts), dtype=torch.int32, device=out.device)
+        for func in self.reward_funcs:
+            crashed[torch.tensor(getattr(func, "crashed", []), dtype=torch.long)] = 1
+        out[self.accelerator.gather(crashed).bool()] = torch.nan
         self._last_rewards = out  # (global batch, reward funcs), gathered across processes
         return out
 
     def _generate_scored(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         """TRL's generation and scoring of one batch; under a signed objective, its advantages replaced."""
         out = super()._generate_and_score_completions(inputs)  # type: ignore[misc]
+        self._trl_advantages = out["advantages"]  # the curricula's learnability signal (_score_groups)
         if self.objective in SIGNED_OBJECTIVES:
             accuracy = self._last_rewards[:, self.reward_func_names.index("accuracy")]
             local = len(out["advantages"])  # TRL's slice of the gathered batch for this process
             start = self.accelerator.process_index * local
             signed = objectives.signed_advantages(accuracy, self.objective, self.positive_weight)
             out["advantages"] = signed[start : start + local].to(out["advantages"].device)
+            # TRL logged its own (gathered) advantages for the completions table: log those trained with
+            logged = self._logs["advantages"]
+            for _ in range(len(signed)):
+                logged.pop()
+            logged.extend(signed.tolist())
         return out
 
     def _draw(self, n_local: int) -> tuple[list[int], list[dict[str, Any]]]:
@@ -77,27 +101,32 @@ class CurriculumSampling:
         mine = global_idx[rank * prompts_local : (rank + 1) * prompts_local]
         return global_idx, [self.train_dataset[i] for i in mine for _ in range(g)]
 
-    def _score_groups(
-        self, global_idx: list[int], out: dict[str, Any]
-    ) -> tuple[list[curricula.GroupResult], torch.Tensor]:
-        """Per-group results of the last generation (all processes) and a zero-variance flag per group."""
+    def _score_groups(self, global_idx: list[int]) -> tuple[list[curricula.GroupResult], torch.Tensor]:
+        """Per-group results of the last generation (all processes) and a zero-variance flag per group
+        (over its scored completions; a group with none has zero variance)."""
         g = self.num_generations
         r = self._last_rewards
         weights = self.reward_weights.to(r.device)
-        total = (r * weights).nansum(dim=1).view(-1, g)
+        unscored = torch.isnan(r).all(dim=1).view(-1, g)
+        total = (r * weights).nansum(dim=1).view(-1, g).masked_fill(unscored, torch.nan)
         acc = (
             r[:, self.reward_func_names.index("accuracy")].view(-1, g)
             if "accuracy" in self.reward_func_names
             else total
         )
-        adv = self.accelerator.gather(out["advantages"]).view(-1, g)
-        std = total.std(dim=1)
-        zero = torch.isclose(total.max(dim=1).values, total.min(dim=1).values)
+        # TRL's advantage, not the objective's: a signed one's |A| is the accuracy under PSR, 1 - it under NSR
+        adv = self.accelerator.gather(self._trl_advantages).view(-1, g)
+        std = nanstd(total, dim=1)
+        highest = total.masked_fill(unscored, -torch.inf).max(dim=1).values
+        lowest = total.masked_fill(unscored, torch.inf).min(dim=1).values
+        zero = torch.isclose(highest, lowest) | unscored.all(dim=1)
+        # a group no grader scored tells the curriculum nothing (its accuracy is NaN)
         results = [
-            curricula.GroupResult(index=i, accuracy=float(a), reward_std=float(s), abs_advantage=float(v))
+            curricula.GroupResult(index=i, accuracy=a, reward_std=s, abs_advantage=v)
             for i, a, s, v in zip(
                 global_idx, acc.nanmean(dim=1).tolist(), std.tolist(), adv.abs().mean(dim=1).tolist(), strict=True
             )
+            if not math.isnan(a)
         ]
         return results, zero
 
@@ -109,7 +138,7 @@ class CurriculumSampling:
         marks = {k: len(self._metrics["train"][k]) for k in self._reward_names()}
         global_idx, inputs = self._draw(n_local)
         out = self._generate_scored(inputs)
-        results, zero = self._score_groups(global_idx, out)
+        results, zero = self._score_groups(global_idx)
         self._log_buckets(results)
         self.curriculum.update(results, step=self.state.global_step)
         for key, value in self.curriculum.metrics().items():
@@ -141,7 +170,7 @@ class CurriculumSampling:
             global_idx, inputs = self._draw(per_rank * g)
             more = self._generate_scored(inputs)
             rewards.append(self._last_rewards)
-            results, more_zero = self._score_groups(global_idx, more)
+            results, more_zero = self._score_groups(global_idx)
             self.curriculum.update(results, step=self.state.global_step)
             sort(more, more_zero)
             generated += len(more_zero)
@@ -180,16 +209,28 @@ class CurriculumSampling:
         return merged
 
     def _save_checkpoint(self, model, trial):  # type: ignore[no-untyped-def]
-        # The curriculum state first: TRL writes trainer_state.json last and then deletes the previous
+        # rung's state first: TRL writes trainer_state.json last and then deletes the previous
         # checkpoint, so wherever a kill lands a complete checkpoint (rung.train.checkpoints) is left.
+        checkpoint = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
         if self.args.should_save:
-            files.write_json(
-                Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}" / CURRICULUM_STATE,
-                self.curriculum.state_dict(),
-            )
+            files.write_json(checkpoint / CURRICULUM_STATE, self.curriculum.state_dict())
+        # Every process its own slice of the batch; kept only in the middle of a cycle, where TRL reuses it
+        # (the generation batch was made by the weights before this step's update: it cannot be regenerated).
+        middle = self._step % (self.args.steps_per_generation * self.num_iterations)
+        checkpoint.mkdir(parents=True, exist_ok=True)
+        torch.save(
+            {"step": self._step, "buffered": self._buffered_inputs if middle else None},
+            checkpoint / generation_state(self.accelerator.process_index),
+        )
         super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):  # type: ignore[no-untyped-def]
         super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is not None and (Path(checkpoint) / CURRICULUM_STATE).exists():
+        if checkpoint is None:
+            return
+        if (Path(checkpoint) / CURRICULUM_STATE).exists():
             self.curriculum.load_state_dict(files.read_json(Path(checkpoint) / CURRICULUM_STATE))
+        cycle = Path(checkpoint) / generation_state(self.accelerator.process_index)
+        if cycle.exists():
+            state = torch.load(cycle, map_location=self.accelerator.device, weights_only=True)
+            self._step, self._buffered_inputs = state["step"], state["buffered"]

@@ -21,7 +21,7 @@ from rung.config import FormatParams, RLStageParams, SamplingParams
 from rung.errors import InputError
 from rung.eval.evaluate import grade
 from rung.generate.api import generate
-from rung.generate.completion import render
+from rung.generate.completion import encode
 from rung.rl import curricula, rewards
 from rung.rl.reward_logs import RewardLogs
 from rung.rl.rollouts import Rollouts
@@ -143,7 +143,7 @@ class HeldOut(TrainerCallback):
             every,
             tok,
         )
-        self.prompts = render(tok, [formats.prompt(r["prompt"], fmt) for r in rows])
+        self.prompts = encode(tok, [formats.prompt(r["prompt"], fmt) for r in rows])  # the ids it trains on
 
     def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **_: Any) -> None:
         if state.global_step % self.every and state.global_step != state.max_steps:
@@ -256,7 +256,7 @@ def train(job: RLJob, callbacks: list[Any] | None = None) -> JobResult:
     summary = {
         "train_loss": train_loss(trainer.state),
         "steps": float(trainer.state.global_step),
-        "reward_errors": float(sum(f.errors for f in funcs)),
+        **rewards.error_counts(funcs),
     }
     if curves:
         summary["reward_last"] = curves[-1]["reward"]

@@ -1,5 +1,6 @@
-"""A training job's scratch directory: its checkpoints, which of them are complete, the fingerprint of
-the inputs they were written for (a resume from other inputs starts over), and its removal."""
+"""A training job's scratch directory: its checkpoints (and the files rung adds to RL ones), which of
+them are complete, the fingerprint of the inputs they were written for (a resume from other inputs
+starts over), and its removal."""
 
 from __future__ import annotations
 
@@ -13,6 +14,12 @@ from rung import files
 FINGERPRINT = "fingerprint.json"  # the inputs the checkpoints were written for
 FINAL = "final"
 CURRICULUM_STATE = "curriculum.json"  # beside TRL's files in each RL checkpoint
+
+
+def generation_state(rank: int) -> str:
+    """The file of an RL checkpoint that holds process `rank`'s place in TRL's generation cycle (and the
+    batch it is reusing, when num_iterations > 1 puts the checkpoint inside a cycle)."""
+    return f"generation-{rank}.pt"
 
 
 def complete_checkpoints(work_dir: Path, complete: tuple[str, ...] = ("trainer_state.json",)) -> list[Path]:

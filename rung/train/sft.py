@@ -85,13 +85,14 @@ def truncated_fraction(traces: list[dict[str, Any]], fmt: FormatParams, tok: Any
     """Share of examples (templated prompt and target) longer than max_length tokens: the trainer cuts their ends."""
     if not traces:
         return 0.0
+    plain = fmt.template == "plain"  # TRL tokenizes a plain text with the tokenizer's special tokens (BOS)
     texts = [
         f"{p}{t['target']}{tok.eos_token}"
         if isinstance(p := formats.prompt(t["prompt"], fmt), str)
         else tok.apply_chat_template([*p, {"role": "assistant", "content": t["target"]}], tokenize=False)
         for t in traces
     ]
-    return sum(len(ids) > max_length for ids in tok(texts, add_special_tokens=False)["input_ids"]) / len(traces)
+    return sum(len(ids) > max_length for ids in tok(texts, add_special_tokens=plain)["input_ids"]) / len(traces)
 
 
 if __name__ == "__main__":
