@@ -97,7 +97,7 @@ def held_out() -> list[dict]:
     return test[:32]
 
 
-def _prompts(gen: Generator, rows: list[dict]) -> list[str]:
+def _prompts(gen: Generator, rows: list[dict]) -> list[list[int]]:
     return gen.render([formats.prompt(r["prompt"], FMT) for r in rows])
 
 
