@@ -64,7 +64,28 @@ def fit(trainer: Any, resume: str | None) -> None:
             trainer._load_from_checkpoint(resume)
             trainer.state = state
             return
-    trainer.train(resume_from_checkpoint=resume)
+    before = _active_run()
+    try:
+        trainer.train(resume_from_checkpoint=resume)
+    except BaseException:
+        # transformers' MLflowCallback opens a run when none is active and ends it only at train end:
+        # a crash would leave it active in this process, and the next start_run would refuse
+        opened = _active_run()
+        if opened is not None and opened != before:
+            import mlflow
+
+            mlflow.end_run(status="FAILED")
+        raise
+
+
+def _active_run() -> str | None:
+    """The id of this process's active MLflow run, if mlflow is installed and one is active."""
+    if not importlib.util.find_spec("mlflow"):
+        return None
+    import mlflow
+
+    run = mlflow.active_run()
+    return run.info.run_id if run else None
 
 
 def train_loss(state: Any) -> float:
