@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.markdown import Markdown
 
+from flows import credentials
 from rung import config, paths, preflight
 from rung.errors import InputError
 
@@ -29,6 +30,7 @@ def validate(params_file: Path = typer.Argument(paths.PARAMS, help="params file 
     try:
         params = config.load(params_file)
         preflight.check(params)
+        credentials.check(params)
     except InputError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
@@ -160,6 +162,34 @@ def study(
     from flows import study as flows_study
 
     flows_study.cli([str(definition), "--jobs", str(jobs)])
+
+
+@app.command(epilog="Guide: docs/orchestration.md (A team's servers).")
+def serve(
+    host: Annotated[str, typer.Option(help="address to bind; 0.0.0.0 for every interface")] = "127.0.0.1",
+    name: Annotated[
+        str | None, typer.Option(help="the name GPU nodes reach this host by (default: the host, or its FQDN)")
+    ] = None,
+    prefect_port: Annotated[int, typer.Option(help="Prefect API and UI port")] = 4200,
+    mlflow_port: Annotated[int, typer.Option(help="MLflow tracking server port")] = 5000,
+    state: Annotated[
+        Path, typer.Option("--dir", help="databases, artifacts, logs and the 0600 credentials files")
+    ] = Path("~/.rung/servers"),
+    no_auth: Annotated[bool, typer.Option("--no-auth", help="no authentication (loopback only)")] = False,
+    open_network: Annotated[
+        bool,
+        typer.Option("--allow-unauthenticated-network", help="with --no-auth: bind a non-loopback address anyway"),
+    ] = False,
+) -> None:
+    """Start the team's Prefect and MLflow servers with authentication (credentials generated on the
+    first start, mode 0600), and print what each GPU node exports."""
+    from flows import serve as team
+
+    try:
+        team.serve(host, prefect_port, mlflow_port, state.expanduser(), name, no_auth, open_network)
+    except (InputError, RuntimeError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2 if isinstance(e, InputError) else 1) from None
 
 
 if __name__ == "__main__":

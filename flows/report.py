@@ -15,7 +15,7 @@ from flows.stage import main
 from rung import config, files, paths, tracking
 from rung.eval import comparisons
 from rung.eval.results import EvalResult
-from rung.report import keys, tables
+from rung.report import health, keys, tables
 from rung.report import pipeline as rep
 
 CHECKS = ()
@@ -42,7 +42,8 @@ def report(params_file: str = str(paths.PARAMS)) -> str:
             name: rep.rl_summary(s, files.read_json(paths.metrics(f"rl-{name}")))
             for name, s in params.rl.stages.items()
         }
-        settings = {"seed": params.seed, "model": params.model.source, "git commit": tracking.git_commit()[:12]}
+        # a DVC output is a function of its declared deps: the commit is on the MLflow runs (git.commit), not here
+        settings = {"seed": params.seed, "model": params.model.source}
         boot = params.eval.bootstrap
         inits = {n: s.init for n, s in params.rl.stages.items()}
         pairs = comparisons.pairs(inits)
@@ -52,7 +53,7 @@ def report(params_file: str = str(paths.PARAMS)) -> str:
             w
             for path in sorted(paths.METRICS.glob("*.json"))
             if isinstance(m := files.read_json(path), dict)
-            for w in m.get("warnings", [])
+            for w in health.warnings(path.stem, m)
         ]
         text = rep.run(evals, curves, rl, settings, compared, warnings)
         headline = keys.headline_metrics(evals, compared, inits)
@@ -83,6 +84,7 @@ def report(params_file: str = str(paths.PARAMS)) -> str:
             description="held-out results of every checkpoint, with paired comparisons",
         )
         print(text)
+        print(f"(git commit {tracking.git_commit()[:12]}, tagged git.commit on the MLflow runs)")
     return text
 
 

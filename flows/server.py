@@ -14,8 +14,6 @@ from pathlib import Path
 from prefect.server.api.server import SubprocessASGIServer
 from prefect.settings import get_current_settings
 
-from tasks.dvc import PRIVATE_ENV
-
 # A new Prefect home's database is created and migrated on the first start: ~30 s on 2 cores.
 STARTUP_TIMEOUT_S = 600
 
@@ -33,8 +31,7 @@ def run(cmd: list[str], cwd: Path | None = None, env: dict[str, str] | None = No
     )
     server.start(timeout=STARTUP_TIMEOUT_S)
     try:
-        private = {"PREFECT_API_URL": server.api_url, PRIVATE_ENV: server.api_url}
-        return subprocess.run(cmd, cwd=cwd, env={**env, **private}, check=False).returncode
+        return subprocess.run(cmd, cwd=cwd, env={**env, "PREFECT_API_URL": server.api_url}, check=False).returncode
     finally:
         server.stop()
 

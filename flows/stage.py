@@ -11,6 +11,7 @@ from typing import Any
 import mlflow
 from prefect import get_run_logger
 
+from flows import credentials
 from rung import config, files, paths, tracking
 from rung.config import Params
 from rung.errors import InputError
@@ -26,11 +27,14 @@ def preflight(params: Params, checks: Sequence[Check]) -> None:
 
 
 def main(flow: Callable[..., Any], *args: str, checks: Sequence[Check] = ()) -> None:
-    """Entry of `python -m flows.<stage>`: params.yaml is validated, and checked by the stage's own
-    `checks` (rung.checks; the pipeline, sweep and study run all of rung.preflight), before any
-    compute, and input errors end with one line naming the key, file or field and exit code 2."""
+    """Entry of `python -m flows.<stage>`: params.yaml is validated, the servers are asked whether they
+    accept the credentials (flows.credentials), and the params are checked by the stage's own `checks`
+    (rung.checks; the pipeline, sweep and study run all of rung.preflight), before any compute; input
+    errors end with one line naming the key, file, field or server and exit code 2."""
     try:
-        preflight(config.load(paths.PARAMS), checks)
+        params = config.load(paths.PARAMS)
+        credentials.check(params)
+        preflight(params, checks)
         flow(*args)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -43,12 +47,13 @@ def main(flow: Callable[..., Any], *args: str, checks: Sequence[Check] = ()) -> 
 def finish(stage: str, metrics: dict[str, Any], tracked: dict[str, float] | None = None) -> None:
     """Write the stage's DVC metrics file and log its numbers to the stage's MLflow run (`tracked`:
     the MLflow metrics, by default every number as `<stage>/<key>`); what the numbers show to be
-    degenerate (rung.report.health) is logged as a warning, kept in the metrics file under "warnings"
-    (the report lists them) and tagged on the MLflow run."""
+    degenerate (rung.report.health) is logged as a warning and tagged on the MLflow run. Those are
+    records, not DVC outputs (the report recomputes the warnings from the metrics files), so the report
+    layer is not a DVC code dep of the stages (tests/imports.py)."""
     found = health.warnings(stage, metrics)
     for w in found:
         get_run_logger().warning(w)
-    files.write_json(paths.metrics(stage), {**metrics, "warnings": found} if found else metrics)
+    files.write_json(paths.metrics(stage), metrics)
     mlflow.log_metrics(keys.metric_keys(metrics, prefix=stage) if tracked is None else tracked)
     if found:
         mlflow.set_tag("rung.warnings", " | ".join(found)[:5000])

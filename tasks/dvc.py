@@ -1,14 +1,15 @@
 """DVC as Prefect tasks: DVC decides what is stale and runs stages and experiments; Prefect
-retries, logs and keeps one DVC run per workspace at a time."""
+retries and logs them, and a workspace lock keeps one DVC run per workspace at a time."""
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import hashlib
+import fcntl
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,18 +20,11 @@ import networkx as nx
 from dvc.repo import Repo
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from prefect.client.orchestration import get_client
-from prefect.concurrency.sync import concurrency
-from prefect.exceptions import ObjectAlreadyExists
-from prefect.settings import get_current_settings
 from prefect.tasks import exponential_backoff
 
 from rung.files import flatten
 
 INPUT_ERROR = 2  # exit code of a stage that rejected its input: retrying cannot help
-# Set by flows.server to the URL of a server private to one run: nothing else can reach it, so no
-# workspace lock is taken there (and a killed run cannot leave a slot taken on a server that outlives it).
-PRIVATE_ENV = "RUNG_PRIVATE_PREFECT_API"
 
 
 def env() -> dict[str, str]:
@@ -39,33 +33,35 @@ def env() -> dict[str, str]:
     return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
-def lock_name(workspace: Path | None = None) -> str:
-    """Name of the Prefect global concurrency limit guarding one DVC workspace (by its path)."""
-    path = str((workspace or Path.cwd()).resolve())
-    return f"dvc-{hashlib.sha256(path.encode()).hexdigest()[:12]}"
+LOCK = Path(".dvc/tmp/rung-workspace.lock")  # in DVC's own ignored tmp folder
 
 
 @contextlib.contextmanager
-def workspace_lock() -> Iterator[str | None]:
-    """Hold the workspace's slot (a global concurrency limit of 1, created if missing) while DVC
-    runs here; another holder makes this wait. Yields the limit's name.
+def workspace_lock() -> Iterator[Path]:
+    """Hold this workspace's lock while DVC runs here (another holder makes this wait); yields its path.
 
-    Prefect 3.8 skips a limit that does not exist (a warning, no waiting), hence the upsert. Without a
-    Prefect server (ephemeral mode) there is no lock beyond DVC's own: an ephemeral server keeps its
-    leases in memory, so a killed run would leave the slot taken for good."""
+    An exclusive flock: the kernel releases it when the holding process ends, however it ends (killed,
+    its Prefect server restarted or gone), so a lock never stays taken, with or without a Prefect
+    server. Each node works in its own checkout, so the lock is local to the workspace's machine."""
     log = get_run_logger()
-    url = get_current_settings().api.url
-    if not url or url == os.environ.get(PRIVATE_ENV):
-        log.info("no shared Prefect server: no workspace lock beyond DVC's")
-        yield None
-        return
-    name = lock_name()
-    with get_client(sync_client=True) as client, contextlib.suppress(ObjectAlreadyExists):
-        client.upsert_global_concurrency_limit_by_name(name, limit=1)
-    log.info("waiting for workspace lock %s (%s)", name, Path.cwd().resolve())
-    with concurrency(name, occupy=1, strict=True):
-        log.info("workspace lock %s taken", name)
-        yield name
+    path = LOCK.resolve()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            log.info("waiting for workspace lock %s (held by %s)", path, f.read().strip() or "another run")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        f.truncate(0)
+        f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        f.flush()
+        log.info("workspace lock %s taken", path)
+        try:
+            yield path
+        finally:
+            f.truncate(0)
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def stages_in_order() -> list[str]:
@@ -78,7 +74,7 @@ def stages_in_order() -> list[str]:
         return [s.addressing for s in ordered if s.addressing in position]
 
 
-@task(cache_policy=NO_CACHE)
+@task(cache_policy=NO_CACHE, task_run_name="is_stale[{stage}]")  # the UI's timeline reads as the DAG
 def is_stale(stage: str) -> bool:
     """True when DVC reports changed deps, params, outs or command for `stage` alone."""
     with Repo() as repo:
@@ -118,6 +114,7 @@ def _run(cmd: list[str]) -> None:
     retry_delay_seconds=exponential_backoff(backoff_factor=30),
     retry_jitter_factor=0.5,
     retry_condition_fn=_retryable,
+    task_run_name="repro[{stage}]",
 )
 def repro(stage: str) -> None:
     """`dvc repro --single-item <stage>`; retried after ~30 s then ~60 s unless the stage rejected its input."""
@@ -131,14 +128,14 @@ def set_args(point: dict[str, Any]) -> list[str]:
     return [a for key, value in point.items() for a in ("-S", f"++{key}={json.dumps(value)}")]
 
 
-@task(cache_policy=NO_CACHE)
+@task(cache_policy=NO_CACHE, task_run_name="queue[{name}]")
 def queue_experiment(name: str, point: dict[str, Any]) -> None:
     """`dvc exp run --queue -n <name> -S key=value ...`: queued, run later in a temp workspace."""
     get_run_logger().info("queue %s: %s", name, point)
     _run(["dvc", "exp", "run", "--queue", "-n", name, *set_args(point)])
 
 
-@task(cache_policy=NO_CACHE)
+@task(cache_policy=NO_CACHE, task_run_name="run_queue[-j {jobs}]")
 def run_queue(jobs: int = 1) -> None:
     """`dvc exp run --run-all -j <jobs>`: start queue workers (they inherit this environment) and
     wait for every queued experiment. Exits 0 even when experiments failed: see `experiments`."""

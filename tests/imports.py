@@ -66,20 +66,33 @@ def graph() -> nx.DiGraph:
     return g
 
 
-def closure(module: str) -> set[str]:
-    return {module, *nx.descendants(graph(), module)}
+# The report layer: every stage other than the report imports it only for its records (MLflow metric
+# names, run tags, figures logged as artifacts, warning log lines), which are not DVC outputs; so
+# editing a report warning's text does not make the pipeline stale. flows/stage.finish keeps the
+# warnings out of the metrics files, and the report recomputes them from those files.
+RECORDS = "rung.report"
+REPORT_FLOW = "flows.report"
+
+
+def closure(module: str, records: bool = True) -> set[str]:
+    g = graph()
+    if not records:
+        g = g.subgraph(m for m in g if m != RECORDS and not m.startswith(RECORDS + "."))
+    return {module, *nx.descendants(g, module)}
 
 
 def stage_closure(module: str) -> set[str]:
-    """A flow's import closure, plus that of each training job's entry module it runs (rung.train.launch
-    imports `job.entry` by name, which static imports do not show)."""
+    """A flow's import closure (without the report layer, unless it is the report's flow), plus that
+    of each training job's entry module it runs (rung.train.launch imports `job.entry` by name, which
+    static imports do not show)."""
     from rung.train.jobs import RLJob, SFTJob
 
-    found = closure(module)
+    records = module == REPORT_FLOW
+    found = closure(module, records)
     source = modules()[module].read_text()
     for job in (SFTJob, RLJob):
         if f"{job.__name__}(" in source:
-            found |= closure(job.entry)
+            found |= closure(job.entry, records)
     return found
 
 

@@ -32,7 +32,12 @@ LOSS_ATOL = 0.05  # each logged loss within this of fp32's (bf16 logits differ b
 
 @pytest.fixture(autouse=True)
 def _mlflow_store(tmp_path, monkeypatch):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    # both: transformers' MLflowCallback points MLflow at the variable, and an earlier test's
+    # set_tracking_uri would otherwise keep this test's start_run and reads on another store
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment("learning")  # nor an earlier test's active experiment id, of its own store
 
 
 def _history(run_id: str, key: str) -> list[float]:
@@ -43,6 +48,7 @@ def _run(train, training_job) -> tuple[dict[str, float], dict[str, list[float]]]
     """(summary metrics, per-step loss and update figures from the run's MLflow store)."""
     with mlflow.start_run() as run:
         metrics = train(training_job).metrics
+        mlflow.flush_async_logging()  # transformers' callback logs asynchronously (rung's stage run flushes so)
     keys = ("loss", "update/relative", "update/changed_share")
     return metrics, {k: _history(run.info.run_id, k) for k in keys}
 

@@ -5,6 +5,7 @@ that skip input errors, and a sweep of DVC experiments (flows/sweep.py, `rung sw
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -20,20 +21,27 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import (
     ArtifactFilter,
     ArtifactFilterKey,
+    FlowRunFilter,
+    FlowRunFilterId,
     LogFilter,
     LogFilterFlowRunId,
 )
-from prefect.concurrency.sync import concurrency
-from prefect.settings import PREFECT_API_URL, temporary_settings
+from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
-from flows import sweep
+from flows import credentials, sweep
+from flows import serve as team
 from rung.errors import InputError
 from tasks import dvc
-from tests.conftest import free_port, serve, wait_healthy
+from tests.conftest import free_port
 from tests.test_pipeline import tiny_params
 from tests.workspace import make_workspace
 
 STAGES = ["model", "curate"]
+PLANTED = {
+    "HF_TOKEN": "hf_planted0secret0token0xyz",
+    "AWS_SECRET_ACCESS_KEY": "planted/aws/secret/key/0123456789",
+    "WANDB_API_KEY": "planted0wandb0key0abcdef",
+}
 
 
 def test_accelerate_configs_parse():
@@ -56,57 +64,31 @@ def test_accelerate_configs_parse():
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    """A Prefect server and an MLflow tracking server (sqlite + proxied artifacts), started together."""
-    tmp = tmp_path_factory.mktemp("servers")
-    prefect_port, mlflow_port = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "MLFLOW_"))}
-    env.update(
-        PREFECT_HOME=str(tmp / "prefect"),
-        PREFECT_SERVER_ANALYTICS_ENABLED="false",
-        # A waiting holder of a concurrency slot retries after at most this many seconds (default 30).
-        PREFECT_SERVER_CONCURRENCY_MAXIMUM_CONCURRENCY_SLOT_WAIT_SECONDS="1",
-    )
-    prefect = serve(
-        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
-        env,
-        tmp / "prefect.log",
-    )
-    mlflow_server = serve(
-        [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(mlflow_port),
-            "--workers",
-            "1",
-            "--backend-store-uri",
-            f"sqlite:///{tmp / 'm.db'}",
-            "--serve-artifacts",
-            "--artifacts-destination",
-            str(tmp / "art"),
-        ],
-        env,
-        tmp / "mlflow.log",
-    )
+    """The team's servers as `rung serve` starts them (flows.serve): Prefect with basic auth, MLflow's
+    basic-auth app (sqlite + proxied artifacts), credentials generated into a 0600 file. This process
+    holds the nodes' MLflow credentials for the module (the MLflow client reads them from the environment)."""
+    state = tmp_path_factory.mktemp("servers") / "state"
+    where = team.Endpoints("127.0.0.1", "127.0.0.1", free_port(), free_port())
+    saved = dict(os.environ)
+    # A waiting holder of a concurrency slot retries after at most this many seconds (default 30).
+    os.environ["PREFECT_SERVER_CONCURRENCY_MAXIMUM_CONCURRENCY_SLOT_WAIT_SECONDS"] = "1"
     try:
-        wait_healthy(prefect, f"http://127.0.0.1:{prefect_port}/api/health", tmp / "prefect.log")
-        wait_healthy(mlflow_server, f"http://127.0.0.1:{mlflow_port}/health", tmp / "mlflow.log")
-        yield {
-            "prefect": {
-                "PREFECT_API_URL": f"http://127.0.0.1:{prefect_port}/api",
-                "PREFECT_HOME": str(tmp / "prefect"),
-            },
-            "mlflow": f"http://127.0.0.1:{mlflow_port}",
-            "artifacts": tmp / "art",
-        }
+        with team.running(where, state) as up:
+            os.environ.update({k: v for k, v in up.env.items() if k.startswith("MLFLOW_TRACKING_")})
+            yield {
+                "prefect": {
+                    "PREFECT_API_URL": up.env["PREFECT_API_URL"],
+                    "PREFECT_API_AUTH_STRING": up.env["PREFECT_API_AUTH_STRING"],
+                    "PREFECT_HOME": str(state.parent / "prefect-client"),
+                },
+                "mlflow": up.env["MLFLOW_TRACKING_URI"],
+                "env": up.env,
+                "state": state,
+                "artifacts": state / "artifacts",
+            }
     finally:
-        for proc in (prefect, mlflow_server):
-            proc.terminate()
-            proc.wait(timeout=30)
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +101,12 @@ def workspace(tmp_path_factory, tiny_model, servers):
 @pytest.fixture
 def prefect_client(servers):
     with (
-        temporary_settings({PREFECT_API_URL: servers["prefect"]["PREFECT_API_URL"]}),
+        temporary_settings(
+            {
+                PREFECT_API_URL: servers["prefect"]["PREFECT_API_URL"],
+                PREFECT_API_AUTH_STRING: servers["prefect"]["PREFECT_API_AUTH_STRING"],
+            }
+        ),
         get_client(sync_client=True) as client,
     ):
         yield client
@@ -141,7 +128,8 @@ def test_deployed_pipeline_runs_on_a_gpu_pool_worker(workspace, servers, prefect
 
     # A worker elsewhere (cwd), without the venv on PATH: the pull step and tasks.dvc.env() must do.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "MLFLOW_"))}
-    env.update(servers["prefect"], RUNG_REPO=str(ws), MLFLOW_TRACKING_URI=servers["mlflow"])
+    env.update(servers["prefect"], RUNG_REPO=str(ws), **{k: v for k, v in servers["env"].items() if "MLFLOW" in k})
+    env.update(PLANTED)  # credentials a GPU node's environment holds: none may reach a record
     env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if Path(p) != Path(sys.executable).parent)
     start = [sys.executable, "-m", "prefect", "worker", "start", "--pool", "gpu", "--run-once", "--limit", "1"]
     worker = subprocess.run(start, check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
@@ -160,11 +148,15 @@ def test_deployed_pipeline_runs_on_a_gpu_pool_worker(workspace, servers, prefect
         not (tmp_path / "data").exists() and not (ws / "mlflow.db").exists()
     )  # worked in RUNG_REPO, logged to the server
 
-    # The workspace lock: a limit of 1 named after the workspace, taken during the run, released after.
-    limit = client.read_global_concurrency_limit_by_name(dvc.lock_name(ws))
-    assert limit.limit == 1 and limit.active_slots == 0
+    # The workspace lock: taken during the run, free after it.
+    lock = ws / dvc.LOCK
+    with lock.open() as f:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises BlockingIOError if still held
+    # the UI's timeline reads as the DAG: task runs named by what they do, not by hash suffixes
+    tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))
+    assert sorted(t.name for t in tasks) == ["is_stale[curate]", "is_stale[model]", "repro[curate]", "repro[model]"]
     logs = [log.message for log in client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run.id])))]
-    assert f"workspace lock {dvc.lock_name(ws)} taken" in logs
+    assert f"workspace lock {lock} taken" in logs
     summary = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["rung-stages"])))
     curated = json.loads((ws / "data/metrics/curate.json").read_text())
     assert (
@@ -202,8 +194,86 @@ def test_deployed_pipeline_runs_on_a_gpu_pool_worker(workspace, servers, prefect
         servers["artifacts"].rglob("stages.md")
     )
 
+    # No secret in any record: the MLflow store and artifacts, both servers' logs and databases, the
+    # Prefect API's logs and artifacts of the run, every output of the workspace (dvc.lock, metrics,
+    # params copies, the DVC cache), and what the worker printed.
+    secrets = [*PLANTED.values(), *team.read_env_file(servers["state"] / "credentials.env").values()]
+    secrets += [servers["prefect"]["PREFECT_API_AUTH_STRING"].split(":", 1)[1]]
+    records = [
+        *(f for f in servers["state"].rglob("*") if f.is_file() and f.suffix != ".env"),
+        *(f for f in ws.rglob("*") if f.is_file() and ".git" not in f.relative_to(ws).parts),
+    ]
+    texts = {str(f): f.read_bytes().decode("latin-1") for f in records}
+    texts["prefect logs"] = "\n".join(logs)
+    texts["prefect artifacts"] = "\n".join(str(a.data) for a in client.read_artifacts())
+    texts["worker"] = worker.stdout + worker.stderr
+    leaks = [(where, secret[:4]) for where, text in texts.items() for secret in secrets if secret in text]
+    assert not leaks and len(records) > 50, leaks
 
-def test_workspace_lock_serializes_runs_and_input_errors_are_not_retried(workspace, prefect_client, tmp_path):
+
+def test_team_servers_refuse_anyone_without_the_credentials(workspace, servers):
+    ws, run = workspace
+    env, state = servers["env"], servers["state"]
+    assert state.stat().st_mode & 0o777 == 0o700
+    assert {f.name: f.stat().st_mode & 0o777 for f in state.glob("*.env")} == {
+        "credentials.env": 0o600,
+        "client.env": 0o600,
+    }
+    prefect, ml = (
+        f"{env['PREFECT_API_URL']}/admin/version",
+        f"{env['MLFLOW_TRACKING_URI']}/api/2.0/mlflow/experiments/search?max_results=1",
+    )
+    right = {prefect: env["PREFECT_API_AUTH_STRING"], ml: f"rung:{env['MLFLOW_TRACKING_PASSWORD']}"}
+    for url, good in right.items():
+        assert credentials.http_status(url) == 401  # no credentials: nothing but /health answers
+        assert credentials.http_status(url, credentials.basic("rung:wrong")) == 401
+        assert credentials.http_status(url, credentials.basic(good)) == 200
+
+    # `rung validate` asks both servers before any compute, and says in one line which refused
+    def validate(**changed: str) -> list[str]:
+        res = subprocess.run(
+            ["rung", "validate"],
+            cwd=ws,
+            env={**run.env, **{k: v for k, v in env.items() if "MLFLOW" in k}, **changed},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        return [res.returncode, res.stderr.strip().splitlines()[-1:]]
+
+    url = env["MLFLOW_TRACKING_URI"]
+    assert validate(MLFLOW_TRACKING_PASSWORD="wrong") == [
+        2,
+        [f"error: MLflow at {url} refused the credentials: set MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD"],
+    ]
+    assert validate(PREFECT_API_AUTH_STRING="rung:wrong") == [
+        2,
+        [f"error: Prefect at {env['PREFECT_API_URL']} refused the credentials: set PREFECT_API_AUTH_STRING"],
+    ]
+    assert validate(MLFLOW_TRACKING_URI=f"http://127.0.0.1:{free_port()}")[0] == 2  # nothing answers there
+    assert validate()[0] == 0
+
+    # without auth, a non-loopback address is refused in one line unless the user says so
+    res = subprocess.run(
+        ["rung", "serve", "--no-auth", "--host", "0.0.0.0", "--dir", str(state)],
+        env=run.env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert res.returncode == 2 and res.stderr.strip().endswith("add --allow-unauthenticated-network to do so anyway")
+
+
+HOLDER = """import fcntl, sys, time
+f = open(sys.argv[1], "a+")
+fcntl.flock(f, fcntl.LOCK_EX)
+f.write("the test's holder"); f.flush(); print("held", flush=True); time.sleep(600)
+"""
+
+
+def test_a_killed_holder_frees_the_workspace_lock_and_input_errors_are_not_retried(workspace, tmp_path):
+    """Another run holds the workspace; the pipeline waits. The holder is then killed (as a run is when
+    its node or Prefect server goes away): the kernel frees its lock and the pipeline proceeds."""
     ws, run = workspace
     assert dvc.repro.retries == 2 and dvc.repro.retry_delay_seconds == [30, 60]  # exponential backoff
     good = (ws / "params.yaml").read_text()
@@ -211,31 +281,30 @@ def test_workspace_lock_serializes_runs_and_input_errors_are_not_retried(workspa
     # passes the preflight, but curate rejects it when it runs (every row filtered out): exit 2
     params["curate"]["filters"].update(min_chars=100000, max_chars=200000)
     (ws / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    name = dvc.lock_name(ws)
-    prefect_client.upsert_global_concurrency_limit_by_name(name, limit=1)
+    lock = ws / dvc.LOCK
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock)], stdout=subprocess.PIPE, text=True)
     out = tmp_path / "pipeline.out"
     try:
-        with concurrency(name, occupy=1, strict=True):  # another holder of this workspace
-            with out.open("w") as f:
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "flows.pipeline"],
-                    cwd=ws,
-                    env=run.env,
-                    stdout=f,
-                    stderr=subprocess.STDOUT,
-                    text=True,
-                )
-            deadline = time.time() + 120
-            while "waiting for workspace lock" not in out.read_text():
-                assert proc.poll() is None and time.time() < deadline, out.read_text()[-3000:]
-                time.sleep(0.5)
-            time.sleep(3)
-            assert proc.poll() is None and f"{name} taken" not in out.read_text()  # still waiting
+        assert holder.stdout.readline().strip() == "held"
+        with out.open("w") as f:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "flows.pipeline"], cwd=ws, env=run.env, stdout=f, stderr=subprocess.STDOUT
+            )
+        deadline = time.time() + 120
+        while "waiting for workspace lock" not in out.read_text():
+            assert proc.poll() is None and time.time() < deadline, out.read_text()[-3000:]
+            time.sleep(0.5)
+        time.sleep(2)
+        assert proc.poll() is None and f"{lock} taken" not in out.read_text()  # still waiting
+        assert "(held by the test's holder)" in out.read_text()
+        holder.kill()
         assert proc.wait(timeout=300) == 2
     finally:
+        holder.kill()
         (ws / "params.yaml").write_text(good)
     text = out.read_text()
-    assert f"{name} taken" in text
+    assert f"{lock} taken" in text
     assert text.count("Running stage 'curate'") == 1 and "Retry" not in text  # one attempt: input errors are final
     assert text.strip().splitlines()[-1] == "error: stage curate rejected its input (its error is above)"
     assert "error: curate.filters: the " in text and "removed every row" in text

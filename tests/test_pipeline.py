@@ -302,6 +302,30 @@ def test_editing_a_reward_makes_only_the_rl_stage_stale(workspace):
     assert _stale(run) == set()
 
 
+def test_editing_a_report_warning_makes_only_the_report_stale(workspace):
+    """The stages import the report layer only for their records (MLflow names, tags, warning lines):
+    it is not their DVC code dep, and the report recomputes the warnings from the metrics files."""
+    ws, run = workspace
+    health = ws / "rung/report/health.py"
+    original = health.read_text()
+    health.write_text(original.replace("and were truncated", "and were cut"))
+    try:
+        assert _stale(run) == {"report"}
+    finally:
+        health.write_text(original)
+
+
+def test_the_report_is_a_function_of_its_declared_deps(workspace):
+    """At a later commit with the same code, params and data, the report stage rewrites its outputs
+    byte for byte, so the committed dvc.lock stays true (the commit is an MLflow tag, not an output)."""
+    ws, run = workspace
+    before = _snapshot(ws, "data/reports", "dvc.lock")
+    assert run("git", "commit", "-q", "--allow-empty", "-m", "a later commit").returncode == 0
+    res = run("dvc", "repro", "--force", "--single-item", "report")
+    assert res.returncode == 0 and "Running stage 'report'" in res.stdout, res.stdout + res.stderr
+    assert _snapshot(ws, "data/reports", "dvc.lock") == before
+
+
 def test_earlier_params_are_restored_from_the_run_cache(workspace):
     ws, run = workspace
     curated = _snapshot(ws, "data/curated")

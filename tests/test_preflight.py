@@ -215,3 +215,22 @@ def test_every_check_of_the_preflight_is_some_stage_s():
     flows = {importlib.import_module(module) for module in imports.stage_modules().values()}
     run = {check for flow in flows for check in flow.CHECKS}
     assert set(preflight.ALL) <= run
+
+
+def test_a_machine_without_a_git_identity_is_warned_before_dvc_exp_run_fails(
+    default_params, tmp_path, monkeypatch, caplog
+):
+    from rung.checks import workspace
+
+    monkeypatch.chdir(tmp_path)  # outside any repository: no local identity
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "gitconfig"))
+    params = config.Params.model_validate(default_params)
+    workspace.git_identity(params)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"git has no user.name or user.email: `dvc exp run` (sweeps, studies) will fail; set it: {workspace.FIX}"
+    ]
+    caplog.clear()
+    (tmp_path / "gitconfig").write_text("[user]\n\tname = A\n\temail = a@example.com\n")
+    workspace.git_identity(params)
+    assert caplog.records == []

@@ -3,9 +3,10 @@ backend, the training launch and MLflow tracking."""
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from rung.config.base import Section
 
@@ -108,10 +109,19 @@ class LaunchParams(Section):
 
 class TrackingParams(Section):
     uri: str | None = None
-    """MLflow tracking URI; None means sqlite at <repo>/mlflow.db. MLFLOW_TRACKING_URI overrides."""
+    """MLflow tracking URI; None means sqlite at <repo>/mlflow.db. MLFLOW_TRACKING_URI overrides. A URI
+    with a password in it is refused: params are logged to MLflow and kept in dvc.lock; credentials go in
+    MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD."""
     experiment: str = Field("rung", min_length=1)
     """MLflow experiment holding the runs: one parent run per pipeline experiment, a child run per stage."""
     log_models: bool = False
     """Also log each trained checkpoint (sft, rl/<stage>) as an MLflow transformers-flavour logged model.
     Off by default: the weights are already versioned by DVC, and a copy in the MLflow artifact store
     doubles the disk they take."""
+
+    @field_validator("uri")
+    @classmethod
+    def _no_password(cls, uri: str | None) -> str | None:
+        if uri and re.match(r"^[a-z+]+://[^/@]+:[^/@]*@", uri):
+            raise ValueError("has a password in it; set MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD instead")
+        return uri

@@ -1,0 +1,76 @@
+"""The team servers' credentials as a client holds them: from the environment only
+(PREFECT_API_AUTH_STRING, MLFLOW_TRACKING_USERNAME / _PASSWORD), checked against the servers before
+any compute, and never written to a record (params, tags, logs, outputs)."""
+
+from __future__ import annotations
+
+import os
+import re
+import urllib.error
+import urllib.request
+from base64 import b64encode
+
+from prefect.settings import get_current_settings
+
+from rung import tracking
+from rung.config import Params
+from rung.errors import InputError
+
+
+def basic(user_and_password: str) -> str:
+    """An HTTP basic Authorization header from 'user:password' (a Prefect auth string's form)."""
+    return "Basic " + b64encode(user_and_password.encode()).decode()
+
+
+def redact(url: str) -> str:
+    """`url` without a password embedded in it (scheme://user:secret@host -> scheme://user:***@host)."""
+    return re.sub(r"^([a-z+]+://[^/@:]+):[^/@]*@", r"\1:***@", url)
+
+
+def http_status(url: str, auth: str | None = None, body: bytes | None = None, timeout: float = 10) -> int:
+    """The HTTP status of a GET (or of a JSON POST of `body`); OSError when nothing answers."""
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    if auth:
+        req.add_header("Authorization", auth)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def check(params: Params) -> None:
+    """Raise InputError (one line) when the MLflow or Prefect server a run reports to refuses its
+    credentials or does not answer: before any compute, not as a stack trace after training."""
+    uri = tracking.tracking_uri(params)
+    if uri.startswith(("http://", "https://")):
+        user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+        auth = basic(f"{user}:{password or ''}") if user else None
+        _answer(
+            "MLflow",
+            uri,
+            f"{uri.rstrip('/')}/api/2.0/mlflow/experiments/search?max_results=1",
+            auth,
+            "MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD",
+        )
+    settings = get_current_settings()
+    if settings.api.url:
+        secret = settings.api.auth_string
+        auth = basic(secret.get_secret_value()) if secret else None
+        _answer(
+            "Prefect",
+            settings.api.url,
+            f"{settings.api.url.rstrip('/')}/admin/version",
+            auth,
+            "PREFECT_API_AUTH_STRING",
+        )
+
+
+def _answer(server: str, base: str, url: str, auth: str | None, variables: str) -> None:
+    try:
+        status = http_status(url, auth)
+    except OSError as e:
+        raise InputError(f"{server} at {redact(base)} does not answer ({getattr(e, 'reason', e)})") from None
+    if status in (401, 403):
+        what = "refused the credentials" if auth else "needs credentials"
+        raise InputError(f"{server} at {redact(base)} {what}: set {variables}")
