@@ -12,6 +12,7 @@ from rich.markdown import Markdown
 
 from flows import credentials
 from rung import config, paths, preflight
+from rung.checks import workspace
 from rung.errors import InputError
 
 app = typer.Typer(
@@ -30,6 +31,7 @@ def validate(params_file: Path = typer.Argument(paths.PARAMS, help="params file 
     try:
         params = config.load(params_file)
         preflight.check(params)
+        workspace.warn_git_identity(params)
         credentials.check(params)
     except InputError as e:
         typer.echo(f"error: {e}", err=True)

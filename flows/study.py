@@ -27,12 +27,13 @@ from prefect.artifacts import create_markdown_artifact
 from flows import sweep
 from flows.stage import main
 from rung import config, paths, preflight, tracking
+from rung.checks import workspace
 from rung.eval.results import EvalRecord, EvalResult, StudyResult, StudyRun
 from rung.report import study as core
 from rung.report import studypage
 from tasks import dvc as dvc_tasks
 
-CHECKS = (preflight.check,)
+CHECKS = (preflight.check, workspace.git_identity)
 """What this stage checks of params before any compute (flows.stage.main)."""
 
 

@@ -27,11 +27,12 @@ from rich.console import Console
 
 from flows.stage import main
 from rung import config, paths, preflight
+from rung.checks import workspace
 from rung.errors import InputError
 from rung.report import runs_table
 from tasks import dvc
 
-CHECKS = (preflight.check,)
+CHECKS = (preflight.check, workspace.git_identity)
 """What this stage checks of params before any compute (flows.stage.main)."""
 
 

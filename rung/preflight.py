@@ -5,7 +5,7 @@ runs only the checks of what it runs (its flow's CHECKS), so its DVC deps stay i
 
 from __future__ import annotations
 
-from rung.checks import generation, models, rl, sources, training, workspace
+from rung.checks import generation, models, rl, sources, training
 from rung.config import Params
 
 # in the order the stages run
@@ -17,7 +17,6 @@ ALL = (
     generation.backend,
     training.sft_launch,
     rl.rl_stages,
-    workspace.git_identity,
 )
 
 

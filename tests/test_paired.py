@@ -59,15 +59,18 @@ def test_verdict_follows_mcnemar_at_the_level_of_the_confidence():
 
 def _exact_power(right_to_wrong: int, wrong_to_right: int, n_observed: int, n: int, alpha: float = 0.05) -> float:
     """Power of the exact McNemar test on n prompts when the flip rates are the observed ones, by
-    enumerating the discordant count and the split of the discordant prompts."""
-    from scipy.stats import binom, binomtest
+    enumerating the discordant count d and the split x of the discordant prompts (the exact test's
+    two-sided p under Binomial(d, 1/2), symmetric: twice the tail of min(x, d - x))."""
+    from scipy.stats import binom
 
     psi = (right_to_wrong + wrong_to_right) / n_observed
     up = wrong_to_right / (right_to_wrong + wrong_to_right)
-    return sum(
-        binom.pmf(d, n, psi) * sum(binom.pmf(x, d, up) for x in range(d + 1) if binomtest(x, d, 0.5).pvalue < alpha)
-        for d in range(1, n + 1)
-    )
+    power = 0.0
+    for d in range(1, n + 1):
+        x = np.arange(d + 1)
+        rejects = np.minimum(1.0, 2 * binom.cdf(np.minimum(x, d - x), d, 0.5)) < alpha
+        power += binom.pmf(d, n, psi) * binom.pmf(x[rejects], d, up).sum()
+    return power
 
 
 def test_prompts_needed_for_80_percent_power():

@@ -15,7 +15,9 @@ from pathlib import Path
 import mlflow
 import pytest
 import yaml
+from typer.testing import CliRunner
 
+from flows.cli import app
 from flows.run import commit
 from rung.train.checkpoints import CURRICULUM_STATE, complete_checkpoints
 from tests.conftest import ROOT, free_port, serve, wait_healthy
@@ -317,13 +319,20 @@ def test_editing_a_report_warning_makes_only_the_report_stale(workspace):
 
 def test_the_report_is_a_function_of_its_declared_deps(workspace):
     """At a later commit with the same code, params and data, the report stage rewrites its outputs
-    byte for byte, so the committed dvc.lock stays true (the commit is an MLflow tag, not an output)."""
+    byte for byte, so the committed dvc.lock stays true (the commit is an MLflow tag, not an output).
+    The commit and the MLflow runs it started are undone after, for the runs-table tests below."""
     ws, run = workspace
-    before = _snapshot(ws, "data/reports", "dvc.lock")
+    before, runs = _snapshot(ws, "data/reports", "dvc.lock"), {r.info.run_id for r in _runs(ws)}
     assert run("git", "commit", "-q", "--allow-empty", "-m", "a later commit").returncode == 0
-    res = run("dvc", "repro", "--force", "--single-item", "report")
-    assert res.returncode == 0 and "Running stage 'report'" in res.stdout, res.stdout + res.stderr
-    assert _snapshot(ws, "data/reports", "dvc.lock") == before
+    try:
+        res = run("dvc", "repro", "--force", "--single-item", "report")
+        assert res.returncode == 0 and "Running stage 'report'" in res.stdout, res.stdout + res.stderr
+        assert _snapshot(ws, "data/reports", "dvc.lock") == before
+    finally:
+        assert run("git", "reset", "-q", "--soft", "HEAD~1").returncode == 0
+        for r in _runs(ws):
+            if r.info.run_id not in runs:
+                mlflow.MlflowClient().delete_run(r.info.run_id)
 
 
 def test_earlier_params_are_restored_from_the_run_cache(workspace):
@@ -409,20 +418,28 @@ def test_pipeline_flow_runs_only_stale_stages(workspace):
     assert len(evals) == 6 and len({frozenset(r.data.metrics) for r in evals}) == 1
 
 
-def test_compare_cli(workspace):
+def test_compare_cli(workspace, monkeypatch):
     ws, run = workspace
-    res = run("rung", "compare", "--keys", "test/accuracy", "--all", "--last", "3")
+    monkeypatch.chdir(ws)  # `rung compare` in this process: its store and params are the workspace's
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+    def compare(*args: str):
+        res = CliRunner().invoke(app, ["compare", *args])
+        res.returncode = res.exit_code
+        return res
+
+    res = compare("--keys", "test/accuracy", "--all", "--last", "3")
     assert res.returncode == 0, res.stderr
     assert "eval@base" in res.stdout and "eval@rl-main" in res.stdout and "accuracy" in res.stdout
-    res = run("rung", "compare", "--parents", "--last", "3", "--keys", "eval/sft/test/accuracy", "--all")
+    res = compare("--parents", "--last", "3", "--keys", "eval/sft/test/accuracy", "--all")
     assert res.returncode == 0, res.stderr
     assert "eval/sft/test/accuracy" in res.stdout and "pipeline " in res.stdout and "repro " in res.stdout
-    res = run("rung", "compare", "--name", "report", "--last", "1", "--keys", "paired/rl-main-vs-sft/test/*")
+    res = compare("--name", "report", "--last", "1", "--keys", "paired/rl-main-vs-sft/test/*")
     assert res.returncode == 0, res.stderr
     assert "mcnemar_p" in res.stdout and "wrong_to_right" in res.stdout and "significant" in res.stdout
-    res = run("rung", "compare", "--dvc", "--keys", "*comparisons.json:*rl-main-vs-sft.sets.test.mcnemar_p", "--all")
+    res = compare("--dvc", "--keys", "*comparisons.json:*rl-main-vs-sft.sets.test.mcnemar_p", "--all")
     assert res.returncode == 0 and "mcnemar_p" in res.stdout, res.stderr
-    res = run("rung", "compare", "--dvc", "--keys", "*eval-sft.json:sets.test.accuracy", "--all")
+    res = compare("--dvc", "--keys", "*eval-sft.json:sets.test.accuracy", "--all")
     assert res.returncode == 0, res.stderr
     assert "workspace" in res.stdout and "sets.test.accuracy" in res.stdout
     # `make exps`: DVC's experiments table with the headline metrics and key params only (docs/orchestration.md)
@@ -437,7 +454,7 @@ def test_compare_cli(workspace):
         "paired/rl-main-vs-sft/test/difference",
         "paired/rl-main-vs-sft/test/mcnemar_p",
     } <= set(header) and len(header) <= 16, header
-    res = run("rung", "compare", "no-such-run-id")
+    res = compare("no-such-run-id")
     assert res.returncode == 2 and res.stderr.startswith("error:") and len(res.stderr.strip().splitlines()) == 1
 
 

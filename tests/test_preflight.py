@@ -217,7 +217,7 @@ def test_every_check_of_the_preflight_is_some_stage_s():
     assert set(preflight.ALL) <= run
 
 
-def test_a_machine_without_a_git_identity_is_warned_before_dvc_exp_run_fails(
+def test_a_machine_without_a_git_identity_is_told_before_dvc_exp_run_fails(
     default_params, tmp_path, monkeypatch, caplog
 ):
     from rung.checks import workspace
@@ -226,11 +226,14 @@ def test_a_machine_without_a_git_identity_is_warned_before_dvc_exp_run_fails(
     monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
     monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "gitconfig"))
     params = config.Params.model_validate(default_params)
-    workspace.git_identity(params)
+    workspace.warn_git_identity(params)  # rung validate, make demo: `dvc repro` needs no identity
     assert [r.getMessage() for r in caplog.records] == [
         f"git has no user.name or user.email: `dvc exp run` (sweeps, studies) will fail; set it: {workspace.FIX}"
     ]
+    with pytest.raises(InputError, match=r"^git has no user.name or user.email, and DVC experiments are git commits"):
+        workspace.git_identity(params)  # the sweep and the study refuse before queuing
     caplog.clear()
     (tmp_path / "gitconfig").write_text("[user]\n\tname = A\n\temail = a@example.com\n")
+    workspace.warn_git_identity(params)
     workspace.git_identity(params)
     assert caplog.records == []

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rung import config, models
+from rung import config
 from rung.answers import formats
 from rung.config import FormatParams, ReasoningGymSource, SamplingParams, VllmParams
 from rung.config.base import ConfigError
@@ -75,14 +75,6 @@ def tiny64(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # larger weights, so greedy text is not one repeated token
     out = tmp_path_factory.mktemp("tiny64") / "model"
     return build_tiny(out, hidden_size=128, intermediate_size=256, initializer_range=0.2)
-
-
-@pytest.fixture(scope="session")
-def smollm(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The pipeline's base model (the embedded SmolLM2-135M-Instruct, float32), as the model stage writes it."""
-    out = tmp_path_factory.mktemp("smollm") / "base"
-    models.materialize(models.EMBEDDED, out)
-    return out
 
 
 @pytest.fixture(scope="session")
