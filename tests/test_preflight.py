@@ -28,6 +28,10 @@ CASES = {
     # (edits as (dotted key, value); the start of the expected one-line error)
     "unknown key": ([("rl.stages.main.learning_rat", 1e-6)], "error: params.yaml: rl.stages.main.learning_rat"),
     "wrong type": ([("sft.max_steps", "many")], "error: params.yaml: sft.max_steps"),
+    "a password in the tracking URI": (  # params are logged to MLflow and kept in dvc.lock
+        [("tracking.uri", "http://rung:s3cret@orch:5000")],
+        "error: params.yaml: tracking.uri: has a password in it; set MLFLOW_TRACKING_USERNAME",
+    ),
     "negative learning rate": (
         [("rl.stages.main.learning_rate", -1.0)],
         "error: params.yaml: rl.stages.main.learning_rate",
