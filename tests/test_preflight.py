@@ -229,6 +229,8 @@ def test_a_machine_without_a_git_identity_is_told_before_dvc_exp_run_fails(
     monkeypatch.chdir(tmp_path)  # outside any repository: no local identity
     monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
     monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "gitconfig"))
+    for variable in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL"):
+        monkeypatch.delenv(variable, raising=False)
     params = config.Params.model_validate(default_params)
     workspace.warn_git_identity(params)  # rung validate, make demo: `dvc repro` needs no identity
     assert [r.getMessage() for r in caplog.records] == [

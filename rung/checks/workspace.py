@@ -4,6 +4,7 @@ each experiment to git, and fail after set-up without a git identity; `dvc repro
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import subprocess
 
@@ -20,8 +21,9 @@ def _missing_identity() -> str:
         return ""
     missing = [
         key
-        for key in ("user.name", "user.email")
-        if subprocess.run(["git", "config", key], capture_output=True, text=True).stdout.strip() == ""
+        for key, variable in (("user.name", "GIT_AUTHOR_NAME"), ("user.email", "GIT_AUTHOR_EMAIL"))
+        if not os.environ.get(variable)
+        and subprocess.run(["git", "config", key], capture_output=True, text=True).stdout.strip() == ""
     ]
     return " or ".join(missing)
 
