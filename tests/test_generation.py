@@ -194,7 +194,7 @@ def test_greedy_on_the_default_heldout_is_model_generate(smollm):
     model, tok = models.load(smollm)
     params = config.load(ROOT / "params.yaml")
     _, test, _ = curate(params.curate, {}, params.seed)
-    prompts = render(tok, [formats.prompt(r["prompt"], params.format) for r in test[:48]])
+    prompts = render(tok, [formats.prompt(r["prompt"], params.format) for r in test[:24]])
     sampling = params.eval.sampling.model_copy(update={"batch_size": 16})
     assert generate(model, tok, prompts, sampling) == _reference(model, tok, prompts, sampling.max_new_tokens)
 
