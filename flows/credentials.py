@@ -53,22 +53,18 @@ def check(params: Params) -> None:
             auth,
             "MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD",
         )
-    settings = get_current_settings()
-    if settings.api.url:
-        secret = settings.api.auth_string
-        auth = basic(secret.get_secret_value()) if secret else None
-        _answer(
-            "Prefect",
-            settings.api.url,
-            f"{settings.api.url.rstrip('/')}/admin/version",
-            auth,
-            "PREFECT_API_AUTH_STRING",
-        )
+    api = get_current_settings().api
+    if api.url and api.key:  # Prefect Cloud: a bearer key; its API has no /admin route
+        key = f"Bearer {api.key.get_secret_value()}"
+        _answer("Prefect", api.url, f"{api.url.rstrip('/')}/flows/filter", key, "PREFECT_API_KEY", b"{}")
+    elif api.url:  # a self-hosted server, with basic auth (rung serve) or without
+        auth = basic(api.auth_string.get_secret_value()) if api.auth_string else None
+        _answer("Prefect", api.url, f"{api.url.rstrip('/')}/admin/version", auth, "PREFECT_API_AUTH_STRING")
 
 
-def _answer(server: str, base: str, url: str, auth: str | None, variables: str) -> None:
+def _answer(server: str, base: str, url: str, auth: str | None, variables: str, body: bytes | None = None) -> None:
     try:
-        status = http_status(url, auth)
+        status = http_status(url, auth, body)
     except OSError as e:
         raise InputError(f"{server} at {redact(base)} does not answer ({getattr(e, 'reason', e)})") from None
     if status in (401, 403):

@@ -1,11 +1,17 @@
-"""`rung serve`'s credentials and commands, without starting a server (tests/test_orchestration.py
-starts both with auth and runs a deployment through them)."""
+"""`rung serve`'s credentials and commands, and the clients' check of a Prefect Cloud key, without
+starting a server (tests/test_orchestration.py starts both with auth and runs a deployment through them)."""
 
 from __future__ import annotations
 
-import pytest
+import http.server
+import threading
 
+import pytest
+from prefect.settings import PREFECT_API_KEY, PREFECT_API_URL, temporary_settings
+
+from flows import credentials
 from flows import serve as team
+from rung import config
 from rung.errors import InputError
 
 
@@ -46,3 +52,33 @@ def test_only_loopback_may_serve_without_auth(host, loopback, tmp_path):
     if not loopback:
         with pytest.raises(InputError, match="add --allow-unauthenticated-network to do so anyway$"):
             team.serve(host, 4200, 5000, tmp_path, None, no_auth=True, open_network=False)
+
+
+class _BearerOnly(http.server.BaseHTTPRequestHandler):
+    """Prefect Cloud as the check sees it: 401 unless the bearer key is right, and no /admin route."""
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        ok = self.path.endswith("/flows/filter") and self.headers.get("Authorization") == "Bearer pnu_right"
+        self.send_response(200 if ok else 401)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_prefect_cloud_key_is_checked_as_a_bearer(default_params, monkeypatch):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _BearerOnly)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/api/accounts/a/workspaces/w"
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    params = config.Params.model_validate(default_params)  # MLflow: local sqlite, nothing to ask
+    try:
+        with temporary_settings({PREFECT_API_URL: url, PREFECT_API_KEY: "pnu_right"}):
+            credentials.check(params)
+        with (
+            temporary_settings({PREFECT_API_URL: url, PREFECT_API_KEY: "pnu_wrong"}),
+            pytest.raises(InputError, match=rf"^Prefect at {url} refused the credentials: set PREFECT_API_KEY$"),
+        ):
+            credentials.check(params)
+    finally:
+        server.shutdown()
