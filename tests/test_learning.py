@@ -9,6 +9,8 @@ its MLflow run."""
 
 from __future__ import annotations
 
+import gc
+
 import mlflow
 import pytest
 
@@ -34,6 +36,9 @@ LOSS_ATOL = 0.05  # each logged loss within this of fp32's (bf16 logits differ b
 def _mlflow_store(tmp_path, monkeypatch):
     # both: transformers' MLflowCallback points MLflow at the variable, and an earlier test's
     # set_tracking_uri would otherwise keep this test's start_run and reads on another store
+    # nor a crashed trainer of an earlier test (test_kill): transformers' MLflowCallback.__del__ ends
+    # whatever run is active when the garbage collector reaches it, which could be this test's
+    gc.collect()
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     mlflow.set_tracking_uri(uri)
