@@ -21,8 +21,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -157,10 +155,8 @@ def wait_up(procs: dict[str, subprocess.Popen], urls: dict[str, str], logs: Path
     for name, url in urls.items():
         while True:
             try:
-                urllib.request.urlopen(url, timeout=2)
+                http_status(url, timeout=2)  # any answer, 401 included: it is up
                 break
-            except urllib.error.HTTPError:
-                break  # it answered (401 without credentials): it is up
             except OSError:
                 if procs[name].poll() is not None or time.time() > deadline:
                     log = logs / f"{name}.log"
