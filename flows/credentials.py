@@ -5,7 +5,6 @@ any compute, and never written to a record (params, tags, logs, outputs)."""
 from __future__ import annotations
 
 import os
-import re
 import urllib.error
 import urllib.request
 from base64 import b64encode
@@ -20,11 +19,6 @@ from rung.errors import InputError
 def basic(user_and_password: str) -> str:
     """An HTTP basic Authorization header from 'user:password' (a Prefect auth string's form)."""
     return "Basic " + b64encode(user_and_password.encode()).decode()
-
-
-def redact(url: str) -> str:
-    """`url` without a password embedded in it (scheme://user:secret@host -> scheme://user:***@host)."""
-    return re.sub(r"^([a-z+]+://[^/@:]+):[^/@]*@", r"\1:***@", url)
 
 
 def http_status(url: str, auth: str | None = None, body: bytes | None = None, timeout: float = 10) -> int:
@@ -66,7 +60,7 @@ def _answer(server: str, base: str, url: str, auth: str | None, variables: str, 
     try:
         status = http_status(url, auth, body)
     except OSError as e:
-        raise InputError(f"{server} at {redact(base)} does not answer ({getattr(e, 'reason', e)})") from None
+        raise InputError(f"{server} at {tracking.redact(base)} does not answer ({getattr(e, 'reason', e)})") from None
     if status in (401, 403):
         what = "refused the credentials" if auth else "needs credentials"
-        raise InputError(f"{server} at {redact(base)} {what}: set {variables}")
+        raise InputError(f"{server} at {tracking.redact(base)} {what}: set {variables}")

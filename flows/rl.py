@@ -14,6 +14,7 @@ from rung.errors import InputError
 from rung.report import keys
 from rung.seeding import derive
 from rung.train import launch
+from rung.train.checkpoints import discard
 from rung.train.jobs import RLJob
 
 CHECKS = (chat_template, rl_stages)
@@ -41,6 +42,7 @@ def rl(stage_name: str, params_file: str = str(paths.PARAMS)) -> None:
         buckets=params.difficulty.buckets,
         heldout=paths.TEST if stage.eval_every else None,
         heldout_sampling=params.eval.sampling,
+        outage_wait=params.tracking.outage_wait,
     )
     # "seed" is the trainer's own (TRL logs it too; MLflow refuses a second value for a param).
     logged = {
@@ -49,11 +51,13 @@ def rl(stage_name: str, params_file: str = str(paths.PARAMS)) -> None:
         "rl": {stage_name: stage.model_dump()},
         "format": params.format.model_dump(),
     }
-    with tracking.stage_run(f"rl@{stage_name}", params, logged, inputs={"model": job.init, "train": job.data}):
+    inputs = {"model": job.init, "train": job.data}
+    with tracking.stage_run(f"rl@{stage_name}", params, logged, inputs=inputs, resumable=True):
         metrics = launch.train(job, stage.launch, paths.checkpoint(f"rl/{stage_name}"))
         record_checkpoint(params, f"rl/{stage_name}", trained=True)
         # One key per quantity: `rl/<metric>` for every RL stage (the stage is the run's rung.checkpoint tag).
         finish(f"rl-{stage_name}", metrics, keys.metric_keys(metrics, prefix="rl"))
+        discard(job.work_dir)  # once the records are complete: a rerun for want of MLflow resumes from them
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from flows.credentials import basic, http_status
@@ -150,26 +150,62 @@ def add_node_user(mlflow_url: str, creds: dict[str, str]) -> None:
         raise RuntimeError(f"MLflow refused to create user {NODE_USER!r}: HTTP {status}")
 
 
-def wait_up(procs: dict[str, subprocess.Popen], urls: dict[str, str], logs: Path) -> None:
+def wait_up(proc: subprocess.Popen, url: str, log: Path) -> None:
+    """Until `url` answers (any answer, 401 included: the server is up); RuntimeError with the end of
+    `log` when the server exits first or does not start in STARTUP_TIMEOUT_S."""
     deadline = time.time() + STARTUP_TIMEOUT_S
-    for name, url in urls.items():
-        while True:
-            try:
-                http_status(url, timeout=2)  # any answer, 401 included: it is up
-                break
-            except OSError:
-                if procs[name].poll() is not None or time.time() > deadline:
-                    log = logs / f"{name}.log"
-                    raise RuntimeError(
-                        f"the {name} server did not start; the end of {log}:\n{log.read_text()[-2000:]}"
-                    ) from None
-                time.sleep(0.5)
+    while True:
+        try:
+            http_status(url, timeout=2)
+            return
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"the server did not start; the end of {log}:\n{log.read_text()[-2000:]}") from None
+            time.sleep(0.5)
 
 
-@dataclass(frozen=True)
+@dataclass
 class Team:
-    env: dict[str, str]  # what a GPU node exports
-    procs: dict[str, subprocess.Popen]
+    """The two servers of one host: each can be (re)started and stopped on its own."""
+
+    where: Endpoints
+    state: Path
+    creds: dict[str, str] | None
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    started: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a GPU node exports."""
+        return client_env(self.where, self.creds)
+
+    def start(self, name: str) -> None:
+        """Start server `name` ('prefect' or 'mlflow') and wait until it answers on loopback."""
+        self.launch(name)
+        self.wait(name)
+
+    def launch(self, name: str) -> None:
+        cmd, extra = commands(self.where, self.state, self.creds)[name]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "MLFLOW_TRACKING"))}
+        with (self.state / f"{name}.log").open("a") as out:
+            self.procs[name] = subprocess.Popen(cmd, env={**env, **extra}, stdout=out, stderr=subprocess.STDOUT)
+        self.started[name] = time.time()
+
+    def wait(self, name: str) -> None:
+        local = Endpoints("127.0.0.1", "127.0.0.1", self.where.prefect_port, self.where.mlflow_port)
+        health = {"prefect": f"{local.prefect_api}/health", "mlflow": f"{local.mlflow}/health"}[name]
+        try:
+            wait_up(self.procs[name], health, self.state / f"{name}.log")
+        except RuntimeError as e:
+            raise RuntimeError(f"{name}: {e}") from None
+
+    def stop(self, name: str) -> None:
+        proc = self.procs.pop(name)
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
     def down(self) -> list[str]:
         return [name for name, proc in self.procs.items() if proc.poll() is not None]
@@ -180,33 +216,29 @@ def running(where: Endpoints, state: Path, auth: bool = True) -> Iterator[Team]:
     """Both servers up (auth on unless `auth` is False), stopped on exit."""
     creds = credentials(state) if auth else None
     state.mkdir(parents=True, exist_ok=True, mode=0o700)
-    procs: dict[str, subprocess.Popen] = {}
+    team = Team(where, state, creds)
     try:
-        for name, (cmd, extra) in commands(where, state, creds).items():
-            env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "MLFLOW_TRACKING"))}
-            with (state / f"{name}.log").open("a") as log:
-                procs[name] = subprocess.Popen(cmd, env={**env, **extra}, stdout=log, stderr=subprocess.STDOUT)
-        local = Endpoints("127.0.0.1", "127.0.0.1", where.prefect_port, where.mlflow_port)
-        wait_up(procs, {"prefect": f"{local.prefect_api}/health", "mlflow": f"{local.mlflow}/health"}, state)
+        for name in ("prefect", "mlflow"):
+            team.launch(name)  # both start at once: a new Prefect database takes ~30 s to migrate
+        for name in ("prefect", "mlflow"):
+            team.wait(name)
         if creds:
-            add_node_user(local.mlflow, creds)
-        env = client_env(where, creds)
-        _write_private(state / "client.env", env)
-        yield Team(env, procs)
+            add_node_user(f"http://127.0.0.1:{where.mlflow_port}", creds)
+        _write_private(state / "client.env", team.env)
+        yield team
     finally:
-        for proc in procs.values():
-            proc.terminate()
-        for proc in procs.values():
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        for name in list(team.procs):
+            team.stop(name)
+
+
+STEADY_S = 60  # a server that exits after running this long is restarted; sooner, it is failing to run
 
 
 def serve(
     host: str, prefect_port: int, mlflow_port: int, state: Path, name: str | None, no_auth: bool, open_network: bool
 ) -> None:
-    """Run both servers until interrupted (Ctrl-C or SIGTERM), printing what each GPU node exports."""
+    """Run both servers until interrupted (Ctrl-C or SIGTERM), printing what each GPU node exports, and
+    restart a server that exits (a crash, the OOM killer) once it had been running STEADY_S seconds."""
     if no_auth and not is_loopback(host) and not open_network:
         raise InputError(
             f"rung serve: --no-auth on {host} lets anyone who reaches this host read every run and run code "
@@ -230,12 +262,16 @@ def serve(
             flush=True,
         )
         try:
-            while not team.down():
+            while True:
+                for server in team.down():
+                    code = team.procs[server].returncode
+                    if time.time() - team.started[server] < STEADY_S:
+                        raise RuntimeError(f"the {server} server exited (code {code}); its log is in {state}")
+                    print(f"the {server} server exited (code {code}); restarting it", flush=True)
+                    team.start(server)
                 time.sleep(1)
         except KeyboardInterrupt:
             print("stopping", flush=True)
-            return
-    raise RuntimeError(f"the {' and '.join(team.down())} server exited; its log is in {state}")
 
 
 def _interrupt(signum: int, frame: object) -> None:

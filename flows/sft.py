@@ -11,6 +11,7 @@ from rung.checks.models import chat_template
 from rung.checks.training import sft_launch
 from rung.seeding import derive
 from rung.train import launch
+from rung.train.checkpoints import discard
 from rung.train.jobs import SFTJob
 
 CHECKS = (chat_template, sft_launch)
@@ -28,7 +29,7 @@ def sft(params_file: str = str(paths.PARAMS)) -> None:
         "sft": params.sft.model_dump(),
         "format": params.format.model_dump(),
     }
-    with tracking.stage_run("sft", params, logged, inputs={"model": paths.BASE, "train": paths.TRACES}):
+    with tracking.stage_run("sft", params, logged, inputs={"model": paths.BASE, "train": paths.TRACES}, resumable=True):
         if not params.sft.enabled:
             models.passthrough(paths.BASE, paths.SFT, stage="sft")
             record_checkpoint(params, "sft")
@@ -44,10 +45,12 @@ def sft(params_file: str = str(paths.PARAMS)) -> None:
             seed=seed,
             dtype=params.model.dtype,
             device=params.model.device,
+            outage_wait=params.tracking.outage_wait,
         )
         metrics = launch.train(job, params.sft.launch, paths.SFT)
         record_checkpoint(params, "sft", trained=True)
         finish("sft", metrics)
+        discard(job.work_dir)  # once the records are complete: a rerun for want of MLflow resumes from them
 
 
 if __name__ == "__main__":

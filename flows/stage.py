@@ -14,7 +14,7 @@ from prefect import get_run_logger
 from flows import credentials
 from rung import config, files, paths, tracking
 from rung.config import Params
-from rung.errors import InputError
+from rung.errors import InputError, Unavailable
 from rung.report import health, keys
 
 Check = Callable[[Params], None]
@@ -30,7 +30,8 @@ def main(flow: Callable[..., Any], *args: str, checks: Sequence[Check] = ()) -> 
     """Entry of `python -m flows.<stage>`: params.yaml is validated, the servers are asked whether they
     accept the credentials (flows.credentials), and the params are checked by the stage's own `checks`
     (rung.checks; the pipeline, sweep and study run all of rung.preflight), before any compute; input
-    errors end with one line naming the key, file, field or server and exit code 2."""
+    errors end with one line naming the key, file, field or server and exit code 2, a server that went
+    away during the stage with one line and exit code 75 (rung.errors.Unavailable)."""
     try:
         params = config.load(paths.PARAMS)
         credentials.check(params)
@@ -39,6 +40,9 @@ def main(flow: Callable[..., Any], *args: str, checks: Sequence[Check] = ()) -> 
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    except Unavailable as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(Unavailable.exit_code) from None
     # The process ends next: its objects go with it, not through a last full garbage collection
     # of every loaded library's objects at interpreter shutdown (~1 s on 2 cores). Exit handlers still run.
     gc.freeze()
@@ -54,7 +58,10 @@ def finish(stage: str, metrics: dict[str, Any], tracked: dict[str, float] | None
     for w in found:
         get_run_logger().warning(w)
     files.write_json(paths.metrics(stage), metrics)
-    mlflow.log_metrics(keys.metric_keys(metrics, prefix=stage) if tracked is None else tracked)
+    tracked = keys.metric_keys(metrics, prefix=stage) if tracked is None else tracked
+    run = mlflow.active_run()
+    have = mlflow.MlflowClient().get_run(run.info.run_id).data.metrics if run else {}
+    mlflow.log_metrics({k: v for k, v in tracked.items() if have.get(k) != v})  # a reopened run has them once
     if found:
         mlflow.set_tag("rung.warnings", " | ".join(found)[:5000])
 

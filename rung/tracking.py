@@ -5,8 +5,9 @@ The parent carries the flattened params, the tags that name the experiment and (
 report stage) its headline metrics, so two experiments compare on one row each. A stage finds it
 through RUNG_PIPELINE_RUN_ID (set by `python -m flows.pipeline`), else, under a plain `dvc repro`,
 through a tag keyed on the invoking dvc process (the stages of one `dvc repro` share a parent),
-else it is the latest parent of the same commit, params and DVC experiment (a stage run alone, a
-rerun); failing that, a new parent starts and the stage says why on stderr.
+else it is the latest parent of the same commit, params, workspace and DVC experiment (a stage run
+alone, a rerun); failing that, a new parent starts and the stage says why on stderr. A training
+stage's rerun also reopens the stage run of its unfinished attempt (stage_run(resumable=True)).
 """
 
 from __future__ import annotations
@@ -52,6 +53,11 @@ VERSIONED = (
     "dvc",
     "mlflow",
 )
+
+
+def redact(url: str) -> str:
+    """`url` without a password embedded in it (scheme://user:secret@host -> scheme://user:***@host)."""
+    return re.sub(r"^([a-z+]+://[^/@:]+):[^/@]*@", r"\1:***@", url)
 
 
 def repo_root() -> Path:
@@ -121,6 +127,11 @@ def versions() -> dict[str, str]:
 
 
 OWNER_TAG = "rung.owner"  # '<host>:<pid>-<start time>' of the process that closes the run
+WORKSPACE_TAG = "rung.workspace"  # '<host>:<repo root>' of a parent run: another workspace gets a parent of its own
+
+
+def workspace() -> str:
+    return f"{socket.gethostname()}:{repo_root()}"
 
 
 def _owner(proc: psutil.Process | None = None) -> str:
@@ -201,6 +212,7 @@ def start_parent(
         "git.commit": git_commit(),
         "rung.seed": str(params.seed),
         PARAMS_MD5_TAG: params_md5(params),
+        WORKSPACE_TAG: workspace(),
         OWNER_TAG: key or _owner(),
         **versions(),
     }
@@ -219,7 +231,8 @@ def start_parent(
 
 
 def latest_parent(params: Params) -> tuple[Run | None, str]:
-    """The latest parent run of the same commit, params and DVC experiment name, or None and why none."""
+    """The latest parent run of the same commit, params, workspace and DVC experiment name, or None and
+    why none (two workspaces of one commit and params, run by two workers at once, get a parent each)."""
     commit = git_commit()
     if commit == "unknown":
         return None, "not in a git repository, so no earlier parent run is known to be of the same code"
@@ -227,7 +240,7 @@ def latest_parent(params: Params) -> tuple[Run | None, str]:
         experiment_names=[params.tracking.experiment],
         filter_string=(
             f"tags.`rung.role` = 'pipeline' and tags.`git.commit` = '{commit}' "
-            f"and tags.`{PARAMS_MD5_TAG}` = '{params_md5(params)}'"
+            f"and tags.`{PARAMS_MD5_TAG}` = '{params_md5(params)}' and tags.`{WORKSPACE_TAG}` = '{workspace()}'"
         ),
         order_by=["attributes.start_time DESC"],
         output_format="list",
@@ -236,7 +249,7 @@ def latest_parent(params: Params) -> tuple[Run | None, str]:
     same = [r for r in found if r.data.tags.get("dvc.exp_name") == exp]
     if same:
         return same[0], ""
-    return None, f"no parent run of commit {commit[:7]} with these params" + (
+    return None, f"no parent run of commit {commit[:7]} with these params in this workspace" + (
         f" in DVC experiment {exp}" if exp else ""
     )
 
@@ -276,35 +289,72 @@ def _parent_id(params: Params) -> str:
     return parent_for(params, invocation="repro" if key else "stage", key=key)
 
 
+ATTEMPT_TAG = "rung.attempt"  # md5 of a stage run's stage, params and inputs: what a rerun reopens
+
+
+def _earlier_attempt(experiment_id: str, parent: str, attempt: str) -> str | None:
+    """The latest stage run under `parent` of the same stage, params and inputs that did not finish."""
+    found = mlflow.search_runs(
+        experiment_ids=[experiment_id],
+        filter_string=f"tags.`mlflow.parentRunId` = '{parent}' and tags.`{ATTEMPT_TAG}` = '{attempt}'",
+        order_by=["attributes.start_time DESC"],
+        output_format="list",
+    )
+    unfinished = [r for r in found if r.info.status in ("FAILED", "KILLED")]
+    return unfinished[0].info.run_id if unfinished else None
+
+
 @contextlib.contextmanager
-def stage_run(stage: str, params: Params, logged: dict[str, Any], inputs: dict[str, Path]) -> Iterator[Run]:
-    """A child run for `stage` under the pipeline's parent, with params, tags and input md5s."""
-    close_orphans(setup(params))
+def stage_run(
+    stage: str, params: Params, logged: dict[str, Any], inputs: dict[str, Path], resumable: bool = False
+) -> Iterator[Run]:
+    """A child run for `stage` under the pipeline's parent, with params, tags and input md5s. A
+    `resumable` stage (training, which resumes from its checkpoints) reopens the run of its last
+    unfinished attempt with the same params and inputs, so that the rerun completes that run's record."""
+    experiment_id = setup(params)
+    close_orphans(experiment_id)
     parent = _parent_id(params)
+    flat = {k: str(v)[:6000] for k, v in flatten(logged).items()}
+    md5s = {f"md5.{k}": md5(p) for k, p in inputs.items() if Path(p).exists()}
     tags = {
         OWNER_TAG: _owner(),
         "rung.role": "stage",
         "dvc.stage": os.environ.get("DVC_STAGE", stage),
         "git.commit": git_commit(),
+        ATTEMPT_TAG: hashlib.md5(json.dumps([stage, flat, md5s], sort_keys=True).encode()).hexdigest(),
         **versions(),
-        **{f"md5.{k}": md5(p) for k, p in inputs.items() if Path(p).exists()},
+        **md5s,
     }
     if os.environ.get("DVC_EXP_NAME"):
         tags["dvc.exp_name"] = os.environ["DVC_EXP_NAME"]
+    earlier = _earlier_attempt(experiment_id, parent, tags[ATTEMPT_TAG]) if resumable else None
+    run = mlflow.start_run(run_id=earlier, run_name=stage, parent_run_id=None if earlier else parent, tags=tags)
     status = "FAILED"
     try:
-        with mlflow.start_run(run_name=stage, parent_run_id=parent, tags=tags) as run:
-            mlflow.log_params({k: str(v)[:6000] for k, v in flatten(logged).items()})
-            try:
-                yield run
-            finally:
-                mlflow.flush_async_logging()
+        if earlier:
+            print(f"MLflow: reopening the stage run of the unfinished attempt {earlier}", file=sys.stderr)
+        mlflow.log_params(flat)
+        yield run
+        mlflow.flush_async_logging()
         status = "FINISHED"
     finally:
+        _end(parent, status)
+
+
+def _end(parent: str, status: str) -> None:
+    """End the active stage run and, under plain `dvc repro`, its parent. A failing stage may be failing
+    because the server went away: then what cannot be marked is said in one line (the next stage
+    start marks the runs of a process that is gone KILLED) and the stage's own error is what it reports."""
+    try:
+        mlflow.end_run(status)
         if not os.environ.get(PARENT_ENV):
             # Under plain `dvc repro` no process outlives the stages: each closes the parent, and
             # the next stage of the same invocation adds its child run to it all the same.
             mlflow.MlflowClient().set_terminated(parent, status)
+    except Exception as e:
+        if status == "FINISHED":
+            raise
+        print(f"MLflow: could not mark the runs {status} ({str(e)[:200]})", file=sys.stderr)
 
 
 def tag_placement(device: str, dtype: str) -> None:

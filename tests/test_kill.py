@@ -16,6 +16,7 @@ import os
 import random
 import re
 import shutil
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,13 +25,18 @@ import mlflow
 import pytest
 import torch
 import transformers.trainer
+import yaml
+from transformers import TrainerState
 
+from flows import serve as team
 from rung import files, models, paths
 from rung.config import DifficultyParams, FormatParams, RLStageParams, SolutionTraces
 from rung.data import traces
 from rung.rl import trainers
 from rung.train.checkpoints import CURRICULUM_STATE, FINAL, complete_checkpoints
 from rung.train.jobs import RLJob
+from rung.train.run_log import RunLog
+from tests.conftest import free_port, serve, wait_healthy
 from tests.rows import sums
 from tests.test_pipeline import tiny_params
 from tests.workspace import make_workspace
@@ -48,12 +54,14 @@ RL_COMPLETE = ("trainer_state.json", CURRICULUM_STATE)  # as rung.train.launch.t
 ROWS = sums(16, lambda i: i % 3, solutions=True, graded=True)
 
 
-def _run_stage(ws: str, flow_module: str, args: tuple[str, ...], log: str) -> None:
-    """The body of `python -m flows.<stage> ARGS`, run in `ws` with its output in `log`."""
+def _run_stage(ws: str, flow_module: str, args: tuple[str, ...], log: str, env: dict[str, str]) -> None:
+    """The body of `python -m flows.<stage> ARGS`, run in `ws` with its output in `log` and `env` added
+    to its environment."""
     import importlib
 
     from flows.stage import main
 
+    os.environ.update(env)
     os.chdir(ws)
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.dup2(fd, 1)
@@ -88,27 +96,38 @@ class Attempt:
     complete_after: list[int] = field(default_factory=list)
     pid: int = 0
     exitcode: int | None = None
+    log: str = ""
 
 
 class Stage:
     """A stage in a prepared workspace, started (and killed) as its own process."""
 
-    def __init__(self, ctx, ws: Path, flow_module: str, args: tuple[str, ...], name: str, complete: tuple[str, ...]):
+    def __init__(
+        self,
+        ctx,
+        ws: Path,
+        flow_module: str,
+        args: tuple[str, ...],
+        name: str,
+        complete: tuple[str, ...],
+        env: dict[str, str] | None = None,
+    ):
         self.ctx, self.ws, self.flow_module, self.args, self.complete = ctx, ws, flow_module, args, complete
+        self.env = env or {}
         self.work, self.out = ws / paths.WORK / name, paths.checkpoint(name)
         self.attempts: list[Attempt] = []
 
     def steps(self) -> list[int]:
         return [int(c.name.rsplit("-", 1)[1]) for c in complete_checkpoints(self.work, self.complete)]
 
-    def run(self, trigger: str, until, on_poll=None) -> Attempt:
+    def run(self, trigger: str, until, on_poll=None, expect_exit: int = 0) -> Attempt:
         """Start the stage; SIGKILL it once `until(started_at)` is true (never, when None)."""
         log = self.ws / "logs" / self.flow_module / f"{len(self.attempts)}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         log.touch()  # a kill may come before the stage opens it
         attempt = Attempt(trigger, complete_seen=max(self.steps(), default=0))
         started = time.time()
-        proc = self.ctx.Process(target=_run_stage, args=(str(self.ws), self.flow_module, self.args, str(log)))
+        proc = self.ctx.Process(target=_run_stage, args=(str(self.ws), self.flow_module, self.args, str(log), self.env))
         proc.start()
         attempt.pid = proc.pid
         while proc.exitcode is None:
@@ -128,7 +147,8 @@ class Stage:
         attempt.complete_after = self.steps() if self.work.exists() else []
         self.attempts.append(attempt)
         print(f"{time.time() - started:6.2f}s {attempt}", flush=True)
-        if attempt.killed_after_s is None:
+        attempt.log = text
+        if attempt.killed_after_s is None and expect_exit == 0:
             assert attempt.exitcode == 0, text[-4000:]
         return attempt
 
@@ -246,43 +266,18 @@ def _runs(ws: Path) -> list:
 
 
 def _check_tracking(stage: Stage, run_name: str, steps: int) -> None:
-    """No run stays RUNNING: each killed attempt's stage run and parent run are KILLED, the last
-    attempt's FINISHED, and the loss of every step is logged, the last run's from its resumed step on."""
+    """No run stays RUNNING, and each rerun after a kill reopened the stage run of the attempt it
+    resumes (rung.tracking.stage_run): the unkilled reference run and that one, both FINISHED (the
+    last attempt their owner), each with the loss of every step exactly once."""
     runs = _runs(stage.ws)
     assert not [(r.info.run_name, r.data.tags.get("rung.owner")) for r in runs if r.info.status == "RUNNING"]
-    by_pid: dict[int, list] = {}
-    for r in runs:
-        by_pid.setdefault(int(r.data.tags["rung.owner"].rpartition(":")[2].split("-")[0]), []).append(r)
-    killed = [a for a in stage.attempts if a.killed_after_s is not None]
-    assert (
-        sum(1 for a in killed if by_pid.get(a.pid)) >= len(killed) - 1
-    )  # only the kill in start-up may come before the runs
-    for a in stage.attempts:
-        mine = by_pid.get(a.pid, [])
-        assert len(mine) <= 2 and {r.info.status for r in mine} <= (
-            {"KILLED"} if a.killed_after_s is not None else {"FINISHED"}
-        ), (a, mine)
-        # without DVC or the pipeline flow a stage joins the parent run of its commit and params (the first
-        # attempt opens it; each rerun reopens it as its owner), then opens its stage run
-        assert sorted(r.data.tags["rung.role"] for r in mine) in ([], ["stage"], ["pipeline"], ["pipeline", "stage"]), (
-            a,
-            mine,
-        )
     assert len([r for r in runs if r.data.tags["rung.role"] == "pipeline"]) == 1
+    mine = sorted((r for r in runs if r.info.run_name == run_name), key=lambda r: r.info.start_time)
+    assert [r.info.status for r in mine] == ["FINISHED", "FINISHED"], mine
+    assert int(mine[1].data.tags["rung.owner"].rpartition(":")[2].split("-")[0]) == stage.attempts[-1].pid
     client = mlflow.MlflowClient()
-    last = [r for r in by_pid[stage.attempts[-1].pid] if r.info.run_name == run_name]
-    resumed = stage.attempts[-1].resumed_from or 0
-    assert sorted(m.step for m in client.get_metric_history(last[0].info.run_id, "loss")) == list(
-        range(resumed + 1, steps + 1)
-    )
-    logged = {
-        m.step
-        for a in stage.attempts[1:]
-        for r in by_pid.get(a.pid, [])
-        if r.info.run_name == run_name
-        for m in client.get_metric_history(r.info.run_id, "loss")
-    }
-    assert logged == set(range(1, steps + 1))
+    for run in mine:
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "loss")) == list(range(1, steps + 1))
 
 
 def _check_outcome(ws: Path, model: str, plot: tuple[str, str], metrics: str, reference: Path, steps: int) -> None:
@@ -324,6 +319,122 @@ def test_sft_stage_killed_three_times_ends_as_if_never_killed(forked, ws, tmp_pa
     _kill_and_rerun(stage, random.Random(1), SFT_STEPS, 2, SFT_KILLS, _keeper(*args))
     _check_outcome(*args, SFT_STEPS)
     _check_tracking(stage, "sft", SFT_STEPS)
+
+
+class TrackingServer:
+    """An MLflow server on loopback (`rung serve`'s command line, without auth) that a test stops and
+    starts again on the same port and store: the team's server going away and coming back."""
+
+    def __init__(self, state: Path) -> None:
+        self.state, where = state, team.Endpoints("127.0.0.1", "127.0.0.1", 0, free_port())
+        self.url = where.mlflow
+        self.cmd, extra = team.commands(where, state, None)["mlflow"]
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")} | extra
+        self.proc = None
+
+    def start(self) -> None:
+        log = self.state / "mlflow.log"
+        self.proc = serve(self.cmd, self.env, log)
+        wait_healthy(self.proc, f"{self.url}/health", log)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+            self.proc = None
+
+
+@pytest.fixture(scope="module")
+def tracking_server(tmp_path_factory):
+    server = TrackingServer(tmp_path_factory.mktemp("mlflow-server"))
+    server.start()
+    yield server
+    server.stop()
+
+
+NO_WAITING = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}  # a try fails at once
+
+
+def _loss_steps(client: mlflow.MlflowClient, run_id: str) -> list[int]:
+    return sorted(m.step for m in client.get_metric_history(run_id, "loss"))
+
+
+def test_the_trainer_log_keeps_what_an_absent_server_did_not_take_and_sends_each_step_once(
+    tracking_server, monkeypatch
+):
+    """rung.train.run_log: logs made while the server is away are sent when it is back (here while
+    the end of training waits for it), and a rerun's log history is sent only where the run lacks it."""
+    for k, v in NO_WAITING.items():
+        monkeypatch.setenv(k, v)
+    mlflow.set_tracking_uri(tracking_server.url)
+    client = mlflow.MlflowClient()
+    run_id = client.create_run(client.create_experiment("outage")).info.run_id
+    log, state = RunLog(run_id, wait_s=120), TrainerState()
+
+    def step(n: int, loss: float) -> None:
+        state.global_step = n
+        log.on_log(None, state, None, logs={"loss": loss, "epoch": n / 10})
+
+    for n in (1, 2):
+        step(n, 1.0 / n)
+    while log.pending():
+        time.sleep(0.05)
+    tracking_server.stop()
+    for n in (3, 4):
+        step(n, 1.0 / n)
+    step(4, 99.0)  # a second value for a (key, step) is not sent
+    back = threading.Timer(2, tracking_server.start)
+    back.start()
+    log.close("the work dir")
+    back.join()
+    assert _loss_steps(client, run_id) == [1, 2, 3, 4] and log.error is None
+    assert {m.step: m.value for m in client.get_metric_history(run_id, "loss")}[4] == 0.25
+
+    rerun = RunLog(run_id, wait_s=60)  # a rerun reopened the run; its checkpoint's history goes to step 5
+    rerun.add_history([{"loss": 1.0 / n, "step": n} for n in range(1, 6)])
+    rerun.close("the work dir")
+    assert _loss_steps(client, run_id) == [1, 2, 3, 4, 5]
+
+
+def test_an_rl_stage_whose_mlflow_server_went_away_keeps_its_checkpoint_and_its_rerun_completes_the_record(
+    forked, ws, tracking_server
+):
+    """The server goes away after step 2 and stays away past tracking.outage_wait: training goes on,
+    the stage fails in one line (exit 75) keeping its trained checkpoint; once the server is back the
+    rerun trains nothing, reopens the stage run and sends what it lacks: every step once, one run."""
+    params = yaml.safe_load((ws / "params.yaml").read_text())
+    params.setdefault("tracking", {})["outage_wait"] = 1
+    (ws / "params.yaml").write_text(yaml.safe_dump(params))
+    stage = Stage(
+        forked,
+        ws,
+        "flows.rl",
+        ("main",),
+        "rl/main",
+        RL_COMPLETE,
+        env={"MLFLOW_TRACKING_URI": tracking_server.url, **NO_WAITING},
+    )
+
+    def away_after_step_two() -> None:
+        if tracking_server.proc is not None and 2 in stage.steps():
+            tracking_server.stop()
+
+    first = stage.run("mlflow away from step 2", None, on_poll=away_after_step_two, expect_exit=75)
+    tail = first.log.strip().splitlines()[-1]
+    assert first.exitcode == 75 and tail.startswith("error: MLflow at ") and "tracking.outage_wait" in tail, first.log[
+        -3000:
+    ]
+    assert first.complete_after[-1] == RL_STEPS  # trained to the end, checkpoint kept
+
+    tracking_server.start()
+    second = stage.run("mlflow back", None)
+    assert second.resumed_from == RL_STEPS and "reopening the stage run" in second.log
+    mlflow.set_tracking_uri(tracking_server.url)
+    runs = mlflow.search_runs(experiment_names=["rung"], output_format="list")
+    [run] = [r for r in runs if r.info.run_name == "rl@main"]
+    assert run.info.status == "FINISHED" and run.data.metrics["rl/steps"] == RL_STEPS
+    assert _loss_steps(mlflow.MlflowClient(), run.info.run_id) == list(range(1, RL_STEPS + 1))
+    assert not (ws / paths.WORK / "rl/main").exists()  # discarded once the record was complete
 
 
 class _Killed(BaseException):
@@ -369,7 +480,7 @@ def test_a_kill_after_trl_rotated_its_checkpoints_leaves_a_complete_one(tiny_mod
     monkeypatch.setattr(transformers.trainer, "rotate_checkpoints", rotate_then_die)
     with pytest.raises(_Killed):
         trainers.train(job)
-    assert mlflow.active_run() is None  # the run transformers' callback opened ended with the crash
+    assert mlflow.active_run() is None  # a trainer outside a stage run opens none (rung.train.run_log)
     done = complete_checkpoints(job.work_dir, RL_COMPLETE)
     assert [c.name for c in done] == ["checkpoint-2"]
     monkeypatch.undo()

@@ -9,8 +9,6 @@ its MLflow run."""
 
 from __future__ import annotations
 
-import gc
-
 import mlflow
 import pytest
 
@@ -34,15 +32,11 @@ LOSS_ATOL = 0.05  # each logged loss within this of fp32's (bf16 logits differ b
 
 @pytest.fixture(autouse=True)
 def _mlflow_store(tmp_path, monkeypatch):
-    # both: transformers' MLflowCallback points MLflow at the variable, and an earlier test's
-    # set_tracking_uri would otherwise keep this test's start_run and reads on another store
-    # nor a crashed trainer of an earlier test (test_kill): transformers' MLflowCallback.__del__ ends
-    # whatever run is active when the garbage collector reaches it, which could be this test's
-    gc.collect()
+    # an earlier test's set_tracking_uri or active experiment would otherwise keep this test's runs on its store
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     mlflow.set_tracking_uri(uri)
-    mlflow.set_experiment("learning")  # nor an earlier test's active experiment id, of its own store
+    mlflow.set_experiment("learning")
 
 
 def _history(run_id: str, key: str) -> list[float]:
@@ -51,9 +45,8 @@ def _history(run_id: str, key: str) -> list[float]:
 
 def _run(train, training_job) -> tuple[dict[str, float], dict[str, list[float]]]:
     """(summary metrics, per-step loss and update figures from the run's MLflow store)."""
-    with mlflow.start_run() as run:
+    with mlflow.start_run() as run:  # the trainer's logs go to the active run (rung.train.run_log)
         metrics = train(training_job).metrics
-        mlflow.flush_async_logging()  # transformers' callback logs asynchronously (rung's stage run flushes so)
     keys = ("loss", "update/relative", "update/changed_share")
     return metrics, {k: _history(run.info.run_id, k) for k in keys}
 

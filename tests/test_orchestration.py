@@ -85,6 +85,7 @@ def servers(tmp_path_factory):
                 },
                 "mlflow": up.env["MLFLOW_TRACKING_URI"],
                 "env": up.env,
+                "team": up,
                 "state": state,
                 "artifacts": state / "artifacts",
             }
@@ -114,6 +115,27 @@ def prefect_client(servers):
         yield client
 
 
+WORKER = [sys.executable, "-m", "prefect", "worker", "start", "--pool", "gpu", "--run-once", "--limit", "1"]
+
+
+def _node_env(servers: dict, ws: Path) -> dict[str, str]:
+    """A GPU node's worker environment for workspace `ws`: the servers' URLs and credentials, and no venv
+    on PATH (the deployment's pull step and tasks.dvc.env() must do without)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "MLFLOW_"))}
+    env.update(servers["prefect"], RUNG_REPO=str(ws), **{k: v for k, v in servers["env"].items() if "MLFLOW" in k})
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if Path(p) != Path(sys.executable).parent)
+    return env
+
+
+def _lock_is_free(ws: Path) -> bool:
+    with (ws / dvc.LOCK).open() as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+    return True
+
+
 def test_deployed_pipeline_runs_on_a_gpu_pool_worker(workspace, servers, prefect_client, tmp_path):
     ws, run = workspace
     res = run(sys.executable, "-m", "prefect", "work-pool", "create", "gpu", "--type", "process")
@@ -128,13 +150,8 @@ def test_deployed_pipeline_runs_on_a_gpu_pool_worker(workspace, servers, prefect
     assert client.read_deployment_by_name("sweep/sweep").parameters["jobs"] == 1
     flow_run = client.create_flow_run_from_deployment(deployment.id)
 
-    # A worker elsewhere (cwd), without the venv on PATH: the pull step and tasks.dvc.env() must do.
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "MLFLOW_"))}
-    env.update(servers["prefect"], RUNG_REPO=str(ws), **{k: v for k, v in servers["env"].items() if "MLFLOW" in k})
-    env.update(PLANTED)  # credentials a GPU node's environment holds: none may reach a record
-    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if Path(p) != Path(sys.executable).parent)
-    start = [sys.executable, "-m", "prefect", "worker", "start", "--pool", "gpu", "--run-once", "--limit", "1"]
-    worker = subprocess.run(start, check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    env = {**_node_env(servers, ws), **PLANTED}  # credentials a GPU node's environment holds: none may reach a record
+    worker = subprocess.run(WORKER, check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert worker.returncode == 0, worker.stdout[-3000:] + worker.stderr[-3000:]
 
     state = client.read_flow_run(flow_run.id).state
@@ -152,8 +169,7 @@ def test_deployed_pipeline_runs_on_a_gpu_pool_worker(workspace, servers, prefect
 
     # The workspace lock: taken during the run, free after it.
     lock = ws / dvc.LOCK
-    with lock.open() as f:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises BlockingIOError if still held
+    assert _lock_is_free(ws)
     # the UI's timeline reads as the DAG: task runs named by what they do, not by hash suffixes
     tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))
     assert sorted(t.name for t in tasks) == ["is_stale[curate]", "is_stale[model]", "repro[curate]", "repro[model]"]
@@ -211,6 +227,75 @@ def test_deployed_pipeline_runs_on_a_gpu_pool_worker(workspace, servers, prefect
     texts["worker"] = worker.stdout + worker.stderr
     leaks = [(where, secret[:4]) for where, text in texts.items() for secret in secrets if secret in text]
     assert not leaks and len(records) > 50, leaks
+
+
+def test_two_workers_run_two_workspaces_at_once_through_a_prefect_server_restart(
+    workspace, servers, prefect_client, tmp_path
+):
+    """Two workers on pool `gpu` each run the deployed pipeline in a workspace of their own (two clones
+    of one commit and params), and the Prefect server restarts while both run: each run ends, completed
+    or crashed but never left running; neither touches the other's outputs or MLflow parent; both
+    workspace locks are free; and a new run proceeds."""
+    ws, _ = workspace
+    clones = [tmp_path / "a", tmp_path / "b"]
+    for clone in clones:
+        subprocess.run(["git", "clone", "-q", str(ws), str(clone)], check=True)
+    client = prefect_client
+    deployment = client.read_deployment_by_name("pipeline/pipeline")
+    flow_runs = [client.create_flow_run_from_deployment(deployment.id) for _ in clones]
+
+    def states() -> list:
+        return [client.read_flow_run(r.id).state for r in flow_runs]
+
+    workers, logs = [], [tmp_path / f"worker-{c.name}.log" for c in clones]
+    for clone, log in zip(clones, logs, strict=True):
+        with log.open("w") as out:
+            workers.append(
+                subprocess.Popen(
+                    WORKER, cwd=tmp_path, env=_node_env(servers, clone), stdout=out, stderr=subprocess.STDOUT
+                )
+            )
+        deadline = time.time() + 120  # the next worker starts once this one took its run: one each
+        while sum(not s.is_scheduled() for s in states()) < len(workers):
+            assert time.time() < deadline and all(w.poll() is None for w in workers), log.read_text()[-3000:]
+            time.sleep(0.5)
+    deadline = time.time() + 300
+    while not all(s.is_running() or s.is_final() for s in states()):  # both started (~10 s of stages each)
+        assert time.time() < deadline, (states(), [log.read_text()[-2000:] for log in logs])
+        time.sleep(0.2)
+    assert any(s.is_running() for s in states())
+    servers["team"].stop("prefect")
+    servers["team"].start("prefect")
+    for worker, log in zip(workers, logs, strict=True):
+        assert worker.wait(timeout=600) == 0, log.read_text()[-3000:]
+
+    final = states()
+    assert all(s.is_final() for s in final), final
+    print("after the restart:", [s.type.value for s in final])
+    mlflow.set_tracking_uri(servers["mlflow"])
+    runs = mlflow.search_runs(experiment_names=["rung"], output_format="list")
+    done = []
+    for clone in clones:  # a parent of its own, holding its own stages only
+        assert _lock_is_free(clone)
+        parents = [r for r in runs if r.data.tags.get("rung.workspace", "").endswith(f":{clone}")]
+        kids = [
+            {r.info.run_name for r in runs if r.data.tags.get("mlflow.parentRunId") == p.info.run_id} for p in parents
+        ]
+        assert len(parents) <= 1 and all(k <= {"model", "curate"} for k in kids), kids
+        if (clone / "data/curated/train.jsonl").is_file():
+            done.append(clone)
+            assert kids == [{"model", "curate"}]
+    assert len(done) >= sum(s.is_completed() for s in final)
+
+    # a new run proceeds in the first workspace (completing what a crashed run left)
+    again = client.create_flow_run_from_deployment(deployment.id)
+    res = subprocess.run(
+        WORKER, cwd=tmp_path, env=_node_env(servers, clones[0]), capture_output=True, text=True, timeout=600
+    )
+    assert res.returncode == 0 and client.read_flow_run(again.id).state.is_completed(), (
+        res.stdout[-3000:] + res.stderr[-3000:]
+    )
+    assert (clones[0] / "data/curated/train.jsonl").is_file() and _lock_is_free(clones[0])
 
 
 def test_team_servers_refuse_anyone_without_the_credentials(workspace, servers, monkeypatch):

@@ -114,6 +114,10 @@ class TrackingParams(Section):
     MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD."""
     experiment: str = Field("rung", min_length=1)
     """MLflow experiment holding the runs: one parent run per pipeline experiment, a child run per stage."""
+    outage_wait: float = Field(300.0, ge=0)
+    """Seconds a training stage waits at its end for an MLflow server that went away during training to
+    take the logs it kept (training itself never waits on the server). Past it the stage fails with its
+    checkpoints kept, and its rerun sends what the server lacks into the same stage run, each step once."""
     log_models: bool = False
     """Also log each trained checkpoint (sft, rl/<stage>) as an MLflow transformers-flavour logged model.
     Off by default: the weights are already versioned by DVC, and a copy in the MLflow artifact store

@@ -243,7 +243,7 @@ def train(job: RLJob, callbacks: list[Any] | None = None) -> JobResult:
     the model lands in work_dir/final and (main process) the per-step curves at `job.curves`."""
     trainer = trainer_for(job, callbacks)
     funcs, tok = trainer.reward_funcs, trainer.processing_class
-    fit(trainer, job.resume)
+    fit(trainer, job.resume, job.outage_wait)
     curves = [
         {
             "step": h["step"],

@@ -37,8 +37,7 @@ def common_args(seed: int, work_dir: Path, dtype: str, save_steps: int, device: 
         seed=seed,
         data_seed=seed,
         logging_steps=1,
-        # per-step metrics into the stage's active MLflow child run (a GPU bench environment may lack mlflow)
-        report_to=["mlflow"] if importlib.util.find_spec("mlflow") else [],
+        report_to="none",  # per-step logs go to the stage's MLflow run through rung.train.run_log (fit)
         save_strategy="steps",
         save_steps=save_steps,
         save_total_limit=1,  # the latest checkpoint is all a resume needs
@@ -52,40 +51,32 @@ def common_args(seed: int, work_dir: Path, dtype: str, save_steps: int, device: 
     )
 
 
-def fit(trainer: Any, resume: str | None) -> None:
+def fit(trainer: Any, resume: str | None, outage_wait: float = 300.0) -> None:
     """trainer.train(), resumed from checkpoint `resume` if given, with each step's update size
-    logged (rung.train.movement). A checkpoint of the last step (a job killed while saving or
-    publishing its model) is loaded rather than trained from: transformers would train one step past
-    max_steps."""
+    logged (rung.train.movement) and every log sent to the stage's MLflow run (rung.train.run_log,
+    which waits up to `outage_wait` seconds at the end for a server that went away). A checkpoint of the
+    last step (a job killed while saving or publishing its model, or failed for want of MLflow) is
+    loaded rather than trained from: transformers would train one step past max_steps."""
     trainer.add_callback(movement.UpdateSize(trainer))
+    log = None
+    if trainer.is_world_process_zero() and importlib.util.find_spec("mlflow"):  # a GPU bench env may lack it
+        from rung.train.run_log import RunLog
+
+        log = RunLog.of_active_run(outage_wait)
+    if log:
+        trainer.add_callback(log)
     if resume:
         state = TrainerState.load_from_json(str(Path(resume) / TRAINER_STATE_NAME))
         if state.global_step >= state.max_steps:
             trainer._load_from_checkpoint(resume)
             trainer.state = state
+            if log:
+                log.add_history(state.log_history)
+                log.close(trainer.args.output_dir)
             return
-    before = _active_run()
-    try:
-        trainer.train(resume_from_checkpoint=resume)
-    except BaseException:
-        # transformers' MLflowCallback opens a run when none is active and ends it only at train end:
-        # a crash would leave it active in this process, and the next start_run would refuse
-        opened = _active_run()
-        if opened is not None and opened != before:
-            import mlflow
-
-            mlflow.end_run(status="FAILED")
-        raise
-
-
-def _active_run() -> str | None:
-    """The id of this process's active MLflow run, if mlflow is installed and one is active."""
-    if not importlib.util.find_spec("mlflow"):
-        return None
-    import mlflow
-
-    run = mlflow.active_run()
-    return run.info.run_id if run else None
+    trainer.train(resume_from_checkpoint=resume)
+    if log:
+        log.close(trainer.args.output_dir)
 
 
 def train_loss(state: Any) -> float:

@@ -36,12 +36,14 @@ class TrainJob(BaseModel):
     device: str = "auto"
     """params `model.device`."""
     resume: str | None = None
+    outage_wait: float = 300.0
+    """params `tracking.outage_wait`: how long the end of training waits for MLflow (rung.train.run_log)."""
     callbacks: list[str] = []
     """Import paths ('module:Class') of extra TRL callbacks, e.g. for tests that observe training."""
 
     def fingerprint(self) -> dict[str, Any]:
         """The settings a checkpoint depends on (resume only from a checkpoint written for them)."""
-        return self.model_dump(mode="json", by_alias=True, exclude={"work_dir", "resume", "callbacks"})
+        return self.model_dump(mode="json", by_alias=True, exclude={"work_dir", "resume", "outage_wait", "callbacks"})
 
     def trainer_callbacks(self) -> list[Any]:
         """Instances of the `callbacks` import paths."""

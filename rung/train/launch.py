@@ -20,7 +20,7 @@ from pathlib import Path
 from rung import files, models
 from rung.config import LaunchParams
 from rung.errors import InputError
-from rung.train.checkpoints import CURRICULUM_STATE, FINAL, discard, resume_point
+from rung.train.checkpoints import CURRICULUM_STATE, FINAL, resume_point
 from rung.train.jobs import RESULT, JobResult, RLJob, TrainJob
 
 log = logging.getLogger(__name__)
@@ -90,8 +90,9 @@ def _free_port() -> int:
 
 def train(job: TrainJob, launch: LaunchParams, out_dir: Path) -> dict[str, float]:
     """Train (resuming from the last checkpoint in the work directory when it was written for the
-    same job and inputs), publish the model at `out_dir` and clear the checkpoints; returns the
-    job's summary metrics."""
+    same job and inputs) and publish the model at `out_dir`; returns the job's summary metrics. The
+    checkpoints stay until the stage's records are complete (its flow then calls `discard`): a stage
+    that fails after training, for want of its MLflow server, resumes from them."""
     key = f"{job.key}.launch"
     check(launch, key)
     # An RL checkpoint is complete with the curriculum state (written before TRL's files) and TRL's
@@ -105,7 +106,6 @@ def train(job: TrainJob, launch: LaunchParams, out_dir: Path) -> dict[str, float
     job = job.model_copy(update={"resume": resume})
     result = run(job, launch)
     models.publish(job.work_dir / FINAL, out_dir, {"stage": job.kind, **job.fingerprint()})  # type: ignore[attr-defined]
-    discard(job.work_dir)  # checkpoints are for resuming an interrupted run only
     return result.metrics
 
 
@@ -122,7 +122,7 @@ def run(job: TrainJob, launch: LaunchParams) -> JobResult:
     import mlflow
     import torch
 
-    # The ranks log into the stage's MLflow run: TRL's callback resumes MLFLOW_RUN_ID.
+    # The ranks log into the stage's MLflow run: rank 0's rung.train.run_log sends to MLFLOW_RUN_ID.
     active = mlflow.active_run()
     env = {
         **os.environ,

@@ -31,7 +31,7 @@ def _completion(target: str, fmt: FormatParams) -> list[dict[str, str]] | str:
 
 def train(job: SFTJob) -> JobResult:
     """Fine-tune the job's init model on its traces; the result lands in work_dir/final. Per-step
-    metrics go to the active MLflow run through TRL's MLflowCallback."""
+    metrics go to the active MLflow run (rung.train.run_log)."""
     params, model_dir, traces = job.params, job.init, files.read_jsonl(job.data)
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = trainable(model_dir)
@@ -68,7 +68,7 @@ def train(job: SFTJob) -> JobResult:
         peft_config=peft_config,
         callbacks=job.trainer_callbacks(),
     )
-    fit(trainer, job.resume)
+    fit(trainer, job.resume, job.outage_wait)
     moved = finalize(trainer, tok, job.work_dir, job.init)
     return JobResult(
         metrics={
