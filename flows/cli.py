@@ -13,7 +13,7 @@ from rich.markdown import Markdown
 from flows import credentials
 from rung import config, paths, preflight
 from rung.checks import workspace
-from rung.errors import InputError
+from rung.errors import InputError, Unavailable
 
 app = typer.Typer(
     add_completion=False,
@@ -27,15 +27,16 @@ console = Console()
 @app.command(epilog="Guide: docs/pipeline.md (Validation before any compute); every key: docs/reference/params.md.")
 def validate(params_file: Path = typer.Argument(paths.PARAMS, help="params file to check")) -> None:
     """Check a params file against the schema and preflight it (sources, tasks, models, rewards,
-    launch); one line naming the key or file on error (exit 2)."""
+    launch, the servers' credentials); one line naming the key or file on error (exit 2), or the server
+    that does not answer (exit 75)."""
     try:
         params = config.load(params_file)
         preflight.check(params)
         workspace.warn_git_identity(params)
         credentials.check(params)
-    except InputError as e:
+    except (InputError, Unavailable) as e:
         typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
+        raise typer.Exit(Unavailable.exit_code if isinstance(e, Unavailable) else 2) from None
     console.print(
         f"{params_file}: ok ({len(params.curate.sources)} sources, checkpoints: {', '.join(params.checkpoints)})"
     )

@@ -13,7 +13,7 @@ from prefect.settings import get_current_settings
 
 from rung import tracking
 from rung.config import Params
-from rung.errors import InputError
+from rung.errors import InputError, Unavailable
 
 
 def basic(user_and_password: str) -> str:
@@ -35,7 +35,8 @@ def http_status(url: str, auth: str | None = None, body: bytes | None = None, ti
 
 def check(params: Params) -> None:
     """Raise InputError (one line) when the MLflow or Prefect server a run reports to refuses its
-    credentials or does not answer: before any compute, not as a stack trace after training."""
+    credentials, Unavailable when it does not answer: before any compute, not as a stack trace after
+    training."""
     uri = tracking.tracking_uri(params)
     if uri.startswith(("http://", "https://")):
         user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
@@ -60,7 +61,8 @@ def _answer(server: str, base: str, url: str, auth: str | None, variables: str, 
     try:
         status = http_status(url, auth, body)
     except OSError as e:
-        raise InputError(f"{server} at {tracking.redact(base)} does not answer ({getattr(e, 'reason', e)})") from None
+        # not the user's input: a server restarting answers again soon, so this one is retried (exit 75)
+        raise Unavailable(f"{server} at {tracking.redact(base)} does not answer ({getattr(e, 'reason', e)})") from None
     if status in (401, 403):
         what = "refused the credentials" if auth else "needs credentials"
         raise InputError(f"{server} at {tracking.redact(base)} {what}: set {variables}")

@@ -233,9 +233,9 @@ def test_two_workers_run_two_workspaces_at_once_through_a_prefect_server_restart
     workspace, servers, prefect_client, tmp_path
 ):
     """Two workers on pool `gpu` each run the deployed pipeline in a workspace of their own (two clones
-    of one commit and params), and the Prefect server restarts while both run: each run ends, completed
-    or crashed but never left running; neither touches the other's outputs or MLflow parent; both
-    workspace locks are free; and a new run proceeds."""
+    of one commit and params), and the Prefect server restarts while both run: both runs complete;
+    neither touches the other's outputs or MLflow parent; both workspace locks are free; and a new run
+    proceeds."""
     ws, _ = workspace
     clones = [tmp_path / "a", tmp_path / "b"]
     for clone in clones:
@@ -270,8 +270,9 @@ def test_two_workers_run_two_workspaces_at_once_through_a_prefect_server_restart
         assert worker.wait(timeout=600) == 0, log.read_text()[-3000:]
 
     final = states()
-    assert all(s.is_final() for s in final), final
-    print("after the restart:", [s.type.value for s in final])
+    # picked up: the Prefect client retries its calls, and a stage that started while the server was away
+    # stopped in its preflight ("does not answer", exit 75), which the pipeline's retries retry
+    assert all(s.is_completed() for s in final), final
     mlflow.set_tracking_uri(servers["mlflow"])
     runs = mlflow.search_runs(experiment_names=["rung"], output_format="list")
     done = []
@@ -338,7 +339,7 @@ def test_team_servers_refuse_anyone_without_the_credentials(workspace, servers, 
         f"error: Prefect at {env['PREFECT_API_URL']} refused the credentials: set PREFECT_API_AUTH_STRING",
     )
     code, line = validate(MLFLOW_TRACKING_URI=(gone := f"http://127.0.0.1:{free_port()}"))
-    assert code == 2 and line.startswith(f"error: MLflow at {gone} does not answer")
+    assert code == 75 and line.startswith(f"error: MLflow at {gone} does not answer")  # transient: retried
     assert validate()[0] == 0
 
     # without auth, a non-loopback address is refused in one line unless the user says so
