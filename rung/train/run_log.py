@@ -133,7 +133,7 @@ class RunLog(TrainerCallback):
             try:
                 self._send(metrics, params)
             except RestException as e:  # the server answered and refused the batch: sending it again cannot help
-                print(f"MLflow at {self.uri} refused a batch of logs: {e}", file=sys.stderr, flush=True)
+                print(f"MLflow at {self.uri} refused {len(metrics)} metrics: {e}", file=sys.stderr, flush=True)
             except Exception as e:  # noqa: BLE001 - no answer: keep the batch, try again
                 if self.error is None:
                     print(
@@ -159,7 +159,13 @@ class RunLog(TrainerCallback):
         if self._earlier is None:
             self._first_contact()
         new = [p for p in params if p.key not in self._earlier_params]
-        self.client.log_batch(self.run_id, metrics=self._new(metrics), params=new)
+        if new:
+            try:
+                self.client.log_batch(self.run_id, params=new)
+            except RestException as e:  # refused (a second value for a param): the metrics still go
+                print(f"MLflow at {self.uri} refused the trainer's arguments as params: {e}", file=sys.stderr)
+        if metrics:
+            self.client.log_batch(self.run_id, metrics=self._new(metrics))
 
     def pending(self) -> int:
         with self._cond:
