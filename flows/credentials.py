@@ -13,7 +13,7 @@ from prefect.settings import get_current_settings
 
 from rung import tracking
 from rung.config import Params
-from rung.errors import InputError, Unavailable
+from rung.errors import InputError, Unavailable, redact
 
 
 def basic(user_and_password: str) -> str:
@@ -62,7 +62,7 @@ def _answer(server: str, base: str, url: str, auth: str | None, variables: str, 
         status = http_status(url, auth, body)
     except OSError as e:
         # not the user's input: a server restarting answers again soon, so this one is retried (exit 75)
-        raise Unavailable(f"{server} at {tracking.redact(base)} does not answer ({getattr(e, 'reason', e)})") from None
+        raise Unavailable(f"{server} at {redact(base)} does not answer ({getattr(e, 'reason', e)})") from None
     if status in (401, 403):
         what = "refused the credentials" if auth else "needs credentials"
-        raise InputError(f"{server} at {tracking.redact(base)} {what}: set {variables}")
+        raise InputError(f"{server} at {redact(base)} {what}: set {variables}")

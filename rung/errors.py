@@ -1,4 +1,12 @@
-"""Errors that are the user's input, not a bug: reported as one line, exit code 2."""
+"""Errors that are the user's input, not a bug: reported as one line, exit code 2; a server that does
+not answer: one line, exit code 75; and what such a line may show of a URL."""
+
+import re
+
+
+def redact(url: str) -> str:
+    """`url` without a password embedded in it (scheme://user:secret@host -> scheme://user:***@host)."""
+    return re.sub(r"^([a-z+]+://[^/@:]+):[^/@]*@", r"\1:***@", url)
 
 
 class InputError(ValueError):

@@ -55,11 +55,6 @@ VERSIONED = (
 )
 
 
-def redact(url: str) -> str:
-    """`url` without a password embedded in it (scheme://user:secret@host -> scheme://user:***@host)."""
-    return re.sub(r"^([a-z+]+://[^/@:]+):[^/@]*@", r"\1:***@", url)
-
-
 def repo_root() -> Path:
     """The DVC workspace the stage runs in (DVC sets DVC_ROOT for stage commands)."""
     return Path(os.environ.get("DVC_ROOT") or Path.cwd()).resolve()
