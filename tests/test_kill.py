@@ -49,6 +49,7 @@ def parity(completion_ids, **_):
 
 
 RL_STEPS, RL_KILLS = 12, 10
+OUTAGE_STEPS = 6  # the MLflow outage test's RL stage: the server goes away after step 2
 SFT_STEPS, SFT_KILLS = 12, 3
 RL_COMPLETE = ("trainer_state.json", CURRICULUM_STATE)  # as rung.train.launch.train decides for RL jobs
 ROWS = sums(16, lambda i: i % 3, solutions=True, graded=True)
@@ -404,6 +405,7 @@ def test_an_rl_stage_whose_mlflow_server_went_away_keeps_its_checkpoint_and_its_
     rerun trains nothing, reopens the stage run and sends what it lacks: every step once, one run."""
     params = yaml.safe_load((ws / "params.yaml").read_text())
     params.setdefault("tracking", {})["outage_wait"] = 1
+    params["rl"]["stages"]["main"].update(max_steps=OUTAGE_STEPS, save_steps=2)
     (ws / "params.yaml").write_text(yaml.safe_dump(params))
     stage = Stage(
         forked,
@@ -424,16 +426,16 @@ def test_an_rl_stage_whose_mlflow_server_went_away_keeps_its_checkpoint_and_its_
     assert first.exitcode == 75 and tail.startswith("error: MLflow at ") and "tracking.outage_wait" in tail, first.log[
         -3000:
     ]
-    assert first.complete_after[-1] == RL_STEPS  # trained to the end, checkpoint kept
+    assert first.complete_after[-1] == OUTAGE_STEPS  # trained to the end, checkpoint kept
 
     tracking_server.start()
     second = stage.run("mlflow back", None)
-    assert second.resumed_from == RL_STEPS and "reopening the stage run" in second.log
+    assert second.resumed_from == OUTAGE_STEPS and "reopening the stage run" in second.log
     mlflow.set_tracking_uri(tracking_server.url)
     runs = mlflow.search_runs(experiment_names=["rung"], output_format="list")
     [run] = [r for r in runs if r.info.run_name == "rl@main"]
-    assert run.info.status == "FINISHED" and run.data.metrics["rl/steps"] == RL_STEPS
-    assert _loss_steps(mlflow.MlflowClient(), run.info.run_id) == list(range(1, RL_STEPS + 1))
+    assert run.info.status == "FINISHED" and run.data.metrics["rl/steps"] == OUTAGE_STEPS
+    assert _loss_steps(mlflow.MlflowClient(), run.info.run_id) == list(range(1, OUTAGE_STEPS + 1))
     assert not (ws / paths.WORK / "rl/main").exists()  # discarded once the record was complete
 
 
