@@ -1,0 +1,218 @@
+"""The sandbox's trusted half: `python -P -s -S -c <this file> ...` run by bubblewrap (see rung/sandbox/__init__.py
+for the design). Standard library only, and only modules that start fast: it runs once per execution.
+
+argv: the verdict fd, the uid to drop to ('-' keeps the uid: user-namespace mode), then the limits: cpu seconds,
+address space bytes, processes, open files, file size bytes. stdin: the job, marshalled by the grader (solution,
+context, tests, entry point, nonce). The runner forks the solution's process before it reads the job, runs the
+trusted context and tests itself with the entry point as a proxy into that process, and writes one verdict line
+with the nonce to the verdict fd, which the solution's process never holds.
+"""
+
+import builtins
+import ctypes
+import marshal
+import os
+import resource
+import signal
+import struct
+import sys
+
+PR_SET_DUMPABLE = 4
+PR_SET_NO_NEW_PRIVS = 38
+PLAIN = frozenset({type(None), bool, int, float, complex, str, bytes, type(...)})
+CONTAINERS = frozenset({list, tuple, set, frozenset, dict})
+MAX_MESSAGE = 16 << 20  # one reply from the solution's process; more fails the call
+
+
+class SolutionDied(Exception):
+    def __init__(self, status: int):
+        self.signal = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+        how = (
+            f"signal {signal.Signals(self.signal).name}"
+            if self.signal
+            else f"exit code {os.waitstatus_to_exitcode(status)}"
+        )
+        super().__init__(f"the solution's process ended ({how})")
+
+
+class SolutionError(Exception):
+    """An exception of the solution's that is not a builtin Exception (its type name and message are the solution's)."""
+
+
+def send(fd: int, data: bytes) -> None:
+    data = struct.pack("<I", len(data)) + data
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def read_exact(fd: int, n: int) -> bytes | None:
+    parts = []
+    while n:
+        part = os.read(fd, min(n, 1 << 20))
+        if not part:
+            return None
+        parts.append(part)
+        n -= len(part)
+    return b"".join(parts)
+
+
+def recv(fd: int) -> object | None:
+    head = read_exact(fd, 4)
+    if head is None:
+        return None
+    (n,) = struct.unpack("<I", head)
+    if n > MAX_MESSAGE:
+        raise SolutionError(f"the solution's reply is {n} bytes, over {MAX_MESSAGE}")
+    data = read_exact(fd, n)
+    return None if data is None else marshal.loads(data)
+
+
+def plain(value: object, depth: int = 0) -> bool:
+    """Whether `value` is data of exact builtin types: nothing whose __eq__ or __hash__ the solution wrote."""
+    kind = type(value)
+    if kind in PLAIN:
+        return True
+    if kind not in CONTAINERS or depth > 100:
+        return False
+    items = [x for kv in value.items() for x in kv] if kind is dict else value
+    return all(plain(x, depth + 1) for x in items)
+
+
+def serve(rfd: int, wfd: int) -> None:
+    """The solution's process: run the solution, then answer calls of its entry point until the runner ends it."""
+    namespace: dict = {"__name__": "solution"}
+    entry = None
+    while (message := recv(rfd)) is not None:
+        try:
+            if message[0] == "exec":
+                exec(compile(message[1], "<solution>", "exec"), namespace)
+                entry = namespace.get(message[2])
+                reply = ("ok", callable(entry))
+            else:
+                reply = ("ok", entry(*message[1], **message[2]))
+        except BaseException as e:  # SystemExit and KeyboardInterrupt too: the runner decides what they mean
+            try:
+                reply = ("raise", type(e).__name__, str(e)[:500])
+            except BaseException:
+                reply = ("raise", "Exception", "an exception whose str() failed")
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BaseException:
+                pass
+        try:
+            data = marshal.dumps(reply)
+        except ValueError:  # marshal takes builtin types only (not even subclasses)
+            kind = type(reply[1]).__name__
+            data = marshal.dumps(("raise", "TypeError", f"the solution returned a {kind}, not plain data"))
+        send(wfd, data)
+
+
+class Solution:
+    """The runner's side of the solution's process: a call of the entry point is a message there and back."""
+
+    def __init__(self, pid: int, wfd: int, rfd: int):
+        self.pid, self.wfd, self.rfd = pid, wfd, rfd
+
+    def ask(self, message: tuple) -> object:
+        try:
+            send(self.wfd, marshal.dumps(message))
+            reply = recv(self.rfd)
+        except BrokenPipeError:
+            reply = None
+        if reply is None:
+            raise SolutionDied(os.waitpid(self.pid, 0)[1])
+        # the reply is the solution's: marshal can also carry code objects, so check every type in it
+        if type(reply) is tuple and len(reply) == 2 and reply[0] == "ok" and plain(reply[1]):
+            return reply[1]
+        if not (type(reply) is tuple and len(reply) == 3 and reply[0] == "raise" and plain(reply)):
+            raise SolutionError("the solution's process sent a malformed reply")
+        name, text = reply[1], str(reply[2])
+        kind = getattr(builtins, str(name), None)
+        # builtin Exception types only: a test may expect ValueError; SystemExit must not end the runner
+        if isinstance(kind, type) and issubclass(kind, Exception):
+            raise kind(text)
+        raise SolutionError(f"{name}: {text}")
+
+    def candidate(self, *args: object, **kwargs: object) -> object:
+        if not plain((args, kwargs)):
+            raise TypeError("the tests passed arguments that are not plain data")
+        return self.ask(("call", args, kwargs))
+
+
+def grade(job: dict, solution: Solution) -> tuple[str, str]:
+    """(verdict, detail): the solution runs in its process, the context and tests here, on pristine builtins."""
+    try:
+        if not solution.ask(("exec", job["solution"], job["entry_point"])):
+            return "failed", f"the solution defines no function {job['entry_point']}"
+        namespace = {"__name__": "tests"}
+        exec(compile(job["context"], "<context>", "exec"), namespace)
+        namespace[job["entry_point"]] = solution.candidate
+        exec(compile(job["tests"], "<tests>", "exec"), namespace)
+        if callable(namespace.get("check")):  # HumanEval's convention: the tests define check(candidate)
+            namespace["check"](solution.candidate)
+    except SolutionDied as e:
+        return ("timeout" if e.signal == signal.SIGXCPU else "failed"), str(e)
+    except MemoryError:
+        return "memory", "MemoryError"
+    except BaseException as e:
+        return "failed", f"{type(e).__name__}: {e}{where(e)}"
+    return "passed", ""
+
+
+def where(error: BaseException) -> str:
+    tb, line = error.__traceback__, None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "<tests>":
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return f" (tests line {line})" if line else ""
+
+
+def main() -> None:
+    verdict_fd, uid = int(sys.argv[1]), sys.argv[2]
+    cpu, memory, processes, files, file_size = map(int, sys.argv[3:8])
+    if uid != "-":  # root mode: a uid of no one on the host, so that RLIMIT_NPROC binds (root is exempt)
+        os.setgroups([])
+        os.setgid(int(uid))
+        os.setuid(int(uid))
+    libc = ctypes.CDLL(None, use_errno=True)
+    # not dumpable: the solution's process (same uid) cannot ptrace this one or read its memory and fds
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) or libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0):
+        raise OSError(ctypes.get_errno(), "prctl failed")
+    for limit, value in [
+        (resource.RLIMIT_CPU, (cpu, cpu + 1)),
+        (resource.RLIMIT_AS, (memory, memory)),
+        (resource.RLIMIT_NPROC, (processes, processes)),
+        (resource.RLIMIT_NOFILE, (files, files)),
+        (resource.RLIMIT_FSIZE, (file_size, file_size)),
+        (resource.RLIMIT_CORE, (0, 0)),
+    ]:
+        resource.setrlimit(limit, value)
+    os.write(verdict_fd, b"ready\n")
+    from_runner, to_solution = os.pipe()
+    from_solution, to_runner = os.pipe()
+    # fork before reading the job: the solution's process never holds the tests or the nonce
+    pid = os.fork()
+    if pid == 0:
+        os.close(verdict_fd)
+        os.close(to_solution)
+        os.close(from_solution)
+        null = os.open("/dev/null", os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        serve(from_runner, to_runner)
+        os._exit(0)
+    os.close(from_runner)
+    os.close(to_runner)
+    job = marshal.loads(sys.stdin.buffer.read())
+    os.close(0)
+    verdict, detail = grade(job, Solution(pid, to_solution, from_solution))
+    sys.stdout.flush()
+    detail = " ".join(detail.split())[:300]
+    os.write(verdict_fd, f"{verdict} {job['nonce']} {detail}\n".encode(errors="replace"))
+    os.kill(pid, signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    main()
