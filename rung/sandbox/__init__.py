@@ -15,8 +15,9 @@ name of the solution's entry point. Each execution is one `bwrap` process:
   and a uid mapped onto root would be too; as another user, bwrap's user namespace (--disable-userns
   inside) and the kernel's per-namespace process count (Linux 5.14+) do it;
 - rlimits set in the sandbox before any untrusted code: CPU time, address space, processes, open files,
-  file size, no core files; the grader enforces wall time and output size and kills bwrap, whose
-  --die-with-parent kills the namespace's init and with it every process in the namespace.
+  file size, no core files; the grader enforces wall time and output size by killing the namespace's init
+  (its pid from bwrap's --info-fd), and with it every process in the namespace; --die-with-parent does
+  the same if the grader dies.
 
 Passing cannot be faked from inside. In the sandbox a trusted runner (runner.py) forks the solution's
 process before it reads the job (so that process never holds the tests or the nonce), makes itself
@@ -32,13 +33,16 @@ stdout/stderr, the exit code and atexit hooks decide nothing. What is not isolat
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import marshal
 import os
+import re
 import secrets
 import selectors
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -140,7 +144,7 @@ def _binds(python: str) -> tuple[str, ...]:
     return tuple(binds)
 
 
-def _command(setup: _Setup, limits: Limits, uid: int | None, verdict_fd: int) -> list[str]:
+def _command(setup: _Setup, limits: Limits, uid: int | None, verdict_fd: int, info_fd: int) -> list[str]:
     env = [arg for name, value in ENV.items() for arg in ("--setenv", name, value)]
     if setup.root:
         user = ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
@@ -150,7 +154,17 @@ def _command(setup: _Setup, limits: Limits, uid: int | None, verdict_fd: int) ->
     return [
         setup.bwrap,
         *("--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"),
-        *("--die-with-parent", "--new-session", "--hostname", "sandbox", "--clearenv", *env, *user),
+        *(
+            "--info-fd",
+            str(info_fd),
+            "--die-with-parent",
+            "--new-session",
+            "--hostname",
+            "sandbox",
+            "--clearenv",
+            *env,
+            *user,
+        ),
         *setup.binds,
         *("--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(limits.disk), "--tmpfs", "/tmp"),
         *("--chdir", "/tmp", "--", setup.python, "-P", "-s", "-S", "-c", RUNNER, str(verdict_fd)),
@@ -169,25 +183,27 @@ def _execute(setup: _Setup, program: Program, limits: Limits) -> Result:
     uid = UIDS[secrets.randbelow(len(UIDS))] if setup.root else None
     start = time.monotonic()
     verdict_r, verdict_w = os.pipe()
+    info_r, info_w = os.pipe()  # bwrap writes the pid of the namespace's init there
     try:
         proc = subprocess.Popen(
-            _command(setup, limits, uid, verdict_w),
+            _command(setup, limits, uid, verdict_w, info_w),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            pass_fds=(verdict_w,),
+            pass_fds=(verdict_w, info_w),
             env={},  # bwrap's own environment too: its init's /proc/1/environ holds no secret
+            start_new_session=True,  # its own process group, for the kill of last resort
         )
     except OSError as e:
-        os.close(verdict_r)
+        for fd in (verdict_r, info_r):
+            os.close(fd)
         return _result(Verdict.ERROR, None, start, b"", b"", f"bwrap did not start: {e}")
     finally:
-        os.close(verdict_w)
-    killed, kept, status = _communicate(proc, job, verdict_r, start + limits.wall, limits.output)
+        for fd in (verdict_w, info_w):
+            os.close(fd)
+    with proc:
+        killed, out, err, status = _communicate(proc, job, verdict_r, info_r, start + limits.wall, limits.output)
     lines = status.decode(errors="replace").splitlines()
-    out, err = kept[proc.stdout.fileno()], kept[proc.stderr.fileno()]
-    for f in (proc.stdout, proc.stderr):
-        f.close()
     code = proc.returncode
     if killed is Verdict.OUTPUT_LIMIT:
         return _result(killed, code, start, out, err, f"over {limits.output} bytes of output")
@@ -204,19 +220,21 @@ def _execute(setup: _Setup, program: Program, limits: Limits) -> Result:
 
 
 def _communicate(
-    proc: subprocess.Popen, job: bytes, verdict_fd: int, deadline: float, output: int
-) -> tuple[Verdict | None, dict[int, bytes], bytes]:
-    """Feed the job, keep KEPT bytes of each stream and the verdict pipe, and kill bwrap at the deadline or when
-    the output passes `output` bytes (hand-written: subprocess.communicate has neither an output cap nor a kill)."""
+    proc: subprocess.Popen, job: bytes, verdict_fd: int, info_fd: int, deadline: float, output: int
+) -> tuple[Verdict | None, bytes, bytes, bytes]:
+    """Feed the job, keep KEPT bytes of each stream and the verdict pipe, and kill the sandbox at the deadline or
+    when the output passes `output` bytes (hand-written: subprocess.communicate has neither an output cap nor a
+    kill on output)."""
     stdin = proc.stdin.fileno()
     os.set_blocking(stdin, False)
     kept = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
-    status, total, killed, sent = bytearray(), 0, None, 0
+    status, info, total, killed, sent = bytearray(), bytearray(), 0, None, 0
+    ends = (*kept, verdict_fd)  # done when all three are at EOF: every process in the sandbox has ended
     with selectors.DefaultSelector() as sel:
         sel.register(stdin, selectors.EVENT_WRITE)
-        for fd in (*kept, verdict_fd):
+        for fd in (*ends, info_fd):
             sel.register(fd, selectors.EVENT_READ)
-        while len(sel.get_map()) > (stdin in sel.get_map()) and not killed:
+        while any(fd in sel.get_map() for fd in ends) and not killed:
             left = deadline - time.monotonic()
             events = sel.select(left) if left > 0 else []
             if not events:
@@ -234,21 +252,33 @@ def _communicate(
                 chunk = os.read(key.fd, 1 << 16)
                 if not chunk:
                     sel.unregister(key.fd)
-                elif key.fd == verdict_fd:
-                    status += chunk[: 4096 - len(status)]
+                elif key.fd in (verdict_fd, info_fd):
+                    (status if key.fd == verdict_fd else info).extend(chunk[:4096])
                 else:
                     kept[key.fd] += chunk[: KEPT - len(kept[key.fd])]
                     total += len(chunk)
                     killed = killed or (Verdict.OUTPUT_LIMIT if total > output else None)
-        if stdin in sel.get_map():
-            proc.stdin.close()
-    os.close(verdict_fd)
-    if killed:
-        proc.kill()  # bwrap's --die-with-parent then kills the namespace's init, and the kernel every process in it
-    proc.wait()
+        if killed:
+            _kill(proc, info, alive=verdict_fd in sel.get_map())
+    for fd in (verdict_fd, info_fd):
+        os.close(fd)
     if killed:
         _drain(proc, deadline=time.monotonic() + 5)
-    return killed, {fd: bytes(b) for fd, b in kept.items()}, bytes(status)
+    proc.wait()
+    return killed, bytes(kept[proc.stdout.fileno()]), bytes(kept[proc.stderr.fileno()]), bytes(status)
+
+
+def _kill(proc: subprocess.Popen, info: bytes, alive: bool) -> None:
+    """SIGKILL the namespace's init: the kernel then kills every process in the namespace, and bwrap, its parent,
+    reaps it and exits. While the verdict pipe is open some process in the namespace holds it, so the init is
+    alive and its pid not reused. Before bwrap told the pid, kill bwrap's process group instead (which may leave
+    its init a zombie for the host's init to reap)."""
+    pid = re.search(rb'"child-pid": *(\d+)', info)
+    with contextlib.suppress(ProcessLookupError):
+        if pid and alive:
+            os.kill(int(pid[1]), signal.SIGKILL)
+        else:
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _drain(proc: subprocess.Popen, deadline: float) -> None:

