@@ -144,30 +144,28 @@ def _binds(python: str) -> tuple[str, ...]:
     return tuple(binds)
 
 
-def _command(setup: _Setup, limits: Limits, uid: int | None, verdict_fd: int, info_fd: int) -> list[str]:
+def _jail(setup: _Setup, limits: Limits) -> list[str]:
+    """bwrap and its options, up to the command."""
     env = [arg for name, value in ENV.items() for arg in ("--setenv", name, value)]
     if setup.root:
         user = ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:
         user = ["--unshare-user", "--uid", "65534", "--gid", "65534", "--disable-userns"]
-    numbers = [limits.cpu, limits.memory, limits.processes, limits.files, limits.file_size]
     return [
         setup.bwrap,
         *("--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"),
-        *(
-            "--info-fd",
-            str(info_fd),
-            "--die-with-parent",
-            "--new-session",
-            "--hostname",
-            "sandbox",
-            "--clearenv",
-            *env,
-            *user,
-        ),
+        *("--die-with-parent", "--new-session", "--hostname", "sandbox", "--clearenv", *env, *user),
         *setup.binds,
         *("--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(limits.disk), "--tmpfs", "/tmp"),
-        *("--chdir", "/tmp", "--", setup.python, "-P", "-s", "-S", "-c", RUNNER, str(verdict_fd)),
+        *("--chdir", "/tmp"),
+    ]
+
+
+def _command(setup: _Setup, limits: Limits, uid: int | None, verdict_fd: int, info_fd: int) -> list[str]:
+    numbers = [limits.cpu, limits.memory, limits.processes, limits.files, limits.file_size]
+    return [
+        *_jail(setup, limits),
+        *("--info-fd", str(info_fd), "--", setup.python, "-P", "-s", "-S", "-c", RUNNER, str(verdict_fd)),
         *("-" if uid is None else str(uid), *map(str, numbers)),
     ]
 

@@ -8,17 +8,15 @@ trusted context and tests itself with the entry point as a proxy into that proce
 with the nonce to the verdict fd, which the solution's process never holds.
 """
 
+import _signal  # signal's C half: the signal module imports enum, 6 ms of a ~40 ms start
 import builtins
-import ctypes
 import marshal
 import os
 import resource
-import signal
 import struct
 import sys
 
 PR_SET_DUMPABLE = 4
-PR_SET_NO_NEW_PRIVS = 38
 PLAIN = frozenset({type(None), bool, int, float, complex, str, bytes, type(...)})
 CONTAINERS = frozenset({list, tuple, set, frozenset, dict})
 MAX_MESSAGE = 16 << 20  # one reply from the solution's process; more fails the call
@@ -27,11 +25,8 @@ MAX_MESSAGE = 16 << 20  # one reply from the solution's process; more fails the 
 class SolutionDied(Exception):
     def __init__(self, status: int):
         self.signal = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
-        how = (
-            f"signal {signal.Signals(self.signal).name}"
-            if self.signal
-            else f"exit code {os.waitstatus_to_exitcode(status)}"
-        )
+        code = os.waitstatus_to_exitcode(status)
+        how = f"signal {self.signal}: {_signal.strsignal(self.signal)}" if self.signal else f"exit code {code}"
         super().__init__(f"the solution's process ended ({how})")
 
 
@@ -152,7 +147,7 @@ def grade(job: dict, solution: Solution) -> tuple[str, str]:
         if callable(namespace.get("check")):  # HumanEval's convention: the tests define check(candidate)
             namespace["check"](solution.candidate)
     except SolutionDied as e:
-        return ("timeout" if e.signal == signal.SIGXCPU else "failed"), str(e)
+        return ("timeout" if e.signal == _signal.SIGXCPU else "failed"), str(e)
     except MemoryError:
         return "memory", "MemoryError"
     except BaseException as e:
@@ -176,10 +171,15 @@ def main() -> None:
         os.setgroups([])
         os.setgid(int(uid))
         os.setuid(int(uid))
-    libc = ctypes.CDLL(None, use_errno=True)
-    # not dumpable: the solution's process (same uid) cannot ptrace this one or read its memory and fds
-    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) or libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0):
-        raise OSError(ctypes.get_errno(), "prctl failed")
+    # Not dumpable: the solution's process (same uid) cannot ptrace this one or read its memory and fds. The
+    # kernel makes a process that changed its uid so unless fs.suid_dumpable is 1; else prctl, by ctypes (8 ms).
+    with open("/proc/sys/fs/suid_dumpable") as f:
+        changed = uid != "-" and f.read().strip() in ("0", "2")
+    if not changed:
+        import ctypes
+
+        if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0):
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE) failed")
     for limit, value in [
         (resource.RLIMIT_CPU, (cpu, cpu + 1)),
         (resource.RLIMIT_AS, (memory, memory)),
@@ -211,7 +211,7 @@ def main() -> None:
     sys.stdout.flush()
     detail = " ".join(detail.split())[:300]
     os.write(verdict_fd, f"{verdict} {job['nonce']} {detail}\n".encode(errors="replace"))
-    os.kill(pid, signal.SIGKILL)
+    os.kill(pid, _signal.SIGKILL)
 
 
 if __name__ == "__main__":
