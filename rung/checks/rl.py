@@ -9,7 +9,7 @@ import inspect
 from rung import compat
 from rung.config import Params
 from rung.errors import InputError
-from rung.rl import rewards
+from rung.rl import rewards, vllm_rollouts
 from rung.train import launch
 
 
@@ -20,11 +20,10 @@ def rl_stages(params: Params) -> None:
         key = f"rl.stages.{name}"
         launch.check(stage.launch, f"{key}.launch")
         if stage.use_vllm:
-            # TRL runs vLLM in the training process: vllm in rung's own environment, on CUDA
-            # (not generation.vllm's worker environment). torch: only when a stage asks for vLLM.
-            from rung.generate.vllm import require_trl_vllm
-
-            require_trl_vllm(f"{key}.use_vllm")
+            # TRL runs vLLM in the training process: vllm in rung's own environment, on CUDA (not
+            # generation.vllm's worker environment); server mode's server. The memory share is checked at
+            # the stage's start, when its init model exists.
+            vllm_rollouts.preflight(stage, None, key)
         for reward, spec in stage.rewards.items():
             if spec.import_path is not None:
                 _reward(spec.import_path, bool(spec.args), f"{key}.rewards.{reward}")

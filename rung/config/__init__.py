@@ -31,6 +31,7 @@ from rung.config.common import (
     FormatParams,
     GenerationParams,
     LaunchParams,
+    LoraParams,
     ModelParams,
     SamplingParams,
     TrackingParams,
@@ -71,7 +72,7 @@ from rung.config.rl import (
     StagedCurriculum,
     UniformCurriculum,
 )
-from rung.config.sft import LoraParams, SFTParams
+from rung.config.sft import SFTParams
 
 __all__ = [
     "BUILTIN_REWARDS",

@@ -1,5 +1,5 @@
 """Sections more than one stage reads: the model, the response format, sampling, the generation
-backend, the training launch and MLflow tracking."""
+backend, the training launch, LoRA adapters and MLflow tracking."""
 
 from __future__ import annotations
 
@@ -129,3 +129,17 @@ class TrackingParams(Section):
         if uri and re.match(r"^[a-z+]+://[^/@]+:[^/@]*@", uri):
             raise ValueError("has a password in it; set MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD instead")
         return uri
+
+
+class LoraParams(Section):
+    """LoRA adapters (peft) instead of full fine-tuning; merged into the weights when saved, so the
+    checkpoint is a plain model directory for the stages after it."""
+
+    r: int = Field(16, gt=0)
+    """Rank of the adapter matrices."""
+    alpha: int = Field(32, gt=0)
+    """Scaling numerator: the update is scaled by alpha / r."""
+    dropout: float = Field(0.05, ge=0, lt=1)
+    """Dropout on the adapters' input during training."""
+    target_modules: str | list[str] = "all-linear"
+    """Modules that get adapters: peft's 'all-linear' or a list of module names."""

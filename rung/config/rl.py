@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, ConfigDict, Field, ValidationInfo, model_validator
 
 from rung.config.base import Section, deprecated
-from rung.config.common import LaunchParams
+from rung.config.common import LaunchParams, LoraParams
 
 # The names of rung.rl.rewards.REGISTRY (tests/test_rewards.py checks it), here so that params validate
 # without importing the rewards and their verifiers.
@@ -307,6 +307,10 @@ class RLStageParams(Section):
     """Upper bound C of the importance ratio (TRL's default 3.0)."""
     launch: LaunchParams = LaunchParams()
     """Processes and engine of the training job (one process by default)."""
+    lora: LoraParams | None = None
+    """null: full fine-tuning; a mapping trains LoRA adapters (fp32) on the frozen base instead, TRL's
+    peft_config. The checkpoint is saved merged, a plain model for eval and later stages. With a KL term
+    (beta > 0) the reference is the base with the adapters switched off: no second copy of the model."""
     rewards: dict[str, Annotated[RewardParams, BeforeValidator(_reward_spec)]] = {
         "accuracy": RewardParams(weight=1.0),
         "format": RewardParams(weight=0.1),

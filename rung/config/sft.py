@@ -7,22 +7,8 @@ from typing import Any
 from pydantic import Field, ValidationInfo, model_validator
 
 from rung.config.base import Section, deprecated
-from rung.config.common import LaunchParams
+from rung.config.common import LaunchParams, LoraParams
 from rung.config.data import SolutionTraces, TraceSource
-
-
-class LoraParams(Section):
-    """LoRA adapters (peft) instead of full fine-tuning; merged into the weights when saved, so the
-    checkpoint is a plain model directory for the stages after it."""
-
-    r: int = Field(16, gt=0)
-    """Rank of the adapter matrices."""
-    alpha: int = Field(32, gt=0)
-    """Scaling numerator: the update is scaled by alpha / r."""
-    dropout: float = Field(0.05, ge=0, lt=1)
-    """Dropout on the adapters' input during training."""
-    target_modules: str | list[str] = "all-linear"
-    """Modules that get adapters: peft's 'all-linear' or a list of module names."""
 
 
 class SFTParams(Section):

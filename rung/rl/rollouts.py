@@ -2,6 +2,7 @@
 GRPOTrainer and RLOOTrainer (rung.compat lists the private methods it overrides):
 
 - rollouts through rung.generate.api instead of batched `model.generate`;
+- colocated vLLM seeded per row (rung.rl.vllm_rollouts.SeededRows) from the same per-call seed;
 - log-probabilities that encode the prompts' shared prefix (chat template and system prompt) once
   per batch instead of once per completion, in the forward and the backward pass.
 
@@ -31,6 +32,8 @@ class Rollouts:
     _rollout_calls: tuple[int, int] = (-1, 0)
     """(step, generation calls in it): with the seed, where each rollout's sampling stream starts."""
     _low_precision: PreTrainedModel | None = None
+    _rollout_seed: int = 0
+    """The seed of the current generation call where TRL's own path generates it."""
 
     def generation_model(self, model: PreTrainedModel) -> PreTrainedModel:
         """The model rung's rollouts and held-out curve decode with: the trained weights themselves
@@ -57,13 +60,16 @@ class Rollouts:
         batched `model.generate`: text prompts, no tools, sampling rung implements (temperature, top_p).
         Each completion draws from its own stream seeded by (seed, step, call of the step, process,
         prompt, sample), so a resumed run generates what an unkilled one would."""
-        if not self._rung_generates(images, multimodal_fields):
-            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, *args, **kwargs)
         step, calls = (
             self._rollout_calls if self._rollout_calls[0] == self.state.global_step else (self.state.global_step, 0)
         )
         self._rollout_calls = (step, calls + 1)
-        seed = derive(self.args.seed, "rollouts", str(step), str(calls), str(self.accelerator.process_index))
+        # vLLM's tensor-parallel ranks must sample alike: they share a seed
+        rank = self.accelerator.process_index // (self.args.vllm_tensor_parallel_size if self.use_vllm else 1)
+        seed = derive(self.args.seed, "rollouts", str(step), str(calls), str(rank))
+        if not self._rung_generates(images, multimodal_fields):
+            self._rollout_seed = seed  # where vLLM draws per-row seeds from (rung.rl.vllm_rollouts.SeededRows)
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, *args, **kwargs)
         # TRL repeats each prompt for its group: generate the group's samples from one prompt encoding
         g = self.num_generations
         n = (

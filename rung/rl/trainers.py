@@ -22,11 +22,11 @@ from rung.errors import InputError
 from rung.eval.evaluate import grade
 from rung.generate.api import generate
 from rung.generate.completion import encode
-from rung.rl import curricula, rewards
+from rung.rl import curricula, rewards, vllm_rollouts
 from rung.rl.reward_logs import RewardLogs
 from rung.rl.rollouts import Rollouts
 from rung.rl.sampling import CurriculumSampling
-from rung.train.harness import common_args, finalize, fit, train_loss, trainable
+from rung.train.harness import common_args, finalize, fit, peft_config, train_loss, trainable
 from rung.train.jobs import JobResult, RLJob, main
 
 
@@ -205,6 +205,8 @@ def trainer_for(job: RLJob, callbacks: list[Any] | None = None) -> GRPO | RLOO:
     """The stage's trainer, ready to fit: model, rewards, TRL config, curriculum, held-out callback."""
     compat.check()
     stage, model_dir = job.params, job.init
+    if stage.use_vllm:
+        vllm_rollouts.preflight(stage, model_dir, job.key)
     rows = select(files.read_jsonl(job.data), stage, job.key)
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = trainable(model_dir)
@@ -216,6 +218,7 @@ def trainer_for(job: RLJob, callbacks: list[Any] | None = None) -> GRPO | RLOO:
         args=trl_config(stage, weights, job.seed, job.work_dir, job.dtype, job.key, job.device),
         train_dataset=prompts(rows, job.format),
         processing_class=tok,
+        peft_config=peft_config(stage.lora),
         callbacks=[*job.trainer_callbacks(), *(callbacks or [])],
     )
     trainer.setup_curriculum(
@@ -224,6 +227,9 @@ def trainer_for(job: RLJob, callbacks: list[Any] | None = None) -> GRPO | RLOO:
         stage.dynamic_sampling,
     )
     trainer.setup_objective(stage.objective, stage.positive_weight)
+    if stage.use_vllm and stage.vllm_mode == "colocate":
+        llm = trainer.vllm_generation.llm
+        llm.generate = vllm_rollouts.SeededRows(llm.generate, lambda: trainer._rollout_seed)
     if stage.eval_every is not None and job.heldout is not None:
         trainer.add_callback(
             HeldOut(

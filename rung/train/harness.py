@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from peft import LoraConfig
 from transformers import AutoModelForCausalLM, PreTrainedModel, TrainerState
 from transformers.trainer import TRAINER_STATE_NAME
 
 from rung import placement
+from rung.config import LoraParams
 from rung.train import movement
 from rung.train.checkpoints import FINAL
 
@@ -24,6 +26,19 @@ def trainable(model_dir: Path) -> PreTrainedModel:
     spacing near a weight of 0.02 is 1.2e-4), and bf16 / fp16 is the compute dtype, run by autocast
     (single device, DDP) or the engine's mixed-precision policy (FSDP, DeepSpeed): docs/gpu.md."""
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+
+
+def peft_config(lora: LoraParams | None) -> LoraConfig | None:
+    """peft's LoraConfig of a stage's `lora` params (SFT and RL), None for full fine-tuning."""
+    if lora is None:
+        return None
+    return LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=lora.target_modules,
+        task_type="CAUSAL_LM",
+    )
 
 
 def common_args(seed: int, work_dir: Path, dtype: str, save_steps: int, device: str = "auto") -> dict[str, Any]:

@@ -6,14 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from datasets import Dataset
-from peft import LoraConfig
 from transformers import AutoTokenizer
 from trl import SFTConfig, SFTTrainer
 
 from rung import files
 from rung.answers import formats
 from rung.config import FormatParams
-from rung.train.harness import common_args, finalize, fit, train_loss, trainable
+from rung.train.harness import common_args, finalize, fit, peft_config, train_loss, trainable
 from rung.train.jobs import JobResult, SFTJob, main
 
 
@@ -48,24 +47,12 @@ def train(job: SFTJob) -> JobResult:
         completion_only_loss=True,
         packing=params.packing,
     )
-    lora = params.lora
-    peft_config = (
-        LoraConfig(
-            r=lora.r,
-            lora_alpha=lora.alpha,
-            lora_dropout=lora.dropout,
-            target_modules=lora.target_modules,
-            task_type="CAUSAL_LM",
-        )
-        if lora
-        else None
-    )
     trainer = SFTTrainer(
         model=model,
         args=config,
         train_dataset=examples(traces, job.format),
         processing_class=tok,
-        peft_config=peft_config,
+        peft_config=peft_config(params.lora),
         callbacks=job.trainer_callbacks(),
     )
     fit(trainer, job.resume, job.outage_wait)
