@@ -9,7 +9,10 @@ Prints the tables of shared/GPU_RUNS.md:
    dynamic-cache `generate` are counted.
 2. RL steps of rung's stage trainer (TRL's GRPOTrainer with rung's rollouts) at the dapo preset, 8
    prompts x 8 generations x 128 tokens, split into generation, rewards, the rest of the rollout
-   (old log-probs, advantages), the loss forward (log-probs), backward and optimizer, with peak memory.
+   (old log-probs, advantages), the loss forward (log-probs), backward and optimizer, with peak memory;
+   the same with LoRA adapters (r 16, all linear layers) for the memory against full fine-tuning; and,
+   with --vllm, with TRL's colocated vLLM rollouts (`use_vllm`, the weights synced to vLLM every step)
+   against rung's compiled rollouts, phase by phase.
 
 It needs only torch, transformers, TRL, datasets, pydantic and math-verify (no MLflow, Prefect, DVC
 or reasoning-gym) and no weights: SmolLM2-135M's architecture and tokenizer
@@ -19,6 +22,7 @@ generated, so tokens/s is comparable.
 
     python bench/gpu.py                        # a CUDA machine: bf16 (dtype auto), the full shapes
     python bench/gpu.py --out gpu.json         # also the numbers as JSON
+    python bench/gpu.py --vllm --skip-generation  # RL: rung's rollouts, LoRA, TRL's colocated vLLM
     python bench/gpu.py --smoke                # a tiny model and shapes on the CPU, seconds (run by the tests)
 """
 
@@ -232,10 +236,17 @@ class StepClock(TrainerCallback):
 
 
 def bench_rl(
-    model: PreTrainedModel, tok: Any, dtype: str, shape: tuple[int, int, int], steps: int, bf16_weights: bool = False
+    model: PreTrainedModel,
+    tok: Any,
+    dtype: str,
+    shape: tuple[int, int, int],
+    steps: int,
+    bf16_weights: bool = False,
+    **stage: Any,
 ) -> dict[str, Any]:
     """RL steps of rung's stage trainer by phase. `bf16_weights`: the trained weights themselves in
-    bf16, as rung kept them before issue 36 (whose updates round away), for the cost of fp32 master weights."""
+    bf16, as rung kept them before issue 36 (whose updates round away), for the cost of fp32 master weights.
+    `stage`: params of the RL stage over the dapo preset's (lora, use_vllm, ...)."""
     prompts_per_step, gens, new = shape
     work = Path(tempfile.mkdtemp(prefix="rung-gpu-bench-"))
     model.save_pretrained(work / "init")
@@ -251,6 +262,7 @@ def bench_rl(
             "learning_rate": 1e-6,
             "save_steps": 10_000,
             "rewards": {"accuracy": 1.0, "format": 0.1},
+            **stage,
         }
     )
     job = RLJob(
@@ -280,6 +292,9 @@ def bench_rl(
         if torch.cuda.is_available()
         else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     ) / 2**30
+    # what the trainer holds whatever the batch, exact on any device: weights and AdamW state
+    held = [*trainer.model.parameters(), *(t for s in trainer.optimizer.state.values() for t in s.values())]
+    result["state_gib"] = sum(t.numel() * t.element_size() for t in held if torch.is_tensor(t)) / 2**30
     result["shape"] = {"prompts": prompts_per_step, "generations": gens, "new_tokens": new, "preset": "dapo"}
     return result
 
@@ -296,6 +311,10 @@ def main() -> None:
     ap.add_argument("--rl-steps", type=int, default=4, help="RL steps (the first includes compilation)")
     ap.add_argument("--skip-generation", action="store_true", help="only the RL steps")
     ap.add_argument("--out", default=None, help="also write the results here (JSON)")
+    ap.add_argument(
+        "--vllm", action="store_true", help="also RL with TRL's colocated vLLM rollouts (vllm installed, CUDA)"
+    )
+    ap.add_argument("--vllm-share", type=float, default=0.3, help="vllm_gpu_memory_utilization of the vLLM arm")
     args = ap.parse_args()
 
     device, dtype = placement.resolve("cpu" if args.smoke else args.device, args.dtype)
@@ -321,20 +340,41 @@ def main() -> None:
             f"{r['tokens_per_s']:,.0f} | {r['compile_s']:.1f} | {same} |"
         )
     shape, steps = (SMOKE_SHAPES["rl"], 2) if args.smoke else (SHAPES["rl"], args.rl_steps)
-    # fp32 master weights (rung's training) against bf16 weights (before issue 36), when compute is bf16
-    arms = {"fp32 master weights": False, **({"bf16 weights (drops updates)": True} if dtype == "bfloat16" else {})}
-    rl_results = {arm: bench_rl(model, tok, dtype, shape, steps, bf16) for arm, bf16 in arms.items()}
+    # fp32 master weights (rung's training) against bf16 weights (before issue 36), when compute is bf16;
+    # LoRA's memory against full fine-tuning; TRL's colocated vLLM rollouts against rung's, where vllm is installed
+    arms: dict[str, dict[str, Any]] = {
+        "fp32 master weights": {},
+        **({"bf16 weights (drops updates)": {"bf16_weights": True}} if dtype == "bfloat16" else {}),
+        "LoRA r=16, all-linear": {"lora": {"r": 16, "alpha": 32}},
+    }
+    if args.vllm:
+        arms["vLLM colocate (TRL), fp32 master weights"] = {
+            "use_vllm": True,
+            "vllm_mode": "colocate",
+            "vllm_gpu_memory_utilization": args.vllm_share,
+        }
+    rl_results = {arm: bench_rl(model, tok, dtype, shape, steps, **kw) for arm, kw in arms.items()}
     print(
         f"\nRL, dapo, {shape[0]} prompts x {shape[1]} generations x {shape[2]} tokens, {steps} steps"
-        "\n| trained weights | first step s | then s a step | tokens generated | peak GiB |\n|---|---|---|---|---|"
+        "\n| arm | first step s | then s a step | tokens generated | weights + AdamW GiB | peak GiB |"
+        "\n|---|---|---|---|---|---|"
     )
     for arm, r in rl_results.items():
         t = r["step_seconds"]
-        print(f"| {arm} | {t[0]:.1f} | {sum(t[1:]) / max(1, len(t) - 1):.2f} | {r['tokens']} | {r['peak_gib']:.2f} |")
-    rl_result = rl_results["fp32 master weights"]
-    print("\n| phase (fp32 master weights) | seconds (all steps) | share |\n|---|---|---|")
+        print(
+            f"| {arm} | {t[0]:.1f} | {sum(t[1:]) / max(1, len(t) - 1):.2f} | {r['tokens']} | {r['state_gib']:.3f} | "
+            f"{r['peak_gib']:.2f} |"
+        )
+    if device.type != "cuda":
+        print("(peak on the CPU: the process's largest resident set so far, not each arm's own)")
+    phased = [a for a in arms if a == "fp32 master weights" or a.startswith("vLLM")]
+    print(f"\n\n| phase | {' | '.join(f'{a}: s (share)' for a in phased)} |\n|---|{'---|' * len(phased)}")
     for p in PHASES:
-        print(f"| {p} | {rl_result['phases'][p]:.1f} | {rl_result['phases'][p] / rl_result['seconds']:.0%} |")
+        cells = [
+            f"{rl_results[a]['phases'][p]:.1f} ({rl_results[a]['phases'][p] / rl_results[a]['seconds']:.0%})"
+            for a in phased
+        ]
+        print(f"| {p} | {' | '.join(cells)} |")
     if args.out:
         Path(args.out).write_text(
             json.dumps({"device": name, "dtype": dtype, "generation": gen, "rl": rl_results}, indent=2) + "\n"

@@ -120,6 +120,7 @@ def test_gpu_bench_smoke_runs_on_the_cpu_with_only_its_dependencies():
         "| greedy 6x1x8 |",
         "| generation |",
         "| backward |",
+        "| LoRA r=16, all-linear |",
     ):
         assert line in done.stdout
     greedy = [r for r in done.stdout.splitlines() if r.startswith("| greedy")]

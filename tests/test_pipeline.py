@@ -578,6 +578,29 @@ def test_killed_stage_resumes_from_its_last_checkpoint(workspace, prefect_server
     assert not [r.info.run_name for r in runs if r.info.status in ("RUNNING", "KILLED") and r.info.run_name == stage]
 
 
+def test_an_rl_stage_with_lora_runs_from_params_to_the_report(workspace):
+    ws, run = workspace
+    params = tiny_params(Path(yaml.safe_load((ws / "params.yaml").read_text())["model"]["source"]))
+    # a reward with variance in every group of the tiny random model, so that the adapters get a gradient
+    (ws / "varied_reward.py").write_text(
+        "def even_tokens(completion_ids, **_):\n"
+        "    return [sum(t % 2 == 0 for t in ids) / len(ids) for ids in completion_ids]\n"
+    )
+    params["rl"]["stages"]["main"].update(
+        lora={"r": 4, "alpha": 8}, learning_rate=1e-4, rewards={"even": {"import": "varied_reward:even_tokens"}}
+    )
+    (ws / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    res = run("dvc", "repro", "report")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    metrics = json.loads((ws / "data/metrics/rl-main.json").read_text())
+    assert metrics["steps"] == 2 and 0 < metrics["weights_changed_share"] < 1  # the adapted layers alone moved
+    assert not list((ws / "data/models/rl/main").glob("adapter_*"))  # merged: a plain model for eval
+    assert json.loads((ws / "data/metrics/eval-rl-main.json").read_text())["sets"]["test"]["n"] > 0
+    rl = [r for r in _runs(ws) if r.info.run_name == "rl@main" and r.data.params.get("rl.main.lora.r") == "4"]
+    assert rl and rl[0].info.status == "FINISHED"
+    assert "| rl/main |" in (ws / "data/reports/report.md").read_text()
+
+
 def test_zero_rl_skips_sft_and_starts_from_base(workspace):
     ws, run = workspace
     params = tiny_params(Path(yaml.safe_load((ws / "params.yaml").read_text())["model"]["source"]))
