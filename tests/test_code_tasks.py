@@ -1,0 +1,102 @@
+"""The code task family: the fenced-code format, HumanEval and the procedural functions as sources, grading
+in the sandbox, SFT targets, and the preflight that refuses code problems where the sandbox cannot isolate."""
+
+from __future__ import annotations
+
+import random
+import shutil
+
+import pytest
+
+from rung import sandbox
+from rung.answers import formats, verify
+from rung.checks import sources
+from rung.config import CodeSource, FormatParams, Params
+from rung.data import code, curate
+
+FMT = FormatParams(style="code")
+
+
+@pytest.mark.parametrize(
+    "completion, strict, lenient",
+    [
+        ("Sure:\n```python\ndef f(x):\n    return x\n```\n", "def f(x):\n    return x", "def f(x):\n    return x"),
+        (
+            "```python\ndef f(x):\n    return 1\n```\nor\n```py\ndef f(x):\n    return 2\n```",
+            "def f(x):\n    return 2",
+            None,
+        ),
+        ("```\ndef f(x): return 3\n```", "def f(x): return 3", None),
+        ("```python\ndef f(x):\n    return", None, "def f(x):\n    return"),  # the closing fence cut off
+        ("def f(x):\n    return 4", None, "def f(x):\n    return 4"),  # no fence at all
+        ("```python\n```", None, None),
+    ],
+)
+def test_the_last_fenced_block_is_the_answer(completion, strict, lenient):
+    assert formats.extract(completion, FMT) == strict
+    assert formats.extract_lenient(completion, FMT) == (lenient if lenient is not None else strict)
+    assert formats.follows_format(completion, FMT) == (strict is not None)
+
+
+def test_sft_targets_are_the_reference_solution_in_a_fence():
+    target = formats.target("def f(x):\n    return x\n", None, FMT)
+    assert target == "```python\ndef f(x):\n    return x\n```"
+    assert formats.extract(target, FMT) == "def f(x):\n    return x"
+
+
+def test_generated_functions_are_seeded_verified_and_graded_by_their_steps():
+    src = CodeSource(type="code", name="fn", problems="functions", size=12, min_steps=1, max_steps=3)
+    rows = code.load(src, 7)
+    assert rows == code.load(src, 7) and rows != code.load(src, 8)
+    assert {r["meta"]["steps"] for r in rows} <= {1, 2, 3} and len({r["meta"]["steps"] for r in rows}) > 1
+    assert all(curate.verifiable(r) for r in rows)  # every reference solution passes its own tests
+    row = rows[0]
+    wrong = row["answer"].replace("return x", "return x + 1")
+    assert not verify.is_correct(wrong, row) and not verify.is_correct("def g(x):\n    return x", row)
+    assert formats.extract(formats.target(row["answer"], None, FMT), FMT) is not None
+
+
+def test_humaneval_rows_run_after_their_prompt_so_a_completion_may_use_its_imports():
+    rows = code.humaneval()
+    assert len(rows) == 164 and len({r["id"] for r in rows}) == 164
+    row = next(r for r in rows if r["meta"]["task_id"] == "HumanEval/0")  # typing's List in the signature
+    body = (
+        "def has_close_elements(numbers: List[float], threshold: float) -> bool:\n"
+        "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1 :])"
+    )
+    assert verify.is_correct(body, row)
+    assert not verify.is_correct("def has_close_elements(numbers, threshold):\n    return True", row)
+    sample = code.load(CodeSource(type="code", name="he", problems="humaneval", size=5), 3)
+    assert len(sample) == 5 and all(r["source"] == "he" and curate.verifiable(r) for r in sample)
+
+
+def test_a_functions_source_needs_a_size():
+    with pytest.raises(ValueError, match="size: the functions generator needs a number of problems"):
+        CodeSource(type="code", name="fn", problems="functions")
+
+
+def test_code_problems_are_refused_in_one_line_where_the_sandbox_cannot_isolate(monkeypatch):
+    params = Params.model_validate(
+        {
+            "format": {"style": "code"},
+            "curate": {"sources": [{"type": "code", "name": "fn", "problems": "functions", "size": 4}]},
+            "rl": {"stages": {"main": {}}},
+        }
+    )
+    sources.sources(params)  # bwrap here: accepted
+    sandbox._setup.cache_clear()
+    monkeypatch.setattr(shutil, "which", lambda name: f"/nonexistent/{name}")
+    try:
+        with pytest.raises(sandbox.SandboxUnavailable, match=r"^curate.sources.fn: code rewards need bubblewrap"):
+            sources.sources(params)
+    finally:
+        sandbox._setup.cache_clear()
+
+
+def test_a_grader_failure_is_unscored_not_wrong(monkeypatch):
+    row = code.function_problem(random.Random(0), CodeSource(type="code", name="fn", problems="functions", size=1))
+    verify.passes_tests.cache_clear()
+    monkeypatch.setattr(verify, "CODE_LIMITS", sandbox.Limits(wall=0.001))  # bwrap cannot even start
+    with pytest.raises(verify.GraderFailed, match="the code sandbox failed twice"):
+        verify.is_correct(row["answer"], row)
+    verify.passes_tests.cache_clear()
