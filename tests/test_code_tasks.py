@@ -3,6 +3,7 @@ in the sandbox, SFT targets, and the preflight that refuses code problems where 
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 
@@ -11,8 +12,9 @@ import pytest
 from rung import sandbox
 from rung.answers import formats, verify
 from rung.checks import sources
-from rung.config import CodeSource, FormatParams, Params
+from rung.config import CodeSource, FormatParams, Params, RLStageParams
 from rung.data import code, curate
+from rung.rl import rewards
 
 FMT = FormatParams(style="code")
 
@@ -100,3 +102,33 @@ def test_a_grader_failure_is_unscored_not_wrong(monkeypatch):
     with pytest.raises(verify.GraderFailed, match="the code sandbox failed twice"):
         verify.is_correct(row["answer"], row)
     verify.passes_tests.cache_clear()
+
+
+def test_tests_passed_is_the_share_of_asserts_and_all_or_nothing_for_a_check_function():
+    row = code.function_problem(random.Random(3), CodeSource(type="code", name="fn", problems="functions", size=1))
+    meta = row["meta"]
+    inputs = [int(line.split("(")[1].split(")")[0]) for line in meta["test"].splitlines()]
+    # right on the first two inputs only
+    expected = {x: int(line.rsplit("== ", 1)[1]) for x, line in zip(inputs, meta["test"].splitlines(), strict=True)}
+    lookup = {x: expected[x] for x in inputs[:2]}
+    partial = f"def f(x):\n    return {lookup!r}.get(x, 10**9)\n"
+    reward = rewards.TestsPassed(FMT, RLStageParams())
+    fenced = [formats.target(c, None, FMT) for c in (row["answer"], partial, "def f(x):\n    return 10**9\n")]
+    n = len(fenced)
+    got = reward(
+        fenced,
+        answer=[row["answer"]] * n,
+        task=["code"] * n,
+        prompt_text=[row["prompt"]] * n,
+        meta=[json.dumps(meta)] * n,
+    )
+    assert got == [1.0, 2 / len(inputs), 0.0]
+    he = next(r for r in code.humaneval() if r["meta"]["task_id"] == "HumanEval/0")
+    m = he["meta"]
+    assert verify.tests_passed_share(he["answer"], m["test"], m["entry_point"], m["context"]) == 1.0
+    assert (
+        verify.tests_passed_share(
+            "def has_close_elements(n, t):\n    return True", m["test"], m["entry_point"], m["context"]
+        )
+        == 0.0
+    )

@@ -143,7 +143,7 @@ CASES = {
     ),
     "unknown answer style": (
         [("format.style", "latex")],
-        "error: params.yaml: format.style: Input should be 'answer_line', 'boxed' or 'tags'",
+        "error: params.yaml: format.style: Input should be 'answer_line', 'boxed', 'tags' or 'code'",
     ),
     "plain template without {prompt}": (
         [("format.template", "plain"), ("format.plain_template", "Question? Answer:")],

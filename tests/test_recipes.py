@@ -56,6 +56,11 @@ def small(recipe: Path, model: Path) -> list[str]:
         "eval.samples": None,
         "eval.sets": [{"name": "chain", "task": "chain_sum", "size": 3}],
     }
+    if data.get("format", {}).get("style") == "code":  # code problems, graded in the sandbox
+        sets |= {
+            "curate.sources": [{"type": "code", "name": "fn", "problems": "functions", "size": 30, "max_steps": 1}],
+            "eval.sets": [{"type": "code", "name": "humaneval", "problems": "humaneval", "size": 3}],
+        }
     if data["sft"].get("enabled", True):
         sets |= {"sft.max_steps": 1, "sft.epochs": None, "sft.per_device_train_batch_size": 2}
         # A teacher is replaced by the tiny model, which samples no correct trace: the data's worked
@@ -126,6 +131,11 @@ def check_outputs(recipe: Path, ws: Path) -> None:
     evaluated = json.loads((ws / f"data/metrics/eval-rl-{next(iter(shipped.rl.stages))}.json").read_text())
     assert evaluated["format"] == {"style": shipped.format.style, "template": shipped.format.template}
     assert f"style {shipped.format.style}" in (ws / "data/reports/report.md").read_text()
+    if shipped.format.style == "code":
+        assert (
+            evaluated["sets"]["humaneval"]["n"] == 3
+            and json.loads((ws / "data/curated/eval/humaneval.jsonl").read_text().splitlines()[0])["task"] == "code"
+        )
 
 
 def test_rung_run_end_to_end(tiny_model, prefect_server, tmp_path):

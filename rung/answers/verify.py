@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import threading
@@ -121,3 +122,21 @@ def passes_tests(code: str, tests: str, entry_point: str, context: str = "") -> 
         if result.scored:
             return result.passed
     raise GraderFailed(f"the code sandbox failed twice: {result.detail}")
+
+
+def tests_passed_share(code: str, tests: str, entry_point: str, context: str = "") -> float:
+    """The share of a problem's tests that `code` passes: tests written as top-level asserts (the
+    functions generator's, MBPP's) run one per sandbox, in parallel; any other form (HumanEval's
+    `check(candidate)`) is one test, so 0 or 1. Raises GraderFailed as passes_tests does."""
+    try:
+        body = ast.parse(tests).body
+    except SyntaxError:
+        body = []
+    if len(body) < 2 or not all(isinstance(node, ast.Assert) for node in body):
+        return float(passes_tests(code, tests, entry_point, context))
+    solution = f"{context}\n\n{code}" if context else code
+    programs = [sandbox.Program(solution, ast.unparse(node), entry_point, context) for node in body]
+    results = sandbox.run_many(programs, workers=2, limits=CODE_LIMITS)
+    if not all(r.scored for r in results):
+        raise GraderFailed(f"the code sandbox failed: {next(r.detail for r in results if not r.scored)}")
+    return sum(r.passed for r in results) / len(results)

@@ -13,11 +13,12 @@ from rung.config.common import LaunchParams, LoraParams
 
 # The names of rung.rl.rewards.REGISTRY (tests/test_rewards.py checks it), here so that params validate
 # without importing the rewards and their verifiers.
-BUILTIN_REWARDS = ("accuracy", "format", "format_partial", "overlong", "conditional_length")
+BUILTIN_REWARDS = ("accuracy", "tests_passed", "format", "format_partial", "overlong", "conditional_length")
 
 
 class RewardParams(Section):
-    """One reward function and its weight. Built-ins (rung.rl.rewards.REGISTRY): accuracy, format (the
+    """One reward function and its weight. Built-ins (rung.rl.rewards.REGISTRY): accuracy, tests_passed
+    (code rows: the share of the tests passed), format (the
     style's strict check), format_partial (tags: 0.25 a tag, open-r1's tag_count_reward; the strict
     check for the other styles), overlong, conditional_length; any other name needs `import`."""
 

@@ -7,10 +7,11 @@ callable whose __name__ is its params.yaml name and its metric key (rewards/<nam
 from __future__ import annotations
 
 import importlib
+import json
 from collections.abc import Callable
 from typing import Any
 
-from rung.answers import formats
+from rung.answers import formats, verify
 from rung.answers.verify import is_correct
 from rung.config import FormatParams, RewardParams, RLStageParams
 from rung.errors import InputError
@@ -56,6 +57,36 @@ class Accuracy:
         **_: Any,
     ) -> list[float | None]:
         return [float(ok) for ok in correct(completions, answer, task, prompt_text, meta, self.fmt)]
+
+
+class TestsPassed:
+    """Code rows (task code): the share of the problem's tests the completion's code passes, a denser
+    signal than accuracy's all-or-nothing (one sandbox per assert, rung.answers.verify); other rows: accuracy."""
+
+    __name__ = "tests_passed"
+
+    def __init__(self, fmt: FormatParams, stage: RLStageParams):
+        self.fmt = fmt
+
+    def __call__(
+        self,
+        completions: list[Any],
+        answer: list[str],
+        task: list[str],
+        prompt_text: list[str],
+        meta: list[str],
+        **_: Any,
+    ) -> list[float | None]:
+        scores: list[float | None] = []
+        for c, a, t, p, m in zip(completions, answer, task, prompt_text, meta, strict=True):
+            row = dict(answer=a, task=t, prompt=p, meta=m)
+            code = formats.extract(_text(c), self.fmt)
+            if t != verify.CODE or code is None:
+                scores.append(float(is_correct(code, row)))
+                continue
+            m = json.loads(m) if isinstance(m, str) else m
+            scores.append(verify.tests_passed_share(code, m["test"], m["entry_point"], m.get("context", "")))
+        return scores
 
 
 class Format:
@@ -136,6 +167,7 @@ class ConditionalLength:
 # module (tests/test_rewards.py checks that they match).
 REGISTRY: dict[str, Callable[..., RewardFunc]] = {
     "accuracy": Accuracy,
+    "tests_passed": TestsPassed,
     "format": Format,
     "format_partial": FormatPartial,
     "overlong": Overlong,
