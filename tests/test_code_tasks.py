@@ -12,8 +12,8 @@ import pytest
 from rung import sandbox
 from rung.answers import formats, verify
 from rung.checks import sources
-from rung.config import CodeSource, FormatParams, Params, RLStageParams
-from rung.data import code, curate
+from rung.config import CodeSource, FileSource, FormatParams, Params, RLStageParams
+from rung.data import code, curate, filters
 from rung.rl import rewards
 
 FMT = FormatParams(style="code")
@@ -132,3 +132,34 @@ def test_tests_passed_is_the_share_of_asserts_and_all_or_nothing_for_a_check_fun
         )
         == 0.0
     )
+
+
+def test_your_own_problems_from_a_jsonl_file_in_humaneval_columns(tmp_path):
+    problems = [
+        {
+            "prompt": "Write a function `add(a, b)` returning the sum.",
+            "answer": "def add(a, b):\n    return a + b",
+            "test": "assert add(1, 2) == 3\nassert add(-1, 1) == 0",
+            "entry_point": "add",
+        },
+        {  # MBPP-style, with a context the solution and tests run after
+            "prompt": "Write `gcd_all(xs)`: the gcd of a list.",
+            "answer": "def gcd_all(xs):\n    return reduce(gcd, xs)",
+            "test": "assert gcd_all([12, 18, 24]) == 6",
+            "entry_point": "gcd_all",
+            "context": "from functools import reduce\nfrom math import gcd",
+        },
+        {  # a reference solution that fails its own tests: dropped by curate
+            "prompt": "Write `neg(x)`.",
+            "answer": "def neg(x):\n    return x",
+            "test": "assert neg(2) == -2",
+            "entry_point": "neg",
+        },
+    ]
+    path = tmp_path / "mine.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in problems))
+    rows, _ = curate.load_source(FileSource(type="file", name="mine", path=str(path), task="code"), 0)
+    kept, report = filters.unverifiable(rows, curate.verifiable)
+    assert [r["meta"]["entry_point"] for r in kept] == ["add", "gcd_all"] and report.removed == 1
+    assert verify.is_correct("def gcd_all(xs):\n    return reduce(gcd, xs)", kept[1])  # the context's imports
+    assert verify.tests_passed_share("def add(a, b):\n    return 3", problems[0]["test"], "add") == 0.5
