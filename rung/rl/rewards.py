@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from rung.answers import formats, verify
@@ -24,19 +24,17 @@ def _text(completion: Any) -> str:
     return completion[-1]["content"] if isinstance(completion, list) else completion
 
 
-def correct(
+def _graded(
     completions: list[Any],
     answer: list[str],
     task: list[str],
     prompt_text: list[str],
     meta: list[str],
     fmt: FormatParams,
-) -> list[bool]:
-    """Whether each completion's formatted final answer passes its task's verifier."""
-    return [
-        is_correct(formats.extract(_text(c), fmt), dict(answer=a, task=t, prompt=p, meta=m))
-        for c, a, t, p, m in zip(completions, answer, task, prompt_text, meta, strict=True)
-    ]
+) -> Iterator[tuple[str | None, dict[str, Any]]]:
+    """Each completion's formatted final answer, with the row it answers (as TRL passes the columns)."""
+    for c, a, t, p, m in zip(completions, answer, task, prompt_text, meta, strict=True):
+        yield formats.extract(_text(c), fmt), dict(answer=a, task=t, prompt=p, meta=m)
 
 
 class Accuracy:
@@ -56,37 +54,23 @@ class Accuracy:
         meta: list[str],
         **_: Any,
     ) -> list[float | None]:
-        return [float(ok) for ok in correct(completions, answer, task, prompt_text, meta, self.fmt)]
+        return [self.score(x, row) for x, row in _graded(completions, answer, task, prompt_text, meta, self.fmt)]
+
+    def score(self, extracted: str | None, row: dict[str, Any]) -> float:
+        return float(is_correct(extracted, row))
 
 
-class TestsPassed:
+class TestsPassed(Accuracy):
     """Code rows (task code): the share of the problem's tests the completion's code passes, a denser
     signal than accuracy's all-or-nothing (one sandbox per assert, rung.answers.verify); other rows: accuracy."""
 
     __name__ = "tests_passed"
 
-    def __init__(self, fmt: FormatParams, stage: RLStageParams):
-        self.fmt = fmt
-
-    def __call__(
-        self,
-        completions: list[Any],
-        answer: list[str],
-        task: list[str],
-        prompt_text: list[str],
-        meta: list[str],
-        **_: Any,
-    ) -> list[float | None]:
-        scores: list[float | None] = []
-        for c, a, t, p, m in zip(completions, answer, task, prompt_text, meta, strict=True):
-            row = dict(answer=a, task=t, prompt=p, meta=m)
-            code = formats.extract(_text(c), self.fmt)
-            if t != verify.CODE or code is None:
-                scores.append(float(is_correct(code, row)))
-                continue
-            m = json.loads(m) if isinstance(m, str) else m
-            scores.append(verify.tests_passed_share(code, m["test"], m["entry_point"], m.get("context", "")))
-        return scores
+    def score(self, extracted: str | None, row: dict[str, Any]) -> float:
+        if row["task"] != verify.CODE or extracted is None:
+            return super().score(extracted, row)
+        meta = json.loads(row["meta"]) if isinstance(row["meta"], str) else row["meta"]
+        return verify.tests_passed_share(extracted, meta["test"], meta["entry_point"], meta.get("context", ""))
 
 
 class Format:
@@ -152,7 +136,7 @@ class ConditionalLength:
         meta: list[str],
         **_: Any,
     ) -> list[float | None]:
-        ok = correct(completions, answer, task, prompt_text, meta, self.fmt)
+        ok = [is_correct(x, row) for x, row in _graded(completions, answer, task, prompt_text, meta, self.fmt)]
         out: list[float | None] = []
         # TRL lays a prompt's generations out contiguously, num_generations at a time.
         for start in range(0, len(ok), self.group):
