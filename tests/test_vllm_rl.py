@@ -149,3 +149,8 @@ def test_colocated_vllm_gets_a_seed_per_row_from_the_calls_seed():
     assert first == again  # the same call seed, the same row seeds: a resumed step draws the same
     assert not set(first) & set(other)
     assert shared.seed is None and all(s.temperature == 1.0 for c in calls for s in c)
+
+
+def test_a_vllm_server_url_with_a_password_is_refused_before_it_reaches_a_record():
+    with pytest.raises(ValueError, match=r"vllm_server_base_url\n.*has a password in it"):
+        _stage(vllm_mode="server", vllm_server_base_url="http://user:secret@node1:8000")

@@ -4,6 +4,7 @@ how a deprecated key is still read, with a one-line warning."""
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo
@@ -47,3 +48,10 @@ def deprecated(
         raise ValueError(f"{path + '.' if path else ''}{old}: renamed {new}; set {new} only, not both")
     log.warning(f"{where}: deprecated, renamed {new}; read as {new} (rename it)")
     return {**data, new: value}
+
+
+def no_password(url: str | None, instead: str) -> str | None:
+    """A URL validator: one with `user:password@` in it would be logged with the params (MLflow, dvc.lock)."""
+    if url and re.match(r"^[a-z+]+://[^/@]+:[^/@]*@", url):
+        raise ValueError(f"has a password in it; {instead}")
+    return url

@@ -3,12 +3,11 @@ backend, the training launch, LoRA adapters and MLflow tracking."""
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from rung.config.base import Section
+from rung.config.base import Section, no_password
 
 
 class ModelParams(Section):
@@ -127,9 +126,7 @@ class TrackingParams(Section):
     @field_validator("uri")
     @classmethod
     def _no_password(cls, uri: str | None) -> str | None:
-        if uri and re.match(r"^[a-z+]+://[^/@]+:[^/@]*@", uri):
-            raise ValueError("has a password in it; set MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD instead")
-        return uri
+        return no_password(uri, "set MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD instead")
 
 
 class LoraParams(Section):
