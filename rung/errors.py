@@ -6,7 +6,7 @@ import re
 
 def redact(url: str) -> str:
     """`url` without a password embedded in it (scheme://user:secret@host -> scheme://user:***@host)."""
-    return re.sub(r"^([a-z+]+://[^/@:]+):[^/@]*@", r"\1:***@", url)
+    return re.sub(r"^([a-z][a-z0-9+.-]*://[^/?#@:]*):[^/?#@]*@", r"\1:***@", url, flags=re.IGNORECASE)
 
 
 class InputError(ValueError):

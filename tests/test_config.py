@@ -181,3 +181,57 @@ def test_cli_validate_prints_the_deprecation_on_stderr(tmp_path, default_params)
     assert res.stderr.splitlines() == [
         f"{path}: rl.stages.main.curriculum.learning_rate: deprecated, renamed step_size; read as step_size (rename it)"
     ]
+
+
+@pytest.mark.parametrize(
+    "edits, expected",
+    [
+        # an upper-case scheme passed the old check
+        ({"tracking.uri": "HTTP://rung:pw@host:5000"}, "tracking.uri: has a password in it"),
+        # pass-through mappings are checked too: TRL's own vllm_server_base_url, model_init_kwargs.token
+        (
+            {"rl.stages.main.trl": {"vllm_server_base_url": "http://user:pw@node1:8000"}},
+            "rl.stages.main.trl.vllm_server_base_url: has a password in it",
+        ),
+        (
+            {"rl.stages.main.trl": {"model_init_kwargs": {"token": "hf_abcdef"}}},
+            "rl.stages.main.trl.model_init_kwargs.token: a credential",
+        ),
+        ({"rl.stages.main.trl": {"hub_token": "hf_abcdef"}}, "rl.stages.main.trl.hub_token: a credential"),
+        (
+            {"rl.stages.main.rewards": {"accuracy": {"args": {"API_KEY": "k"}}}},
+            "rl.stages.main.rewards.accuracy.args.API_KEY: a credential",
+        ),
+        ({"curate.sources.0.config": {"client_secret": "s"}}, "curate.sources.0.config.client_secret: a credential"),
+        ({"model.source": "https://host/model?access_token=abc"}, "model.source: has a query parameter 'access_token'"),
+        ({"eval.sets.0.config": {"url": "s3+Https://me:pw@bucket/x"}}, "eval.sets.0.config.url: has a password"),
+    ],
+)
+def test_no_credential_in_any_param(default_params, edits, expected):
+    """Params are logged to MLflow and the RL stages' are kept in dvc.lock: a credential anywhere is refused
+    in one line naming its key, whatever the case of the URL's scheme or the depth of the mapping."""
+    message = _error(config.with_overrides(default_params, edits))
+    assert message.startswith(f"params.yaml: {expected}") and "\n" not in message, message
+    assert "pw" not in message and "hf_" not in message  # the error line itself keeps the secret out
+
+
+def test_credential_lookalikes_are_accepted(default_params):
+    """The tokenizer's special tokens, HF's `token: true` (use the stored login) and a URL with a user but
+    no password are no credentials."""
+    data = config.with_overrides(
+        default_params,
+        {
+            "rl.stages.main.trl": {"pad_token": "<pad>", "model_init_kwargs": {"token": True}},
+            "tracking.uri": "http://rung@orch:5000",
+            "rl.stages.main.max_completion_length": 48,
+        },
+    )
+    assert config.parse(data).tracking.uri == "http://rung@orch:5000"
+
+
+def test_redact_masks_a_password_in_any_case_of_scheme():
+    from rung.errors import redact
+
+    assert redact("HTTP://rung:pw@host:5000/x") == "HTTP://rung:***@host:5000/x"
+    assert redact("https://:pw@host") == "https://:***@host"
+    assert redact("http://host:5000/a@b") == "http://host:5000/a@b"

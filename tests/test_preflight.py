@@ -30,7 +30,8 @@ CASES = {
     "wrong type": ([("sft.max_steps", "many")], "error: params.yaml: sft.max_steps"),
     "a password in the tracking URI": (  # params are logged to MLflow and kept in dvc.lock
         [("tracking.uri", "http://rung:s3cret@orch:5000")],
-        "error: params.yaml: tracking.uri: has a password in it; set MLFLOW_TRACKING_USERNAME",
+        "error: params.yaml: tracking.uri: has a password in it, and params are logged to MLflow and kept in "
+        "dvc.lock; set MLFLOW_TRACKING_USERNAME",
     ),
     "negative learning rate": (
         [("rl.stages.main.learning_rate", -1.0)],

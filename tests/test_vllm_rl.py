@@ -152,5 +152,5 @@ def test_colocated_vllm_gets_a_seed_per_row_from_the_calls_seed():
 
 
 def test_a_vllm_server_url_with_a_password_is_refused_before_it_reaches_a_record():
-    with pytest.raises(ValueError, match=r"vllm_server_base_url\n.*has a password in it"):
+    with pytest.raises(ValueError, match=r"vllm_server_base_url: has a password in it"):
         _stage(vllm_mode="server", vllm_server_base_url="http://user:secret@node1:8000")

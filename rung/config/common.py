@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
-from rung.config.base import Section, no_password
+from rung.config.base import Section
 
 
 class ModelParams(Section):
@@ -122,11 +122,6 @@ class TrackingParams(Section):
     """Also log each trained checkpoint (sft, rl/<stage>) as an MLflow transformers-flavour logged model.
     Off by default: the weights are already versioned by DVC, and a copy in the MLflow artifact store
     doubles the disk they take."""
-
-    @field_validator("uri")
-    @classmethod
-    def _no_password(cls, uri: str | None) -> str | None:
-        return no_password(uri, "set MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD instead")
 
 
 class LoraParams(Section):

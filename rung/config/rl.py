@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BeforeValidator, ConfigDict, Field, ValidationInfo, model_validator
 
-from rung.config.base import Section, deprecated, no_password
+from rung.config.base import Section, deprecated
 from rung.config.common import LaunchParams, LoraParams
 
 # The names of rung.rl.rewards.REGISTRY (tests/test_rewards.py checks it), here so that params validate
@@ -334,11 +334,6 @@ class RLStageParams(Section):
     trl: dict[str, Any] = Field(default_factory=dict)
     """Any other GRPOConfig/RLOOConfig argument under TRL's own name, passed through unchecked by
     rung (TRL checks it when the stage starts)."""
-
-    @field_validator("vllm_server_base_url")
-    @classmethod
-    def _no_password(cls, url: str | None) -> str | None:
-        return no_password(url, "the server takes no credentials from rung; put an authenticating proxy in front")
 
     @model_validator(mode="before")
     @classmethod
