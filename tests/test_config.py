@@ -235,3 +235,20 @@ def test_redact_masks_a_password_in_any_case_of_scheme():
     assert redact("HTTP://rung:pw@host:5000/x") == "HTTP://rung:***@host:5000/x"
     assert redact("https://:pw@host") == "https://:***@host"
     assert redact("http://host:5000/a@b") == "http://host:5000/a@b"
+
+
+def test_a_reward_for_a_task_absent_from_the_data_is_refused(default_params):
+    """tests_passed grades code rows; on the default arithmetic it would be accuracy under another name."""
+    from rung.answers import verify
+
+    rewards = {"rl.stages.main.rewards": {"tests_passed": 1.0, "format": 0.1}}
+    assert _error(config.with_overrides(default_params, rewards)) == (
+        "params.yaml: rl.stages.main.rewards.tests_passed: grades code rows, and curate.sources has none "
+        "(tasks: basic_arithmetic, chain_sum); use accuracy"
+    )
+    code = {"type": "code", "name": "fns", "problems": "functions", "size": 20}
+    with_code = config.with_overrides(default_params, {**rewards, "curate.sources.1": code})
+    params = config.parse(with_code)
+    assert params.curate.sources[1].task == verify.CODE  # the config's name of the code task is the verifier's
+    mix = {"curate.mix": {"total": 100, "weights": {"arith_easy": 1.0, "fns": 0.0}}}
+    assert "rewards.tests_passed: grades code rows" in _error(config.with_overrides(with_code, mix))

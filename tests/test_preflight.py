@@ -33,6 +33,14 @@ CASES = {
         "error: params.yaml: tracking.uri: has a password in it, and params are logged to MLflow and kept in "
         "dvc.lock; set MLFLOW_TRACKING_USERNAME",
     ),
+    "a token in a pass-through mapping": (
+        [("rl.stages.main.trl", {"model_init_kwargs": {"token": "hf_planted"}})],
+        "error: params.yaml: rl.stages.main.trl.model_init_kwargs.token: a credential",
+    ),
+    "a code reward on arithmetic tasks": (
+        [("rl.stages.main.rewards", {"tests_passed": 1.0})],
+        "error: params.yaml: rl.stages.main.rewards.tests_passed: grades code rows, and curate.sources has none",
+    ),
     "negative learning rate": (
         [("rl.stages.main.learning_rate", -1.0)],
         "error: params.yaml: rl.stages.main.learning_rate",

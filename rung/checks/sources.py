@@ -23,7 +23,7 @@ def sources(params: Params) -> None:
         f"{section}.{s.name}"
         for section, group in (("curate.sources", params.curate.sources), ("eval.sets", params.eval.sets))
         for s in group
-        if isinstance(s, CodeSource) or getattr(s, "task", None) == CODE
+        if s.task == CODE
     ]
     if code or params.format.style == "code":
         # model-written code never runs unconfined: refuse here rather than in the middle of a stage

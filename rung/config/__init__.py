@@ -58,6 +58,7 @@ from rung.config.eval import BootstrapParams, EvalParams, SampledEvalParams
 from rung.config.rl import (
     BUILTIN_REWARDS,
     PRESETS,
+    REWARD_TASKS,
     SIGNED_OBJECTIVES,
     AdaptiveCurriculum,
     BanditCurriculum,
@@ -78,6 +79,7 @@ from rung.config.sft import SFTParams
 __all__ = [
     "BUILTIN_REWARDS",
     "PRESETS",
+    "REWARD_TASKS",
     "SIGNED_OBJECTIVES",
     "AdaptiveCurriculum",
     "BanditCurriculum",
@@ -169,6 +171,21 @@ class Params(Section):
                 f"eval.samples.checkpoints: {sorted(set(sampled) - set(self.checkpoints))} are not checkpoints "
                 f"of this pipeline {self.checkpoints}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _rewards_have_their_rows(self) -> Params:
+        """A reward for one task (tests_passed: code) needs rows of it in the RL stages' data (curate.sources)."""
+        mix = self.curate.mix
+        tasks = {s.task for s in self.curate.sources if mix is None or mix.weights.get(s.name, 1) > 0}
+        for name, stage in self.rl.stages.items():
+            for reward, spec in stage.rewards.items():
+                task = REWARD_TASKS.get(reward) if spec.import_path is None else None
+                if task and task not in tasks:
+                    raise ValueError(
+                        f"rl.stages.{name}.rewards.{reward}: grades {task} rows, and curate.sources has none "
+                        f"(tasks: {', '.join(sorted(tasks))}); use accuracy"
+                    )
         return self
 
     @property

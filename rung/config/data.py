@@ -159,6 +159,11 @@ class CodeSource(Section):
     max_steps: int = Field(3, ge=1, le=8)
     """functions: most steps; a problem's step count is uniform in [min_steps, max_steps] and is its difficulty."""
 
+    @property
+    def task(self) -> str:
+        """The rows' task, as every source has one: code (rung.answers.verify.CODE)."""
+        return "code"
+
     @model_validator(mode="after")
     def _sized(self) -> CodeSource:
         if self.problems == "functions" and self.size is None:

@@ -14,6 +14,9 @@ from rung.config.common import LaunchParams, LoraParams
 # The names of rung.rl.rewards.REGISTRY (tests/test_rewards.py checks it), here so that params validate
 # without importing the rewards and their verifiers.
 BUILTIN_REWARDS = ("accuracy", "tests_passed", "format", "format_partial", "overlong", "conditional_length")
+# The task a built-in reward is for: tests_passed grades code rows by the share of their tests passed and
+# any other row as accuracy does, so on data without code rows it is accuracy under a misleading name.
+REWARD_TASKS = {"tests_passed": "code"}
 
 
 class RewardParams(Section):
