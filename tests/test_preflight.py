@@ -252,3 +252,34 @@ def test_a_machine_without_a_git_identity_is_told_before_dvc_exp_run_fails(
     workspace.warn_git_identity(params)
     workspace.git_identity(params)
     assert caplog.records == []
+
+
+def test_lora_target_modules_the_model_lacks_are_refused_before_any_compute(workdir, default_params, tiny_model):
+    """peft fails when training starts on a target that names no module it can adapt; `rung validate`
+    says it first, in one line naming the key and some valid names, checked on the model's config alone."""
+    from rung.checks.models import lora_targets
+
+    runner = CliRunner()
+    valid = "modules LoRA can adapt: down_proj, embed_tokens, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj"
+    for key in ("rl.stages.main.lora", "sft.lora"):
+        for targets, error in [
+            (["q_proj", "v_proj"], None),  # the embedded model has both
+            (["q_proj", "qproj"], f"error: {key}.target_modules: 'qproj' names no module of embedded; {valid}, v_proj"),
+        ]:
+            params = config.with_overrides(default_params, {key: {"r": 8, "target_modules": targets}})
+            (workdir / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+            res = runner.invoke(app, ["validate", "params.yaml"])
+            assert (res.exit_code, res.output.strip().splitlines()) == (2, [error]) if error else res.exit_code == 0, (
+                res.output
+            )
+
+    model = config.ModelParams(source=str(tiny_model))
+
+    def refused(targets: str | list[str]) -> str:
+        with pytest.raises(InputError) as e:
+            lora_targets(config.LoraParams(target_modules=targets), model, "sft.lora")
+        return str(e.value)
+
+    lora_targets(config.LoraParams(target_modules=r".*\.layers\.1\.self_attn\.(q|v)_proj"), model, "sft.lora")
+    assert "'q_proj' matches no full module name of" in refused("q_proj")  # one string is peft's regex
+    assert refused(["mlp"]).startswith("sft.lora.target_modules: 'mlp' matches model.layers.0.mlp, which LoRA cannot")

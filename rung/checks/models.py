@@ -1,18 +1,19 @@
 """The model a stage starts from: a local directory or GGUF that exists and has a tokenizer, a hub
-id cached when offline, a chat template where `format.template: chat` needs one, and the difficulty
-reference that an RL stage's pass rates come from."""
+id cached when offline, a chat template where `format.template: chat` needs one, LoRA target modules
+that the model has, and the difficulty reference that an RL stage's pass rates come from."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+from functools import cache
 from pathlib import Path
 
 from rung import files
-from rung.config import Params
+from rung.config import LoraParams, ModelParams, Params
 from rung.errors import InputError
-from rung.models import EMBEDDED
+from rung.models import EMBEDDED, embedded_gguf_path
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 
@@ -119,3 +120,69 @@ def _has_chat_template(source: str) -> bool | None:
         return None  # not downloaded yet: the stage that loads it checks (rung.generate.completion.render)
     jinja = try_to_load_from_cache(source, "chat_template.jinja")
     return isinstance(jinja, str) or bool(json.loads(Path(cached).read_text()).get("chat_template"))
+
+
+def lora_targets(lora: LoraParams | None, model: ModelParams, key: str) -> None:
+    """`<key>.target_modules` (a list of names, or one regular expression) must each match modules of
+    `model.source` that LoRA can adapt, as peft matches them (else peft fails when training starts); checked
+    on the model built from its config on the meta device. The stages' checkpoints share the source's modules."""
+    if lora is None or lora.target_modules == "all-linear":
+        return
+    modules = _adaptable_modules(model.source, model.revision)
+    if modules is None:
+        return  # a hub model not downloaded yet: peft says it when the stage starts
+    from peft import LoraConfig
+    from peft.tuners.tuners_utils import check_target_module_exists
+
+    targets = lora.target_modules
+    for target in [targets] if isinstance(targets, str) else targets:
+        matcher = LoraConfig(target_modules=target if isinstance(targets, str) else [target])
+        matched = [name for name in modules if check_target_module_exists(matcher, name)]
+        if matched and all(modules[name] for name in matched):
+            continue
+        valid = sorted({name.rpartition(".")[2] for name, ok in modules.items() if ok})
+        if matched:
+            what = f"matches {next(n for n in matched if not modules[n])}, which LoRA cannot adapt"
+        elif isinstance(targets, str):  # peft's rule: one string is a regular expression over full names
+            example = next(name for name, ok in modules.items() if ok and name.endswith(valid[0]))
+            what = f"matches no full module name of {model.source} (one string is a regular expression, e.g. {example})"
+        else:
+            what = f"names no module of {model.source}"
+        more = ", ..." if len(valid) > 10 else ""
+        raise InputError(
+            f"{key}.target_modules: {target!r} {what}; modules LoRA can adapt: {', '.join(valid[:10])}{more}"
+        )
+
+
+@cache
+def _adaptable_modules(source: str, revision: str | None) -> dict[str, bool] | None:
+    """Every module of the model (dotted name -> whether peft's LoRA can adapt its type), built from the
+    config alone on the meta device (no weights read); None when the config is not on this machine."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.pytorch_utils import Conv1D
+
+    path = Path(source).expanduser()
+    try:
+        if source == EMBEDDED or path.suffix == ".gguf":
+            gguf = embedded_gguf_path() if source == EMBEDDED else path
+            config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        else:
+            config = AutoConfig.from_pretrained(source, revision=revision, local_files_only=not path.is_dir())
+    except (OSError, InputError):  # not downloaded, or the embedded model's wheel is missing here
+        return None
+    if hasattr(config, "quantization_config"):  # a GGUF's: the meta model needs none
+        del config.quantization_config
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    # the layer types peft's LoRA implements (peft.tuners.lora.model.LoraModel._create_new_module)
+    adaptable = (
+        torch.nn.Linear,
+        torch.nn.Embedding,
+        torch.nn.Conv1d,
+        torch.nn.Conv2d,
+        torch.nn.Conv3d,
+        torch.nn.MultiheadAttention,
+        Conv1D,
+    )
+    return {name: isinstance(module, adaptable) for name, module in model.named_modules() if name}

@@ -1,12 +1,13 @@
 """What the RL stages need before they start: the tested TRL / transformers versions, a launch that
-can run here, vLLM where a stage asks for it, and custom rewards that resolve to callables taking the
-completions."""
+can run here, vLLM where a stage asks for it, LoRA target modules that the model has, and custom
+rewards that resolve to callables taking the completions."""
 
 from __future__ import annotations
 
 import inspect
 
 from rung import compat
+from rung.checks.models import lora_targets
 from rung.config import Params
 from rung.errors import InputError
 from rung.rl import rewards, vllm_rollouts
@@ -14,7 +15,8 @@ from rung.train import launch
 
 
 def rl_stages(params: Params) -> None:
-    """Per RL stage: the tested trainer versions, its launch, vLLM where asked for, its custom rewards."""
+    """Per RL stage: the tested trainer versions, its launch, vLLM where asked for, its LoRA targets, its
+    custom rewards."""
     compat.check()
     for name, stage in params.rl.stages.items():
         key = f"rl.stages.{name}"
@@ -24,6 +26,7 @@ def rl_stages(params: Params) -> None:
             # generation.vllm's worker environment); server mode's server. The memory share is checked at
             # the stage's start, when its init model exists.
             vllm_rollouts.preflight(stage, None, key)
+        lora_targets(stage.lora, params.model, f"{key}.lora")
         for reward, spec in stage.rewards.items():
             if spec.import_path is not None:
                 _reward(spec.import_path, bool(spec.args), f"{key}.rewards.{reward}")

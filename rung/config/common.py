@@ -135,4 +135,6 @@ class LoraParams(Section):
     dropout: float = Field(0.05, ge=0, lt=1)
     """Dropout on the adapters' input during training."""
     target_modules: str | list[str] = "all-linear"
-    """Modules that get adapters: peft's 'all-linear' or a list of module names."""
+    """Modules that get adapters: peft's 'all-linear', a list of module names (matching a module's full
+    name or its last parts: q_proj, v_proj) or one regular expression over full names; each must match
+    modules of model.source that LoRA can adapt (checked before any compute)."""
