@@ -1,0 +1,83 @@
+"""One episode's record and grading, shared by the built-in environments: the row it answers, every answer
+graded by the task's own verifier, tool calls and their errors, and whether the grader itself failed."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from rung.answers import formats, verify
+from rung.config import FormatParams
+
+
+def row_of(columns: dict[str, Any]) -> dict[str, Any]:
+    """The row `rung.answers.verify.is_correct` grades, from the columns `reset(**columns)` gets: an RL
+    dataset's (prompt as messages, the problem in prompt_text, meta as JSON) or a curated row's (prompt as
+    text, meta as a mapping)."""
+    prompt = columns.get("prompt_text")
+    if prompt is None:
+        prompt = columns.get("prompt")
+        if not isinstance(prompt, str):  # messages: the problem is the last user turn
+            prompt = next(m["content"] for m in reversed(prompt or []) if m.get("role") == "user")
+    meta = columns.get("meta") or {}
+    return {
+        "answer": columns["answer"],
+        "task": columns["task"],
+        "prompt": prompt,
+        "meta": json.loads(meta) if isinstance(meta, str) else meta,
+    }
+
+
+@dataclass
+class Episode:
+    """What happened in one episode; an environment's `episode` attribute (an attribute, so TRL does not take
+    it for a tool). `answers`/`correct` hold every graded answer in order: `answers[0]` is the first."""
+
+    row: dict[str, Any]
+    fmt: FormatParams
+    answers: list[str | None] = field(default_factory=list)
+    correct: list[bool | None] = field(default_factory=list)
+    tool_calls: int = 0
+    tool_errors: int = 0
+    unscored: str | None = None
+    """Why the grader failed (the sandbox or the verifier, not the model), or None. Such an episode is left
+    out of training and evaluation (reward None: NaN in TRL), never counted wrong."""
+
+    def grade(self, text: str) -> bool | None:
+        """Record `text` as an answer: its answer where the format puts it (strict, as rewards read it),
+        whether the task's verifier accepts it; None (and the episode unscored) if the verifier failed."""
+        answer = formats.extract(text, self.fmt)
+        try:
+            ok: bool | None = verify.is_correct(answer, self.row)
+        except verify.GraderFailed as e:
+            ok = None
+            self.unscored = self.unscored or str(e)
+        self.answers.append(answer)
+        self.correct.append(ok)
+        return ok
+
+    @property
+    def first_correct(self) -> bool | None:
+        return self.correct[0] if self.correct else None
+
+
+def _text(completion: Any) -> str:
+    # TRL passes a conversational completion as its messages; the episode's answer is the last one's content.
+    return (completion[-1]["content"] or "") if isinstance(completion, list) else completion
+
+
+class FinalAnswer:
+    """A reward function with TRL's signature for environments that keep an `episode` but never see the final
+    answer (TRL's loop shows an environment only its tool calls): the last assistant message graded by the
+    task's verifier, 1.0 or 0.0; None (unscored, NaN in TRL) when the sandbox or the verifier failed during
+    the episode. Pass it in `reward_funcs`; TRL gives reward functions the rollouts' `environments`."""
+
+    __name__ = "final_answer"
+
+    def __call__(self, completions: list[Any], environments: list[Any], **_: Any) -> list[float | None]:
+        scores: list[float | None] = []
+        for completion, env in zip(completions, environments, strict=True):
+            ok = env.episode.grade(_text(completion))
+            scores.append(None if env.episode.unscored is not None or ok is None else float(ok))
+        return scores

@@ -1,0 +1,161 @@
+"""An environment in params (`EnvironmentSpec`) and its check before any compute (`check`): one line per
+refusal, naming the key, as `rung validate` prints it."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import re
+import types
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError, field_validator
+from transformers import PreTrainedTokenizerBase
+from transformers.utils import get_json_schema
+
+from rung import sandbox
+from rung.config import FormatParams
+from rung.config.base import Section
+from rung.envs import template
+from rung.envs.python import Python, PythonSettings
+from rung.envs.retry import Retry, RetrySettings
+from rung.errors import InputError
+
+BUILTINS: dict[str, tuple[type, type[BaseModel]]] = {
+    "retry": (Retry, RetrySettings),
+    "python": (Python, PythonSettings),
+}
+"""Built-in environments by name: the class and its settings model."""
+
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+_NOT_TOOLS = ("reset", "get_reward")  # TRL's reserved names (grpo_trainer.py, GRPOTrainer.__init__)
+
+
+class EnvironmentSpec(Section):
+    """An episode's environment: a built-in or any class written to TRL's environment contract."""
+
+    name: str
+    """`retry` (UFO: a fixed reply to a wrong answer), `python` (a sandboxed Python tool), or the import path
+    `package.module:Class` of a class written to TRL's environment contract (a `reset(**row)`, tools as
+    public methods with type hints and a Google-style docstring, optionally `get_reward()`); rung need not be
+    imported by it."""
+    max_turns: int = Field(3, ge=1)
+    """Assistant turns per episode at most (answers for retry; tool calls plus the final answer for python).
+    TRL's `max_tool_calling_iterations` is max_turns - 1."""
+    settings: dict[str, Any] = {}
+    """The environment's own settings: a built-in's (retry: feedback, discount; python: max_output), or the
+    keyword arguments the class is constructed with."""
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if name not in BUILTINS and not _IMPORT_PATH.match(name):
+            raise ValueError(f"{name!r} is neither a built-in ({', '.join(BUILTINS)}) nor an import path module:Class")
+        return name
+
+
+@dataclass(frozen=True)
+class Environment:
+    """A checked environment: what a stage needs to run its episodes."""
+
+    spec: EnvironmentSpec
+    cls: type
+    settings: BaseModel | dict[str, Any]
+    """A built-in's validated settings model, or the keyword arguments of an imported class."""
+    tools: tuple[str, ...]
+    """The tools TRL will expose: the class's public methods but reset and get_reward."""
+
+    @property
+    def builtin(self) -> bool:
+        return self.spec.name in BUILTINS
+
+    @property
+    def max_tool_calling_iterations(self) -> int:
+        """GRPOConfig.max_tool_calling_iterations for max_turns assistant turns."""
+        return self.spec.max_turns - 1
+
+    @property
+    def needs_episode_loop(self) -> bool:
+        """Whether it replies to plain answers (`_reply`), which only rung's episode loop calls (TRL's does not)."""
+        return callable(getattr(self.cls, "_reply", None))
+
+    def factory(self, fmt: FormatParams) -> Callable[[], Any]:
+        """A zero-argument factory of instances: TRL's `environment_factory`. Built-ins grade answers in `fmt`."""
+        if self.builtin:
+            return functools.partial(self.cls, fmt, self.spec.max_turns, self.settings)
+        return functools.partial(self.cls, **self.settings)
+
+
+def _one_line(error: ValidationError, key: str) -> str:
+    first = error.errors()[0]
+    where = ".".join(str(part) for part in first["loc"])
+    return f"{key}.{where}: {first['msg']}" if where else f"{key}: {first['msg']}"
+
+
+def _load(path: str, key: str) -> type:
+    module, _, attr = path.partition(":")
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except Exception as e:  # noqa: BLE001 - an import runs the user's module: any error is theirs to see
+        raise InputError(f"{key}.name: cannot load {path!r}: {type(e).__name__}: {e}") from None
+    if not inspect.isclass(obj):
+        raise InputError(f"{key}.name: {path!r} is a {type(obj).__name__}, not a class")
+    return obj
+
+
+def tool_names(cls: type) -> tuple[str, ...]:
+    """The methods TRL exposes as tools, found as TRL finds them: functions on the class (not the instance, so
+    no property runs), public, but reset and get_reward."""
+    return tuple(
+        name
+        for name, _ in inspect.getmembers(cls, predicate=inspect.isfunction)
+        if name not in _NOT_TOOLS and not name.startswith("_")
+    )
+
+
+def check(
+    spec: EnvironmentSpec | Mapping[str, Any], tokenizer: PreTrainedTokenizerBase, key: str = "environment"
+) -> Environment:
+    """The environment `spec` names, checked without running it; raises InputError in one line naming the
+    key for: bad settings (max_turns < 1 among them), an import path that does not load, a class without
+    `reset`, a tool without type hints or docstring, a chat template that cannot render a tool call (with the
+    fix), and, for `python`, a sandbox that cannot isolate here."""
+    if not isinstance(spec, EnvironmentSpec):
+        try:
+            spec = EnvironmentSpec.model_validate(dict(spec))
+        except ValidationError as e:
+            raise InputError(_one_line(e, key)) from None
+    if spec.name in BUILTINS:
+        cls, settings_model = BUILTINS[spec.name]
+        try:
+            settings: BaseModel | dict[str, Any] = settings_model.model_validate(spec.settings)
+        except ValidationError as e:
+            raise InputError(_one_line(e, f"{key}.settings")) from None
+    else:
+        cls, settings = _load(spec.name, key), dict(spec.settings)
+        try:
+            inspect.signature(cls).bind(**settings)
+        except TypeError as e:
+            raise InputError(f"{key}.settings: {spec.name} does not take them: {e}") from None
+    functions = dict(inspect.getmembers(cls, predicate=inspect.isfunction))
+    if "reset" not in functions:
+        raise InputError(f"{key}.name: {cls.__name__} has no reset() method, which TRL's environment contract needs")
+    tools = tool_names(cls)
+    for name in tools:
+        try:  # how transformers renders a tool for the chat template; bound, so that `self` is not a parameter
+            get_json_schema(types.MethodType(functions[name], object()))
+        except Exception as e:  # noqa: BLE001 - TypeHintParsingException, DocstringParsingException, ...
+            raise InputError(f"{key}.name: tool {cls.__name__}.{name}: {e}") from None
+    if tools and (problem := template.tool_calling_problem(tokenizer)):
+        raise InputError(f"{key}: {cls.__name__} has tools ({', '.join(tools)}) but {problem}; fix: {template.FIX}")
+    if cls is Python:
+        try:
+            sandbox.check()
+        except sandbox.SandboxUnavailable as e:
+            raise InputError(f"{key}.name: python runs code in rung.sandbox: {e}") from None
+    return Environment(spec, cls, settings, tools)
