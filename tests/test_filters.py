@@ -150,6 +150,24 @@ def test_numbers_are_normalised_before_grouping():
     assert prompts(near_duplicates([row(priced), row(reworded)])[0]) == [priced]
 
 
+def test_numbers_are_written_one_way():
+    assert normalise("It costs $2.50.") == normalise("it costs $2.5") == "it costs $2.5"
+    assert normalise("3.0 and 10.500") == "3 and 10.5"
+    assert normalise("versions 1.2.30 and 2.50.1") == "versions 1.2.30 and 2.50.1"  # not decimals
+    assert normalise("1 000 cows") == normalise("1\u202f000 cows") == normalise("1,000 cows") == "1000 cows"
+    assert normalise("Calculate \u22125 + 3.") == normalise("calculate -5 + 3") == "calculate -5 + 3"
+
+
+@pytest.mark.parametrize(
+    "original, copy", [("2.5", "2.50"), ("1000", "1 000"), ("-17", "\u221217")], ids=["zeros", "spaces", "minus"]
+)
+def test_near_duplicates_see_a_number_written_two_ways(original, copy):
+    # Rows are compared within groups of equal numbers: a number written two ways put a near-copy
+    # (character 5-gram Jaccard 0.87) in another group, never compared.
+    first, second = FARM.replace("17", original), FARM_ONE_WORD.replace("17", copy)
+    assert prompts(near_duplicates([row(first), row(second)])[0]) == [first]
+
+
 def test_near_duplicates_are_deterministic():
     rows = [
         row(FARM.replace("17", str(n % 7)).replace("Sunday", day)) for n in range(40) for day in ("Sunday", "Monday")
@@ -192,7 +210,7 @@ def test_template_ngrams_shared_by_eval_prompts_are_ignored():
     kept, report = decontaminate(rows, evals)
     # the template is in both eval prompts; "arithmetic problem : 4 - 1 - 7" (8 tokens) in one
     assert prompts(kept) == [CHAIN.format("9 - 3")] and report.removed == 2
-    assert decontaminate(rows, evals, template_prompts=None)[1].removed == 3  # open-r1's rule
+    assert decontaminate(rows, evals, ignore_templates=False)[1].removed == 3  # open-r1's rule
     assert decontaminate(rows, [evals[0], *evals])[1].removed == 2  # a repeated eval prompt counts once
 
 
@@ -215,6 +233,41 @@ def test_one_problem_in_several_eval_sets_is_not_template_text():
     # distinct problems filling one template still make it template text
     other = row(FARM.replace("17", "23"))
     assert decontaminate([other], [f"{FARM} Answer with a box.", FARM.replace("17", "19")])[1].removed == 0
+
+
+# A problem with no numbers, 21 tokens, and one in words (as FARM, which has digits)
+PLANET = "Which planet of the solar system has the largest mass and the most known moons, and who named it after a god?"
+FARM_WORDS = FARM.replace("17", "seventeen").replace("5", "five")
+
+
+@pytest.mark.parametrize(
+    "evals, copy",
+    [
+        # no numbers: the problem's own n-grams were in two "problems" (each prompt its own)
+        ([f"{PLANET} Answer with a box.", f"Answer briefly. {PLANET}"], f"Quiz: {PLANET[:-1]}; explain."),
+        # numbers in words in one set, digits in the other: the words were no numbers
+        (
+            [FARM_WORDS, f"{FARM} Answer with a box."],
+            FARM_WORDS.replace("A farmer", "Farmer Ann").replace("buys five more", "buys five. She got more"),
+        ),
+        # a digit in one set's instruction made the numbers (2, 17, 5) and (17, 5)
+        ([f"{FARM} Answer with a box.", f"{FARM} Solve it in 2 steps."], f"{FARM} Show your work."),
+    ],
+    ids=["no-digits", "number-words", "digit-in-instruction"],
+)
+def test_one_problem_put_differently_in_two_eval_sets_decontaminates(evals, copy):
+    # Each copy shares with the eval prompts only n-grams found in both: counted as two problems,
+    # they were template text and the copy stayed.
+    assert decontaminate([row(copy)], evals[:1])[1].removed == 1
+    assert decontaminate([row(copy)], evals)[1].removed == 1
+
+
+def test_an_instruction_shared_by_problems_without_numbers_is_still_template_text():
+    instruction = "Answer the following question with a single word and nothing else:"
+    evals = [f"{instruction} {PLANET}", f"{instruction} Which ocean is the largest and deepest of all oceans on Earth?"]
+    kept = row(f"{instruction} What is the colour of a clear sky at noon in summer?")
+    assert decontaminate([kept], evals)[1].removed == 0
+    assert decontaminate([kept], evals, ignore_templates=False)[1].removed == 1
 
 
 def test_decontaminate_is_deterministic_and_rejects_bad_n():

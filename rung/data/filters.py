@@ -21,8 +21,13 @@ from rung.data.rows import Row
 # same problem.
 _END_PUNCTUATION = " .,;:!?\"'`"
 _TOKEN = re.compile(r"\w+|[^\w\s]")
-# A number written with thousands separators: "1,000" and "12,345,678", not "(1,2)" or "1,2345".
-_SEPARATED = re.compile(r"(?<![\d,.])\d{1,3}(?:,\d{3})+(?!\d|,\d)")
+# Minus signs other than ASCII's: U+2212 (the Unicode minus), U+FE63 (small), U+FF0D (full-width).
+_MINUS = str.maketrans(dict.fromkeys("\u2212\ufe63\uff0d", "-"))
+# A number written with thousands separators, one kind throughout: "1,000", "12,345,678", "1 000" (after
+# whitespace is collapsed, also a thin or no-break space); not "(1,2)" or "1,2345".
+_SEPARATED = re.compile(r"(?<![\d,.])\d{1,3}([, ])\d{3}(?:\1\d{3})*(?!\d|,\d)")
+# A decimal's trailing zeros ("2.50", "3.0"), not in a dotted sequence like "1.2.30" or "2.50.1".
+_TRAILING_ZEROS = re.compile(r"(?<![\d.])(\d+)\.(\d*?)0+(?!\d|\.\d)")
 # Numbers and arithmetic operators: the part of a math prompt that decides its answer.
 _MATH_TOKEN = re.compile(r"\d+(?:\.\d+)?|[-+*/^=<>%]")
 # Tokens that continue an arithmetic expression: an eval prompt found inside a train prompt next to
@@ -31,6 +36,17 @@ _OPERATORS = frozenset("+-*/^=<>%()[]{}")
 # (false positive, false negative) weights for choosing the LSH bands: candidates are confirmed
 # exactly, so a false positive costs one set comparison and a false negative a missed duplicate.
 _LSH_WEIGHTS = (0.01, 0.99)
+# Number words, read as the numbers they stand for when eval prompts are grouped into problems
+# (hand-written: cardinals only; "one" is left out, as it is as often a pronoun: "which one").
+_NUMBER_WORDS = {
+    w: str(i)
+    for i, w in enumerate(
+        "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+        "sixteen seventeen eighteen nineteen".split()
+    )
+    if w != "one"
+} | {w: str(10 * i) for i, w in enumerate("twenty thirty forty fifty sixty seventy eighty ninety".split(), 2)}
+_NUMBER_WORDS |= {"hundred": "100", "thousand": "1000", "million": "1000000", "billion": "1000000000"}
 
 
 @dataclass(frozen=True)
@@ -58,10 +74,14 @@ def _partition(rows: Iterable[Row], drop: Iterable[bool], name: str, reason: str
 
 
 def normalise(text: str) -> str:
-    """Lowercase, collapse whitespace, strip sentence punctuation at both ends, drop thousands
-    separators ("costs $1,000." and "costs $1000." are one problem; unnormalised, the numbers
-    `1` `000` and `1000` would put them in different near-duplicate groups, never compared)."""
-    text = _SEPARATED.sub(lambda m: m.group().replace(",", ""), " ".join(text.lower().split()))
+    """Lowercase, collapse whitespace, strip sentence punctuation at both ends, and write numbers one
+    way: thousands separators dropped ("costs $1,000." and "costs $1 000" are "costs $1000"), a
+    decimal's trailing zeros dropped ("2.50" is "2.5", "3.0" is "3") and any minus sign as "-".
+    Unnormalised, such numbers would put one problem in different near-duplicate groups (grouped by
+    their numbers), never compared."""
+    text = " ".join(text.lower().split()).translate(_MINUS)
+    text = _SEPARATED.sub(lambda m: m.group().replace(m.group(1), ""), text)
+    text = _TRAILING_ZEROS.sub(lambda m: f"{m.group(1)}.{m.group(2)}" if m.group(2) else m.group(1), text)
     return text.strip(_END_PUNCTUATION)
 
 
@@ -217,15 +237,39 @@ def _contains(tokens: Sequence[str], run: tuple[str, ...]) -> bool:
     return False
 
 
-def _problem(tokens: tuple[str, ...]) -> tuple[str, ...]:
-    """What identifies an eval prompt's problem for the template rule: its numbers, which survive a
-    changed instruction or LaTeX markup; a prompt without numbers is only itself."""
-    numbers = tuple(t for t in tokens if t.isdigit())
-    return ("#", *numbers) if numbers else tokens
+def _number(token: str) -> str | None:
+    """The number a token is (its digits, or a number word's), else None."""
+    return token if token.isdigit() else _NUMBER_WORDS.get(token)
+
+
+def _one_problem(shared: list[tuple[tuple[str, ...], int]], n: int) -> bool:
+    """Whether eval prompts that share an n-gram (`shared`: each one's tokens and where the n-gram
+    starts) put one problem, differently worded around it (another instruction, LaTeX), rather than
+    being distinct problems filling one template.
+
+    One problem when they have the same numbers in order (digits or number words; a number survives
+    a changed instruction or markup), or when the longest run around the n-gram that they all share
+    is more than half of each and holds every number of one of them: the problem itself, next to
+    different instructions (which may hold a digit, "in 2 steps"), also when it has no numbers.
+    Distinct problems from one template differ in a number (chain_sum's "4 - 1 - 7" and "4 - 1 - 8"),
+    or, without numbers, share an instruction shorter than their questions (a heuristic: an
+    instruction longer than the questions sharing it counts as their problem, and removes more).
+    """
+    numbers = {tuple(x for t in p if (x := _number(t))) for p, _ in shared}
+    if len(numbers) == 1 and () not in numbers:
+        return True
+    left, right = 0, n  # extend the shared n-gram while every prompt has the same token on that side
+    while all(s > left for _, s in shared) and len({p[s - left - 1] for p, s in shared}) == 1:
+        left += 1
+    while all(s + right < len(p) for p, s in shared) and len({p[s + right] for p, s in shared}) == 1:
+        right += 1
+    if any(2 * (left + right) <= len(p) for p, _ in shared):
+        return False
+    return any(all(s - left <= i < s + right for i, t in enumerate(p) if _number(t)) for p, s in shared)
 
 
 def decontaminate(
-    rows: list[Row], eval_prompts: list[str], n: int = 8, template_prompts: int | None = 2
+    rows: list[Row], eval_prompts: list[str], n: int = 8, ignore_templates: bool = True
 ) -> tuple[list[Row], FilterReport]:
     """Drop train rows whose prompt overlaps an evaluation prompt.
 
@@ -248,28 +292,34 @@ def decontaminate(
     464), and the id-hash split with exact dedup already keeps them apart. Use it for external
     sources against evaluation sets.
 
-    `template_prompts`: an n-gram found in at least this many distinct eval problems is template
-    text, not a copied problem, and is ignored. Without this every chain_sum train row would be
-    removed by an eval set containing chain_sum rows: all of them share "state the final answer
-    to the following arithmetic problem :" (10 tokens). Problems, not prompts: eval prompts with
-    the same numbers (in order) count once, so that one problem put in several eval sets with
-    different instructions (or LaTeX) does not turn its own n-grams into template text and let a
-    reworded training copy through. None keeps every n-gram (open-r1's rule); with a single eval
-    problem nothing can be recognised as template.
+    `ignore_templates`: an n-gram shared by distinct eval problems is template text, not a copied
+    problem, and is ignored. Without this every chain_sum train row would be removed by an eval set
+    containing chain_sum rows: all of them share "state the final answer to the following
+    arithmetic problem :" (10 tokens). Eval prompts sharing an n-gram are one problem, not a
+    template, when `_one_problem` says so, so that one problem put in several eval sets with
+    different instructions (with or without a digit), LaTeX, or numbers written as words does not
+    turn its own n-grams into template text and let a reworded training copy through. False keeps
+    every n-gram (open-r1's rule).
     """
     if n < 1:
         raise ValueError(f"decontaminate: n must be >= 1, got {n}")
-    evals = {tuple(words(p)) for p in eval_prompts}  # a set: a repeated eval prompt counts once
-    per_problem: dict[tuple[str, ...], set[tuple[str, ...]]] = defaultdict(set)
-    for toks in evals:
-        per_problem[_problem(toks)] |= _ngrams(toks, n)
-    seen_in = Counter(g for grams in per_problem.values() for g in grams)
-    index = {g for g, c in seen_in.items() if template_prompts is None or c < template_prompts}
+    evals = sorted({tuple(words(p)) for p in eval_prompts})  # a set: a repeated eval prompt counts once
+    found: dict[tuple[str, ...], dict[int, int]] = defaultdict(dict)  # n-gram -> {eval prompt: first start}
+    for e, toks in enumerate(evals):
+        for i in range(len(toks) - n + 1):
+            found[toks[i : i + n]].setdefault(e, i)
+    index = {
+        g
+        for g, at in found.items()
+        if not ignore_templates or len(at) == 1 or _one_problem([(evals[e], i) for e, i in at.items()], n)
+    }
     short = [toks for toks in evals if len(toks) < n]
     tokens = [words(r["prompt"]) for r in rows]
+    evals_set = set(evals)
     drop = [
-        tuple(t) in evals or not index.isdisjoint(_ngrams(t, n)) or any(_contains(t, s) for s in short) for t in tokens
+        tuple(t) in evals_set or not index.isdisjoint(_ngrams(t, n)) or any(_contains(t, s) for s in short)
+        for t in tokens
     ]
-    ignored = "" if template_prompts is None else f" found in fewer than {template_prompts} eval problems"
+    ignored = " not shared by distinct eval problems" if ignore_templates else ""
     reason = f"same tokens as an eval prompt, contains one shorter than {n} tokens, or shares a {n}-token run{ignored}"
     return _partition(rows, drop, "decontaminate", reason)
