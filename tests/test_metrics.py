@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import math
+import random
+from collections import Counter
 from fractions import Fraction
 
 import pytest
 
+from rung.answers import verify
+from rung.eval.evaluate import summarize_sampled
 from rung.eval.metrics import avg_at_n, bootstrap_ci, maj_at_k, maj_at_ks, mean_pass_at_k, pass_at_k
 
 
@@ -97,6 +101,61 @@ def test_maj_at_k():
     with pytest.raises(ValueError, match="only 3 samples"):
         maj_at_k(samples, k=4)
     assert maj_at_ks(samples, [3, 1, 2]) == {1: pytest.approx(1 / 3), 2: pytest.approx(1 / 3), 3: pytest.approx(2 / 3)}
+
+
+def _many_wrong(right: str, wrong: list[str]) -> list[tuple[str, bool]]:
+    """256 samples: each of `wrong` once and its first 20 again, the rest `right`, shuffled (seeded)."""
+    samples = [(right, True)] * (256 - len(wrong) - 20) + [(a, False) for a in wrong + wrong[:20]]
+    random.Random(0).shuffle(samples)
+    return samples
+
+
+def test_maj_at_k_classifies_each_distinct_answer_once():
+    """Voting used to compare each new wrong answer with one answer of every class so far: at n = 256
+    with 161 distinct wrong answers, 12,880 grader calls for one prompt. Now each is classified once."""
+    wrong = [str(i) for i in range(1, 162)]
+    samples = _many_wrong("0", wrong)
+    calls: Counter[str] = Counter()
+
+    def parity(answer: str) -> int:  # a grader for which the wrong answers are two answers, odd and even
+        calls[answer] += 1
+        return int(answer) % 2
+
+    assert maj_at_k([samples], 256, [parity]) == 0.0  # 91 odd votes, 90 even, 75 right
+    assert sorted(calls) == sorted(wrong) and set(calls.values()) == {1}  # 161 calls, not 12,880
+    assert maj_at_k([samples], 256) == 1.0  # as strings: 75 right against at most 2 for any wrong one
+
+
+def test_maj_at_k_of_math_parses_each_answer_once(monkeypatch):
+    """The same prompt graded by math-verify: one parse per distinct wrong answer, none compared with another."""
+    row = {"id": "0", "task": "math", "answer": "\\frac{1}{2}", "prompt": "?", "meta": {}}
+    wrong = [f"\\frac{{{k}}}{{7}}" if k % 3 else str(k) for k in range(1, 162)]
+    record = {
+        "id": "0",
+        "samples": [{"extracted": a, "correct": ok, "tokens": 1} for a, ok in _many_wrong("0.5", wrong)],
+    }
+    parsed: Counter[str] = Counter()
+    parse = verify.parse_math
+    monkeypatch.setattr(verify, "parse_math", lambda a: parsed.update([a]) or parse(a))
+    maj = summarize_sampled([record], classes=[verify.answer_class(row)])["maj_at_k"]
+    assert maj["256"] == 1.0 and sorted(parsed) == sorted(wrong) and set(parsed.values()) == {1}
+
+
+def test_an_answer_class_is_the_graders_equivalence():
+    half = verify.answer_class({"task": "math", "answer": "3"})
+    assert len({half(a) for a in ["0.5", "1/2", "\\frac{1}{2}", "\\dfrac12", "0.50", "$\\frac{2}{4}$"]}) == 1
+    assert half("x = 5") == half("5") == half("5.0") and half("\\sqrt{2}") == half("1.414214") == half("2^{1/2}")
+    assert half("\\{0.5, 1\\}") == half("\\{1, \\frac{1}{2}\\}") and half("x + 1") == half("1 + x")
+    assert len({half(a) for a in ["1/2", "0.51", "1/3", "-1/2", "x/2", "(1, 2)", "\\{1, 2\\}"]}) == 7
+    pairs = [("0.5", "\\frac{1}{2}"), ("x = 5", "5"), ("\\sqrt{2}", "1.414214"), ("0.5", "0.51"), ("1", "x")]
+    for a, b in pairs:  # one class exactly when math-verify grades one right against the other
+        assert verify.is_correct(a, {"task": "math", "answer": b, "meta": {}}) == (half(a) == half(b))
+    # reasoning-gym: chain_sum's scorer reads numbers ("+05" is 5); the default scorer compares strings
+    chain = verify.answer_class({"task": "chain_sum", "answer": "1", "prompt": "?", "meta": {}})
+    assert chain("5") == chain("+05") == chain("5.0") != chain("6")
+    exact = verify.answer_class({"task": "basic_arithmetic", "answer": "1", "prompt": "?", "meta": {}})
+    assert exact("5") != exact("5.0")
+    assert verify.is_correct("5", {"task": "basic_arithmetic", "answer": "5.0", "prompt": "?", "meta": {}}) is False
 
 
 def test_bootstrap_ci_is_deterministic_and_contains_the_mean():

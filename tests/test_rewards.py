@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from rung.answers import verify
 from rung.config import FormatParams, RLStageParams
 from rung.errors import InputError
-from rung.rl.rewards import Accuracy, ConditionalLength, Format, Overlong, build, error_counts
+from rung.rl.rewards import Accuracy, ConditionalLength, Format, Guarded, Overlong, build, error_counts
 
 FMT = FormatParams()
 STAGE = RLStageParams(num_generations=2, max_completion_length=10)
@@ -46,6 +47,50 @@ def test_conditional_length_only_when_the_whole_group_is_correct():
     ids = [[0] * 2, [0] * 5, [0] * 2, [0] * 2]
     out = ConditionalLength(FMT, STAGE)(completions, completion_ids=ids, **_cols(4))
     assert out == [0.8, 0.5, 0.0, 0.0]  # group 1 all correct: 1 - len/10; group 2 has a wrong answer
+
+
+TOWER = "9^{9^{9^{9}}}"
+"""An answer math-verify cannot compare with 3 in any time: its comparison times out."""
+
+
+def _math(golds: list[str]) -> dict:
+    n = len(golds)
+    return dict(answer=golds, task=["math"] * n, prompt_text=["?"] * n, meta=["{}"] * n)
+
+
+def test_a_math_grader_crash_is_unscored_not_wrong(monkeypatch):
+    """math-verify swallows its errors and time-outs (False / []): they surface as GraderFailed, so the
+    accuracy reward leaves the completion unscored (None) where it used to score it 0.0, a wrong answer."""
+    monkeypatch.setattr(verify, "MATH_TIMEOUT", 1)
+    with pytest.raises(verify.GraderFailed, match="math-verify failed"):
+        verify.is_correct(TOWER, {"task": "math", "answer": "3", "meta": {}})  # a time-out
+    with pytest.raises(verify.GraderFailed, match="math-verify failed"):
+        verify.is_correct("5", {"task": "math", "answer": "\\frac{1}{0}", "meta": {}})  # an error (zoo)
+    accuracy = Guarded(Accuracy(FMT, STAGE), "accuracy", group=2)
+    cols = _math(["3", "3", "\\frac{1}{0}"])
+    assert accuracy([_conv("Answer: 3"), _conv(f"Answer: {TOWER}"), _conv("Answer: 5")], **cols) == [1.0, None, None]
+    assert accuracy.crashed == [1, 2] and accuracy.errors == 2
+
+
+def test_a_math_gold_the_grader_fails_on_is_unverifiable_not_a_failed_stage():
+    from rung.data.curate import verifiable
+
+    assert not verifiable({"task": "math", "answer": "\\frac{1}{0}", "meta": {}})
+    assert verifiable({"task": "math", "answer": "\\frac{1}{2}", "meta": {}})
+
+
+def test_group_rewards_see_their_group_minus_the_crashed_completions(monkeypatch):
+    """A crash in one group used to rescore every completion alone: in the other group, one right and one
+    wrong, the right one got the length bonus (0.6) as a group of one. Each group is scored whole, a
+    crashed completion left out of its group only."""
+    monkeypatch.setattr(verify, "MATH_TIMEOUT", 1)
+    reward = Guarded(ConditionalLength(FMT, STAGE), "conditional_length", group=2)
+    completions = [_conv("Answer: 2"), _conv("Answer: 3"), _conv("Answer: 3"), _conv(f"Answer: {TOWER}")]
+    ids = [[0] * 4, [0] * 4, [0] * 2, [0] * 2]
+    cols = {k: _cols(2)[k] + _math(["3", "3"])[k] for k in _cols(2)}  # 5 - 3 twice, then a math problem twice
+    assert ConditionalLength(FMT, STAGE)(completions[:2], completion_ids=ids[:2], **_cols(2)) == [0.0, 0.0]
+    assert reward(completions, completion_ids=ids, **cols) == [0.0, 0.0, 0.8, None]
+    assert reward.crashed == [3]  # the math group minus its crashed completion: all right, so the bonus
 
 
 def flaky(completions, **_):

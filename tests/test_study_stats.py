@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from scipy.stats import nct, t
 
+from rung.answers.verify import answer_class
 from rung.eval import metrics, paired
-from rung.eval.evaluate import same_answer, summarize_sampled
+from rung.eval.evaluate import summarize_sampled
 from rung.report import spectrum, study
 from tests.records import sampled, study_run
 
@@ -136,5 +137,5 @@ def test_maj_at_k_votes_on_answers_the_grader_calls_equal():
     samples = [("5", True), ("4", False), ("4.0", False), ("5", True), ("4.00", False)]
     record = {"id": "0", "samples": [{"extracted": a, "correct": c, "tokens": 1} for a, c in samples]}
     assert summarize_sampled([record])["maj_at_k"]["5"] == 1.0  # as strings: 5 twice, each 4 once
-    graded = summarize_sampled([record], same=[same_answer(row)])["maj_at_k"]
+    graded = summarize_sampled([record], classes=[answer_class(row)])["maj_at_k"]
     assert graded["4"] == 1.0 and graded["5"] == 0.0  # 2 against 2 (5 came first), then 2 against 3

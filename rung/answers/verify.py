@@ -6,11 +6,16 @@ import ast
 import json
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from fractions import Fraction
 from functools import cache, lru_cache
 from typing import Any
 
 import math_verify
+import sympy
+from math_verify.errors import TimeoutException
+from math_verify.grader import is_assignment_relation, take_last_relation
+from math_verify.utils import timeout
 
 from rung import sandbox
 from rung.answers.latex import last_boxed
@@ -23,6 +28,11 @@ CODE_LIMITS = sandbox.Limits(wall=10.0, cpu=5)
 """Per execution: HumanEval's canonical solutions take well under a second each (docs/sandbox.md)."""
 
 
+class GraderFailed(RuntimeError):
+    """The grader itself failed (the code sandbox, not the code it ran; math-verify's error or time-out):
+    the answer is unscored, not wrong."""
+
+
 # reasoning_gym is imported where a task of its own is graded: math rows, the generation and the
 # trainers run without it (on a GPU node, where its dependency cellpylib has no wheel).
 @cache
@@ -32,10 +42,14 @@ def _scorer(task: str) -> Callable[[str | None, dict[str, Any]], float]:
     return reasoning_gym.get_score_answer_fn(task)
 
 
+MATH_TIMEOUT = 5
+"""Seconds math-verify may spend on one parse or one comparison before the grade is a GraderFailed."""
+
+
 def _timeout() -> int | None:
     # math-verify's timeout uses SIGALRM, which only the main thread may set; elsewhere (e.g. a
     # Prefect task thread) it raises, so run without it (answers are short).
-    return 5 if threading.current_thread() is threading.main_thread() else None
+    return MATH_TIMEOUT if threading.current_thread() is threading.main_thread() else None
 
 
 # An answer's own math delimiters, outermost first: `$$…$$` before `$…$`.
@@ -74,9 +88,89 @@ def parse_math(answer: str) -> list[Any]:
     and 10**10. An answer written with its own delimiters (`$12\\%$`) is unwrapped first: wrapped
     twice it parses to nothing, and every answer to it would be graded wrong. `no_fallback` makes
     an answer that yields no expression ("See the proof above.") come back as [] instead of as its
-    raw string.
+    raw string. math-verify's own errors and time-outs raise GraderFailed (by default it logs them and
+    returns [], which would grade the answer wrong).
     """
-    return math_verify.parse(f"${bare(answer)}$", fallback_mode="no_fallback", parsing_timeout=_timeout())
+    try:
+        return math_verify.parse(
+            f"${bare(answer)}$", fallback_mode="no_fallback", parsing_timeout=_timeout(), raise_on_error=True
+        )
+    except (Exception, TimeoutException) as e:  # TimeoutException is a BaseException
+        raise GraderFailed(f"math-verify failed to parse {answer[:80]!r}: {e!r}") from e
+
+
+def _math_equal(gold: list[Any], answer: list[Any]) -> bool:
+    """math-verify's verdict on two parsed answers (parse_math); its errors and time-outs raise
+    GraderFailed instead of counting as 'not equal'."""
+    try:
+        return math_verify.verify(gold, answer, timeout_seconds=_timeout(), raise_on_error=True)
+    except (Exception, TimeoutException) as e:
+        raise GraderFailed(f"math-verify failed to compare answers: {e!r}") from e
+
+
+def _number(value: sympy.Basic) -> Fraction | str:
+    """A real number to 6 decimals, as math-verify rounds before comparing a float (verify's float_rounding)."""
+    if value.is_Rational:
+        return round(Fraction(int(value.p), int(value.q)), 6)
+    approx = sympy.N(value, 30)
+    if abs(approx) >= 10**24:  # its 30 digits are all it has (and Fraction("1e10000000000") would build that int)
+        return str(approx)
+    return round(Fraction(str(approx)), 6)
+
+
+def _canonical(expr: Any) -> Hashable:
+    """A canonical form of one parsed answer, equal for answers math-verify calls equal in the usual cases:
+    a finite number by its value to 6 decimals (0.5, 1/2 and \\frac{1}{2} one answer; \\sqrt{2} and
+    1.414214 too), `x = 5` as 5 (verify unwraps an assignment), anything else (sets, intervals,
+    expressions, matrices) by sympy's printed form with its floats rounded the same way. Where verify
+    is finer or coarser this is not: it also calls 2(x+1) and 2x+2 equal (simplify), and is not
+    transitive (0.333333 = 1/3 and 0.3333333 = 1/3 to 6 decimals, 1/3 against a Rational is exact)."""
+    if isinstance(expr, sympy.Basic) and is_assignment_relation(expr):
+        expr = take_last_relation(expr).rhs
+    if isinstance(expr, sympy.Basic) and expr.is_number:
+        value = expr if expr.is_Rational else sympy.N(expr, 30)  # evalf, not doit: 10^{10^{10}} stays cheap
+        if value.is_finite:
+            re, im = value.as_real_imag()
+            return ("number", _number(re), _number(im))
+    if isinstance(expr, (sympy.Basic, sympy.MatrixBase)):
+        floats = {f: sympy.Rational(_number(f)) for f in expr.atoms(sympy.Float)}
+        return ("expr", str(expr.xreplace(floats) if floats else expr))
+    return ("text", str(expr))
+
+
+def _math_class(answer: str) -> Hashable:
+    parsed = parse_math(answer)
+    if not parsed:  # no expression: verify calls it equal to nothing, but the same string is one answer
+        return ("unparsed", answer)
+    try:
+        return timeout(_timeout())(_canonical)(parsed[0])
+    except (Exception, TimeoutException) as e:
+        raise GraderFailed(f"no canonical form of {answer[:80]!r}: {e!r}") from e
+
+
+def answer_class(row: dict[str, Any]) -> Callable[[str], Hashable]:
+    """A function giving an answer to `row` its class under the row's grader, each answer graded once:
+    answers of one class are one answer (maj@k's vote, rung.eval.metrics). Math answers are parsed once
+    and put in a canonical form (_canonical); code and reasoning-gym tasks with the default scorer
+    (exact string match) compare strings; any other reasoning-gym scorer has no canonical form, so a new
+    answer is graded against one answer of each class so far, as reference (cheap: no parsing)."""
+    if row["task"] == MATH:
+        return _math_class
+    if row["task"] == CODE:  # the grader runs the tests; it never calls two programs the same answer
+        return lambda answer: answer
+    import reasoning_gym.dataset
+
+    if getattr(_scorer(row["task"]), "__func__", None) is reasoning_gym.dataset.ProceduralDataset.score_answer:
+        return lambda answer: answer
+    reps: list[str] = []
+
+    def first_equal(answer: str) -> Hashable:
+        match = next((r for r in reps if is_correct(answer, {**row, "answer": r})), None)
+        if match is None:
+            reps.append(answer)
+        return answer if match is None else match
+
+    return first_equal
 
 
 def is_known_task(task: str) -> bool:
@@ -93,6 +187,7 @@ def is_correct(answer: str | None, row: dict[str, Any]) -> bool:
 
     Only a full score counts: reasoning-gym's default scorer gives partial credit when the
     reference is a substring of the answer ('114' for '14'), which a policy learns to exploit.
+    Raises GraderFailed when the grader itself fails (math-verify, the code sandbox): unscored, not wrong.
     """
     if answer is None:
         return False
@@ -102,13 +197,9 @@ def is_correct(answer: str | None, row: dict[str, Any]) -> bool:
         return passes_tests(answer, meta["test"], meta["entry_point"], meta.get("context", ""))
     if row["task"] == MATH:
         gold = parse_math(row["answer"])
-        return bool(gold) and math_verify.verify(gold, parse_math(answer), timeout_seconds=_timeout())
+        return bool(gold) and _math_equal(gold, parse_math(answer))
     entry = {"question": row["prompt"], "answer": row["answer"], "metadata": meta}
     return _scorer(row["task"])(answer, entry) >= 1.0
-
-
-class GraderFailed(RuntimeError):
-    """The sandbox itself failed (not the code it ran): the answer is unscored, not wrong."""
 
 
 @lru_cache(maxsize=8192)  # strict and lenient extraction, and a group's duplicate samples, often agree

@@ -55,8 +55,15 @@ def load_source(src: Source, seed: int) -> tuple[list[Row], dict[str, int]]:
 
 
 def verifiable(row: Row) -> bool:
-    """Whether the configured verifier accepts the row's own reference answer."""
-    return verify.is_correct(row["answer"], row)
+    """Whether the configured verifier accepts the row's own reference answer. A math gold math-verify
+    fails on (an error, e.g. on 1/0, or a time-out) is one it cannot use; a failing code sandbox fails
+    the stage."""
+    try:
+        return verify.is_correct(row["answer"], row)
+    except verify.GraderFailed:
+        if row["task"] == verify.MATH:
+            return False
+        raise
 
 
 def load_eval_source(src: Source, seed: int) -> tuple[list[Row], dict[str, int]]:

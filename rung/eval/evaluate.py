@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from rung import files, paths
 from rung.answers import formats
-from rung.answers.verify import is_correct
+from rung.answers.verify import answer_class, is_correct
 from rung.config import BootstrapParams, EvalParams, FormatParams
 from rung.data.rows import difficulty_label
 from rung.eval import metrics
@@ -81,29 +81,23 @@ def summarize_greedy(records: list[Record], params: EvalParams, seed: int) -> Se
     )
 
 
-def same_answer(row: dict[str, Any]) -> metrics.Same:
-    """Whether two answers to `row` are the same answer, as its task's grader decides: the first
-    graded against the second taken as the reference (is_correct), so "5.0" and "5" are one answer
-    to math-verify."""
-    return lambda answer, other: is_correct(answer, {**row, "answer": other})
-
-
 def summarize_sampled(
     records: list[Record],
     bootstrap: BootstrapParams | None = None,
     seed: int = 0,
     compare_k: Sequence[int] = (),
-    same: Sequence[metrics.Same] | None = None,
+    classes: Sequence[metrics.Classify] | None = None,
 ) -> dict[str, Any]:
     """avg@n, pass@k (k = 1..n) and coverage over n sampled completions per prompt (the smallest
     count, with a warning when some prompt has more), and maj@k at the k of the spectrum and
-    `compare_k` (metrics.spectrum_ks), voting on answers `same` (one per record, same_answer of its
-    row) calls equal, else on strings: the fields of SetMetrics that need samples, avg@n under a key
+    `compare_k` (metrics.spectrum_ks), voting on the answers' `classes` (one function per record,
+    verify.answer_class of its row), else on strings: the fields of SetMetrics that need samples, avg@n under a key
     named for n; with `bootstrap`, the band of pass@k over prompts at every k of the spectrum."""
     n = metrics.common_n(records, "sampled evaluation")
     per_prompt = [[s["correct"] for s in r["samples"][:n]] for r in records]
     counts = [sum(c) for c in per_prompt]
     votes = [[(s["extracted"], s["correct"]) for s in r["samples"][:n]] for r in records]
+    maj = metrics.maj_at_ks(votes, metrics.spectrum_ks(n, compare_k), classes)
     band = (
         {
             str(k): list(
@@ -121,7 +115,7 @@ def summarize_sampled(
         "pass_at_k": {str(k): metrics.mean_pass_at_k(counts, n, k) for k in range(1, n + 1)},
         **({"pass_at_k_band": band} if band else {}),
         "coverage": metrics.coverage(counts),
-        "maj_at_k": {str(k): v for k, v in metrics.maj_at_ks(votes, metrics.spectrum_ks(n, compare_k), same).items()},
+        "maj_at_k": {str(k): v for k, v in maj.items()},
         "sampled_mean_tokens": mean(s["tokens"] for r in records for s in r["samples"][:n]),
     }
 
@@ -147,7 +141,7 @@ def evaluate(
         s = params.samples
         subset = rows[: s.max_prompts]
         sampled = grade(subset, gen.generate(prompts[: len(subset)], s, n=s.n, seed=seed + 1, desc=f"eval x{s.n}"), fmt)
-        summary = summarize_sampled(sampled, params.bootstrap, seed, s.compare_k, [same_answer(r) for r in subset])
+        summary = summarize_sampled(sampled, params.bootstrap, seed, s.compare_k, [answer_class(r) for r in subset])
         result = SetMetrics(**result.dump(), **summary)
     return greedy, sampled, result
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -93,45 +93,47 @@ def _normalise(answer: str | None) -> str | None:
     return answer.strip() or None
 
 
-Same = Callable[[str, str], bool]
-"""Whether two answers to one prompt are the same answer (the task's grader decides:
-rung.eval.evaluate.same_answer)."""
+Classify = Callable[[str], Hashable]
+"""An answer's class under its prompt's grader: answers of one class are one answer to the vote
+(rung.answers.verify.answer_class). Called once per distinct answer, in sampling order."""
+
+_RIGHT = object()
+"""The class of every answer graded right (each is equal to the reference)."""
 
 
-def _votes_right(samples: Sequence[tuple[str | None, bool]], ks: Sequence[int], same: Same | None) -> list[bool]:
+def _votes_right(
+    samples: Sequence[tuple[str | None, bool]], ks: Sequence[int], classify: Classify | None
+) -> list[bool]:
     """For each k of ks (ascending): whether the majority answer among the first k samples is right.
 
-    Answers are counted by class: every sample graded correct is one class (the grader called each
-    equal to the reference), a wrong answer joins the first earlier wrong answer `same` calls equal
-    (or, without `same`, the same string); ties go to the class that occurred first. One pass over
-    the samples for all k. Written out: no library votes over a grader's equivalence classes."""
-    counts: Counter[int] = Counter()  # class -> votes so far; class 0 is the right answer
-    first: dict[int, int] = {}  # class -> index of its first vote (the tie rule)
-    classes: dict[str, int] = {}  # answer string -> class
-    reps: list[tuple[str, int]] = []  # one string per wrong class, to compare new strings with
+    Answers are counted by class: every sample graded correct is one class, a wrong answer's class is
+    `classify` of it (or, without, the stripped string); ties go to the class that occurred first. One
+    pass over the samples for all k, each distinct answer classified once: no answer is compared with
+    the others, so the grader's cost grows with n, not with n times the distinct answers. Written out:
+    no library votes over a grader's classes."""
+    counts: Counter[Hashable] = Counter()  # class -> votes so far
+    first: dict[Hashable, int] = {}  # class -> index of its first vote (the tie rule)
+    classes: dict[str, Hashable] = {}  # answer string -> class
     # without a right sample the majority cannot be right, and with no wrong one it cannot be wrong:
     # the grader is asked only when both occur
-    ask = same if any(ok for _, ok in samples) and not all(ok for _, ok in samples) else None
+    ask = classify if any(ok for _, ok in samples) and not all(ok for _, ok in samples) else None
     out, todo = [], iter(ks)
     k = next(todo, None)
     for i, (answer, ok) in enumerate(samples, start=1):
         a = _normalise(answer)
         if a is not None:
             if ok:
-                c = 0
-            elif a not in classes:
-                c = next((r for rep, r in reps if ask is not None and ask(a, rep)), len(reps) + 1)
-                classes[a] = c
-                if c == len(reps) + 1:
-                    reps.append((a, c))
+                c = _RIGHT
             else:
+                if a not in classes:
+                    classes[a] = ask(a) if ask is not None else a
                 c = classes[a]
             counts[c] += 1
             first.setdefault(c, i)
         while k == i:
             top = max(counts.values(), default=0)
-            winner = min((first[c], c) for c, v in counts.items() if v == top)[1] if top else None
-            out.append(winner == 0)
+            winner = min((c for c, v in counts.items() if v == top), key=first.__getitem__) if top else None
+            out.append(winner is _RIGHT)
             k = next(todo, None)
     return out
 
@@ -139,20 +141,20 @@ def _votes_right(samples: Sequence[tuple[str | None, bool]], ks: Sequence[int], 
 def maj_at_ks(
     per_prompt_samples: Sequence[Sequence[tuple[str | None, bool]]],
     ks: Sequence[int],
-    same: Sequence[Same] | None = None,
+    classes: Sequence[Classify] | None = None,
 ) -> dict[int, float]:
     """maj@k at each k of ks: the fraction of prompts whose majority answer over their first k
     samples is right.
 
     Each prompt gives its samples as (extracted answer, correct) pairs, in sampling order, and,
-    with `same`, the function that says whether two of its answers are the same answer: "5", "5.0"
+    with `classes`, the function that gives each of its answers its class under the grader: "5", "5.0"
     and "5.00" are one answer to a grader that calls them equal. Every right answer is one (each is
-    equal to the reference); without `same`, wrong answers are compared as stripped strings. A
+    equal to the reference); without `classes`, wrong answers are compared as stripped strings. A
     prompt where no sample has an answer counts as wrong."""
     if len(per_prompt_samples) == 0:
         raise ValueError("per_prompt_samples is empty")
-    if same is not None and len(same) != len(per_prompt_samples):
-        raise ValueError(f"same has {len(same)} graders for {len(per_prompt_samples)} prompts")
+    if classes is not None and len(classes) != len(per_prompt_samples):
+        raise ValueError(f"classes has {len(classes)} graders for {len(per_prompt_samples)} prompts")
     ks = sorted(set(ks))
     if not ks or ks[0] < 1:
         raise ValueError(f"every k must be >= 1, got {ks}")
@@ -161,7 +163,7 @@ def maj_at_ks(
             raise ValueError(f"k={ks[-1]} but prompt {i} has only {len(samples)} samples")
     right = np.array(
         [
-            _votes_right(samples[: ks[-1]], ks, same[i] if same is not None else None)
+            _votes_right(samples[: ks[-1]], ks, classes[i] if classes is not None else None)
             for i, samples in enumerate(per_prompt_samples)
         ]
     )
@@ -169,10 +171,10 @@ def maj_at_ks(
 
 
 def maj_at_k(
-    per_prompt_samples: Sequence[Sequence[tuple[str | None, bool]]], k: int, same: Sequence[Same] | None = None
+    per_prompt_samples: Sequence[Sequence[tuple[str | None, bool]]], k: int, classes: Sequence[Classify] | None = None
 ) -> float:
     """maj@k at one k (maj_at_ks)."""
-    return maj_at_ks(per_prompt_samples, [k], same)[k]
+    return maj_at_ks(per_prompt_samples, [k], classes)[k]
 
 
 def check_bootstrap(confidence: float, resamples: int) -> None:

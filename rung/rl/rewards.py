@@ -37,6 +37,12 @@ def _graded(
         yield formats.extract(_text(c), fmt), dict(answer=a, task=t, prompt=p, meta=m)
 
 
+def groups(n: int, size: int) -> list[range]:
+    """The positions of each prompt's completions in a batch of n: TRL lays a prompt's generations out
+    contiguously, num_generations (`size`) at a time."""
+    return [range(start, min(start + size, n)) for start in range(0, n, size)]
+
+
 class Accuracy:
     """1.0 when the formatted final answer passes the task's verifier, else 0.0."""
 
@@ -138,12 +144,9 @@ class ConditionalLength:
     ) -> list[float | None]:
         ok = [is_correct(x, row) for x, row in _graded(completions, answer, task, prompt_text, meta, self.fmt)]
         out: list[float | None] = []
-        # TRL lays a prompt's generations out contiguously, num_generations at a time.
-        for start in range(0, len(ok), self.group):
-            all_ok = all(ok[start : start + self.group])
-            out += [
-                1.0 - len(ids) / self.max_len if all_ok else 0.0 for ids in completion_ids[start : start + self.group]
-            ]
+        for group in groups(len(ok), self.group):
+            all_ok = all(ok[i] for i in group)
+            out += [1.0 - len(completion_ids[i]) / self.max_len if all_ok else 0.0 for i in group]
         return out
 
 
@@ -160,14 +163,19 @@ REGISTRY: dict[str, Callable[..., RewardFunc]] = {
 
 
 class Guarded:
-    """A reward that survives its own exceptions: a failing batch is rescored one completion at a
-    time, and a completion that raises is unscored (None: NaN in TRL), not wrong. A score of 0 would
-    be a wrong answer, which NSR and W-REINFORCE push down: the model would learn away from whatever
-    made the grader crash. rung.rl.sampling leaves such a completion out of training altogether
-    (advantage 0). Failures are counted (`errors`, `crashed`) and logged as rewards/<name>/errors."""
+    """A reward that survives its own exceptions: a completion that raises is unscored (None: NaN in
+    TRL), not wrong. A score of 0 would be a wrong answer, which NSR and W-REINFORCE push down: the model
+    would learn away from whatever made the grader crash. rung.rl.sampling leaves such a completion out
+    of training altogether (advantage 0). When a batch raises, each prompt's group is scored alone; a
+    group that raises has its completions tried one at a time to find the ones that crash, then the rest
+    are scored together, so a group reward (conditional_length) sees its whole group minus the crashed
+    completions, never a group of one. Failures are counted (`errors`, `crashed`) and logged as
+    rewards/<name>/errors."""
 
-    def __init__(self, func: RewardFunc, name: str):
+    def __init__(self, func: RewardFunc, name: str, group: int):
         self.func, self.__name__ = func, name
+        self.group = group
+        """Completions per prompt (num_generations), laid out contiguously (groups)."""
         self.errors = 0
         self.crashed: list[int] = []
         """Indices of the completions of the last call that raised."""
@@ -176,23 +184,44 @@ class Guarded:
         log_metric = kwargs.get("log_metric")
         self.crashed = []
         try:
-            scores = list(self.func(completions=completions, **kwargs))
-        except Exception:  # noqa: BLE001 - any failure of user code falls back to per-completion scoring
-            scores = []
-            for i in range(len(completions)):
-                one = {
-                    k: v[i : i + 1] if isinstance(v, list) and len(v) == len(completions) else v
-                    for k, v in kwargs.items()
-                }
-                try:
-                    scores.append(self.func(completions=completions[i : i + 1], **one)[0])
-                except Exception:  # noqa: BLE001 - a reward's failure must not stop training
-                    scores.append(None)
-                    self.crashed.append(i)
+            scores: list[float | None] = list(self.func(completions=completions, **kwargs))
+        except Exception:  # noqa: BLE001 - any failure of user code falls back to scoring group by group
+            scores = [None] * len(completions)
+            for group in groups(len(completions), self.group):
+                self._score_group(list(group), completions, kwargs, scores)
+            self.crashed.sort()
         self.errors += len(self.crashed)
         if self.crashed and log_metric is not None:
             log_metric(f"rewards/{self.__name__}/errors", float(len(self.crashed)))
         return scores
+
+    def _score(self, rows: list[int], completions: list[Any], kwargs: dict[str, Any]) -> list[float | None]:
+        """The reward of the completions at `rows`, the columns TRL passes (a list per column) cut to them."""
+        n = len(completions)
+        cut = {k: [v[i] for i in rows] if isinstance(v, list) and len(v) == n else v for k, v in kwargs.items()}
+        return list(self.func(completions=[completions[i] for i in rows], **cut))
+
+    def _score_group(
+        self, rows: list[int], completions: list[Any], kwargs: dict[str, Any], scores: list[float | None]
+    ) -> None:
+        try:
+            values = self._score(rows, completions, kwargs)
+        except Exception:  # noqa: BLE001 - find the completions that crash alone, score the others together
+            alive = []
+            for i in rows:
+                try:
+                    self._score([i], completions, kwargs)
+                    alive.append(i)
+                except Exception:  # noqa: BLE001 - a reward's failure must not stop training
+                    self.crashed.append(i)
+            rows = alive
+            try:
+                values = self._score(rows, completions, kwargs) if rows else []
+            except Exception:  # noqa: BLE001 - no completion crashes alone (a flaky grader): the group is unscored
+                self.crashed += rows
+                return
+        for i, v in zip(rows, values, strict=True):
+            scores[i] = v
 
 
 def error_counts(funcs: list[Guarded]) -> dict[str, float]:
@@ -221,7 +250,7 @@ def build(stage: RLStageParams, fmt: FormatParams, key: str) -> tuple[list[Guard
     """Reward functions in params order and their weights (for GRPOConfig.reward_weights)."""
     funcs = []
     for name, spec in stage.rewards.items():
-        funcs.append(Guarded(_one(name, spec, fmt, stage, f"{key}.{name}"), name))
+        funcs.append(Guarded(_one(name, spec, fmt, stage, f"{key}.{name}"), name, stage.num_generations))
     return funcs, [spec.weight for spec in stage.rewards.values()]
 
 
