@@ -26,11 +26,12 @@ console = Console()
 
 @app.command(epilog="Guide: docs/pipeline.md (Validation before any compute); every key: docs/reference/params.md.")
 def validate(params_file: Path = typer.Argument(paths.PARAMS, help="params file to check")) -> None:
-    """Check a params file against the schema and preflight it (sources, tasks, models, rewards,
-    launch, the servers' credentials); one line naming the key or file on error (exit 2), or the server
-    that does not answer (exit 75)."""
+    """Check a params file against the schema (params.yaml: every key dvc.yaml's stages read written out)
+    and preflight it (sources, tasks, models, rewards, launch, the servers' credentials); one line naming
+    the key or file on error (exit 2), or the server that does not answer (exit 75)."""
     try:
         params = config.load(params_file)
+        workspace.dvc_params(params_file)
         preflight.check(params)
         workspace.warn_git_identity(params)
         credentials.check(params)

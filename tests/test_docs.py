@@ -148,9 +148,24 @@ def _sets(words: list[str], flag: str) -> dict:
     return {k: yaml.safe_load(v) for k, _, v in (p.partition("=") for p in pairs)}  # as flows.run.overrides
 
 
-def test_commands_shown_validate(default_params):
-    """`rung <command>` names a command; `rung run` recipes with their --set, `dvc exp run -S` and `rung
-    sweep` grids applied to params.yaml pass the schema, as they would before anything runs."""
+def _dvc_exp_set(default_params: dict, words: list[str], tmp_path: Path) -> dict:
+    """params.yaml after the command's `-S` overrides, as DVC applies them (Hydra's grammar: a key that
+    params.yaml leaves out, such as an RL stage's lora, needs `++`, else "Could not override")."""
+    from dvc.utils.hydra import apply_overrides
+
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(default_params, sort_keys=False))
+    try:
+        apply_overrides(path, [b for a, b in itertools.pairwise(words) if a == "-S"])
+    except Exception as e:  # DVC's InvalidArgumentError hides Hydra's reason in its cause
+        pytest.fail(f"{' '.join(words)}: {e}: {str(e.__cause__).splitlines()[0]}")
+    return yaml.safe_load(path.read_text())
+
+
+def test_commands_shown_validate(default_params, tmp_path):
+    """`rung <command>` names a command; `rung run` recipes with their --set, `dvc exp run -S` (through
+    DVC's own override parser) and `rung sweep` grids applied to params.yaml pass the schema, as they
+    would before anything runs."""
     from typer.main import get_command
 
     from flows.cli import app
@@ -164,7 +179,7 @@ def test_commands_shown_validate(default_params):
         if words[:2] == ["rung", "run"]:
             data = config.with_overrides(config.read_yaml(ROOT / words[2]), _sets(words, "--set|-S"))
         elif words[:3] == ["dvc", "exp", "run"] and "-S" in words:
-            data = config.with_overrides(default_params, _sets(words, "-S"))
+            data = _dvc_exp_set(default_params, words, tmp_path)
         elif words[:2] == ["rung", "sweep"]:
             grid = json.loads(words[2])
             for point in itertools.product(*grid.values()):

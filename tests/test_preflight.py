@@ -4,7 +4,9 @@ line naming the key (with the stage's real name) or the file, and data/ untouche
 from __future__ import annotations
 
 import importlib
+import shutil
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -18,6 +20,7 @@ from flows.stage import preflight as stage_preflight
 from rung import config, files, preflight
 from rung.errors import InputError
 from tests import imports
+from tests.conftest import ROOT
 
 
 def _reward_not_taking_completions(answer):  # used by a case below through its import path
@@ -283,3 +286,31 @@ def test_lora_target_modules_the_model_lacks_are_refused_before_any_compute(work
     lora_targets(config.LoraParams(target_modules=r".*\.layers\.1\.self_attn\.(q|v)_proj"), model, "sft.lora")
     assert "'q_proj' matches no full module name of" in refused("q_proj")  # one string is peft's regex
     assert refused(["mlp"]).startswith("sft.lora.target_modules: 'mlp' matches model.layers.0.mlp, which LoRA cannot")
+
+
+def test_a_params_yaml_leaving_stage_params_to_their_defaults_is_refused(tmp_path, monkeypatch):
+    """recipes/code.yaml copied over params.yaml passed `rung validate`; `dvc repro eval_base` then ran curate
+    (minutes) and stopped: "Parameters 'eval.bootstrap' are missing from 'params.yaml'". Refused first."""
+    from flows.run import written
+    from rung.checks import workspace
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(ROOT / "dvc.yaml", tmp_path)
+    shutil.copy(ROOT / "recipes" / "code.yaml", tmp_path / "params.yaml")
+    res = CliRunner().invoke(app, ["validate", "params.yaml"])
+    assert res.exit_code == 2 and res.output.strip().splitlines() == [
+        "error: params.yaml: dvc.yaml's stages read difficulty.buckets, eval.bootstrap, left to rung's defaults "
+        "here, and DVC stops at a stage whose params are missing: run it as `rung run params.yaml` (every default "
+        "written out), or write these keys out"
+    ]
+    # an RL stage's interpolated ${item.init} counts, and the fix named works: the defaults written out
+    del (data := yaml.safe_load((tmp_path / "params.yaml").read_text()))["rl"]["stages"]["main"]["init"]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(
+        InputError, match=r"stages read difficulty\.buckets, rl\.stages\.main\.init, eval\.bootstrap, left"
+    ):
+        workspace.dvc_params(Path("params.yaml"))
+    (tmp_path / "params.yaml").write_text(written(config.load("params.yaml")))
+    workspace.dvc_params(Path("params.yaml"))
+    workspace.dvc_params(ROOT / "recipes" / "code.yaml")  # a recipe where it lies: `rung run` writes it out
+    workspace.dvc_params(ROOT / "params.yaml")
