@@ -1,19 +1,23 @@
 """One rendering everywhere: a prompt has the same token ids in TRL's SFT and GRPO tokenization and in
-rung's generation (difficulty, traces, eval, the held-out curve), also for a tokenizer that adds a BOS."""
+rung's generation (difficulty, traces, eval, the held-out curve), also for a tokenizer that adds a BOS
+and for a chat template that reads a keyword argument."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from pydantic import ValidationError
 from transformers import AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
 
-from rung import models
+from rung import config, models
 from rung.answers import formats
-from rung.config import FormatParams, RLStageParams, SamplingParams
+from rung.config import ConfigError, FormatParams, RLStageParams, SamplingParams
 from rung.generate import api
-from rung.generate.completion import render, stop_ids
+from rung.generate.completion import encode, render, stop_ids
 from rung.rl.rewards import Accuracy
-from rung.rl.trainers import HeldOut, prompts
+from rung.rl.trainers import HeldOut, prompts, trl_config
 from rung.train.sft import examples, truncated_fraction
 from tests.rows import sums
 from tests.tiny_model import build
@@ -90,3 +94,54 @@ def test_truncation_counts_the_bos_trl_trains_with(bos_model):
     exact = len(tok(text)["input_ids"])  # with the BOS
     assert truncated_fraction(traces[:1], PLAIN, tok, exact) == 0.0
     assert truncated_fraction(traces[:1], PLAIN, tok, exact - 1) == 1.0
+
+
+# Qwen3's switch, reduced: enable_thinking=False writes an empty think block after the assistant turn opens.
+THINKING = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def thinking_model(tiny_model, tmp_path_factory):
+    """The tiny model with a chat template that reads `enable_thinking`."""
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    tok.chat_template = THINKING
+    tokenizer = tmp_path_factory.mktemp("thinking") / "tokenizer"
+    tok.save_pretrained(tokenizer)
+    return build(tokenizer.parent / "model", tokenizer=tokenizer)
+
+
+def test_chat_template_kwargs_are_refused_so_rung_and_trl_render_the_same_bytes(thinking_model, tmp_path):
+    fmt = FormatParams()
+    tok = AutoTokenizer.from_pretrained(thinking_model)
+    conversations = [formats.prompt(r["prompt"], fmt) for r in ROWS]
+
+    def trl_ids(args: GRPOConfig) -> list[list[int]]:
+        grpo = GRPOTrainer(
+            model=str(thinking_model),
+            reward_funcs=[Accuracy(fmt, RLStageParams())],
+            args=args,
+            train_dataset=prompts(ROWS, fmt),
+            processing_class=tok,
+        )
+        return grpo._tokenize_prompts(list(grpo.train_dataset["prompt"]))[0]
+
+    # TRL's config as rung builds it from a stage: the same bytes as rung's rendering
+    stage = RLStageParams(num_generations=3, prompts_per_step=1)
+    assert trl_ids(trl_config(stage, [1.0], 0, tmp_path / "rl")) == encode(tok, conversations)
+    assert "<think>" not in render(tok, conversations)[0]
+    # the key would make TRL train on other bytes than rung evaluates ...
+    args = trl_config(stage, [1.0], 0, tmp_path / "rl")
+    args.chat_template_kwargs = {"enable_thinking": False}
+    texts = [f"{text}<think>\n\n</think>\n\n" for text in render(tok, conversations)]
+    assert [tok.decode(ids) for ids in trl_ids(args)] == texts
+    # ... so it is refused, in one line naming it
+    with pytest.raises(ValidationError, match="chat_template_kwargs: not supported"):
+        RLStageParams(trl={"chat_template_kwargs": {"enable_thinking": False}})
+    data = config.read_yaml(Path(__file__).parent.parent / "params.yaml")
+    data["rl"]["stages"]["main"]["trl"] = {"chat_template_kwargs": {"enable_thinking": False}}
+    with pytest.raises(ConfigError, match=r"^\S+: rl\.stages\.main\.trl\.chat_template_kwargs: not supported;[^\n]*$"):
+        config.parse(data)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, ConfigDict, Field, ValidationInfo, model_validator
+from pydantic import BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from rung.config.base import Section, deprecated
 from rung.config.common import LaunchParams, LoraParams
@@ -336,7 +336,18 @@ class RLStageParams(Section):
     reruns the evaluations, not RL (whose curve keeps the values it was graded with)."""
     trl: dict[str, Any] = Field(default_factory=dict)
     """Any other GRPOConfig/RLOOConfig argument under TRL's own name, passed through unchecked by
-    rung (TRL checks it when the stage starts)."""
+    rung (TRL checks it when the stage starts); `chat_template_kwargs` is refused, as rung renders
+    the prompts of SFT, difficulty, the held-out curve and eval with the template's defaults."""
+
+    @field_validator("trl")
+    @classmethod
+    def _one_rendering(cls, trl: dict[str, Any]) -> dict[str, Any]:
+        if "chat_template_kwargs" in trl:  # TRL would render the training prompts otherwise than rung's eval
+            raise ValueError(
+                "chat_template_kwargs: not supported; rung renders this stage's prompts for SFT, difficulty, "
+                "the held-out curve and eval without it, so training and evaluation prompts would differ"
+            )
+        return trl
 
     @model_validator(mode="before")
     @classmethod
