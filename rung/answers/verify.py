@@ -99,13 +99,14 @@ def parse_math(answer: str) -> list[Any]:
         raise GraderFailed(f"math-verify failed to parse {answer[:80]!r}: {e!r}") from e
 
 
-def _math_equal(gold: list[Any], answer: list[Any]) -> bool:
-    """math-verify's verdict on two parsed answers (parse_math); its errors and time-outs raise
-    GraderFailed instead of counting as 'not equal'."""
+def _math_equal(gold: list[Any], answer: str) -> bool:
+    """math-verify's verdict on an answer against a parsed gold (parse_math); its errors and time-outs
+    raise GraderFailed instead of counting as 'not equal'."""
+    parsed = parse_math(answer)
     try:
-        return math_verify.verify(gold, answer, timeout_seconds=_timeout(), raise_on_error=True)
+        return math_verify.verify(gold, parsed, timeout_seconds=_timeout(), raise_on_error=True)
     except (Exception, TimeoutException) as e:
-        raise GraderFailed(f"math-verify failed to compare answers: {e!r}") from e
+        raise GraderFailed(f"math-verify failed to compare {answer[:80]!r} with the gold: {e!r}") from e
 
 
 def _number(value: sympy.Basic) -> Fraction | str:
@@ -118,13 +119,14 @@ def _number(value: sympy.Basic) -> Fraction | str:
     return round(Fraction(str(approx)), 6)
 
 
+# Hand-written: math-verify compares two answers (verify) but gives no canonical form of one.
 def _canonical(expr: Any) -> Hashable:
     """A canonical form of one parsed answer, equal for answers math-verify calls equal in the usual cases:
     a finite number by its value to 6 decimals (0.5, 1/2 and \\frac{1}{2} one answer; \\sqrt{2} and
     1.414214 too), `x = 5` as 5 (verify unwraps an assignment), anything else (sets, intervals,
-    expressions, matrices) by sympy's printed form with its floats rounded the same way. Where verify
-    is finer or coarser this is not: it also calls 2(x+1) and 2x+2 equal (simplify), and is not
-    transitive (0.333333 = 1/3 and 0.3333333 = 1/3 to 6 decimals, 1/3 against a Rational is exact)."""
+    expressions, matrices) by sympy's printed form with its floats rounded the same way. Where they
+    differ: verify also calls 2(x+1) and 2x+2 equal (simplify), here two forms; and verify is not
+    transitive (1/3 and 333333/1000000 each equal 0.333333, not each other), here all three are one."""
     if isinstance(expr, sympy.Basic) and is_assignment_relation(expr):
         expr = take_last_relation(expr).rhs
     if isinstance(expr, sympy.Basic) and expr.is_number:
@@ -153,7 +155,8 @@ def answer_class(row: dict[str, Any]) -> Callable[[str], Hashable]:
     answers of one class are one answer (maj@k's vote, rung.eval.metrics). Math answers are parsed once
     and put in a canonical form (_canonical); code and reasoning-gym tasks with the default scorer
     (exact string match) compare strings; any other reasoning-gym scorer has no canonical form, so a new
-    answer is graded against one answer of each class so far, as reference (cheap: no parsing)."""
+    answer is graded against one answer of each class so far, as reference: quadratic in the distinct
+    answers, but a scorer call costs microseconds where a math-verify comparison costs milliseconds."""
     if row["task"] == MATH:
         return _math_class
     if row["task"] == CODE:  # the grader runs the tests; it never calls two programs the same answer
@@ -197,7 +200,7 @@ def is_correct(answer: str | None, row: dict[str, Any]) -> bool:
         return passes_tests(answer, meta["test"], meta["entry_point"], meta.get("context", ""))
     if row["task"] == MATH:
         gold = parse_math(row["answer"])
-        return bool(gold) and _math_equal(gold, parse_math(answer))
+        return bool(gold) and _math_equal(gold, answer)
     entry = {"question": row["prompt"], "answer": row["answer"], "metadata": meta}
     return _scorer(row["task"])(answer, entry) >= 1.0
 
