@@ -160,12 +160,21 @@ def study(
         typer.Argument(help="study definition (YAML): name, seeds, seed_key, params, arms; e.g. bench/curriculum.yaml"),
     ],
     jobs: Annotated[int, typer.Option("--jobs", "-j", help="experiments at a time (DVC queue workers)")] = 1,
+    aggregate_only: Annotated[
+        bool,
+        typer.Option(help="run nothing: aggregate the experiments wherever they ran, with this commit's statistics"),
+    ] = False,
+    experiments_at: Annotated[
+        str | None, typer.Option(help="with --aggregate-only: the commit the experiments ran at, when several")
+    ] = None,
 ) -> None:
     """Run every arm for every seed as DVC experiments (flows/study.py), then write the study page
     (mean ± sd over seeds, paired tests between arms, learning curves) to data/studies/<name>/."""
     from flows import study as flows_study
 
-    flows_study.cli([str(definition), "--jobs", str(jobs)])
+    extra = ["--aggregate-only"] if aggregate_only else []
+    extra += ["--experiments-at", experiments_at] if experiments_at else []
+    flows_study.cli([str(definition), "--jobs", str(jobs), *extra])
 
 
 @app.command(epilog="Guide: docs/orchestration.md (A team's servers).")

@@ -45,12 +45,20 @@ def test_mcnemar_one_sided_flips(flips, p):
 def test_verdict_follows_mcnemar_at_the_level_of_the_confidence():
     six = paired.greedy_test(greedy([False] * 6 + [True] * 4), greedy([True] * 10), 0.95, 500, 0, "x")
     five = paired.greedy_test(greedy([False] * 5 + [True] * 5), greedy([True] * 10), 0.95, 500, 0, "x")
-    assert (six.mcnemar_p, six.significant, six.verdict) == (pytest.approx(0.03125), True, "significant at 0.05")
-    assert (five.mcnemar_p, five.significant, five.verdict) == (pytest.approx(0.0625), False, "not significant at 0.05")
+    assert (six.mcnemar_p, six.significant, six.verdict) == (
+        pytest.approx(0.03125),
+        True,
+        "significant at 0.05 (exact McNemar)",
+    )
+    assert (five.mcnemar_p, five.significant, five.verdict) == (
+        pytest.approx(0.0625),
+        False,
+        "not significant at 0.05 (exact McNemar)",
+    )
     assert five.difference == pytest.approx(0.5) and five.accuracy_old == 0.5 and five.accuracy_new == 1.0
     assert (
         paired.greedy_test(greedy([False] * 5 + [True] * 5), greedy([True] * 10), 0.9, 500, 0, "x").verdict
-        == "significant at 0.1"
+        == "significant at 0.1 (exact McNemar)"
     )
     assert (
         "prompts_needed" not in six.dump() and five.dump()["prompts_needed"] == 14
@@ -88,11 +96,11 @@ def test_prompts_needed_for_80_percent_power():
     five = paired.greedy_test(greedy([False] * 5 + [True] * 5), greedy([True] * 10), 0.95, 500, 0, "x")
     assert (
         tables.verdict(five.model_copy(update={"prompts_needed": 257}))
-        == "not significant at 0.05 (needs about 257 prompts at this effect)"
+        == "not significant at 0.05 (exact McNemar); post-hoc: about 257 prompts at this effect"
     )
     assert (
-        tables.verdict(five.model_copy(update={"significant": True, "verdict": "significant at 0.05"}))
-        == "significant at 0.05"
+        tables.verdict(five.model_copy(update={"significant": True, "verdict": "significant at 0.05 (exact McNemar)"}))
+        == "significant at 0.05 (exact McNemar)"
     )
 
 
@@ -114,17 +122,36 @@ def test_paired_bootstrap_of_a_constant_difference_is_that_difference():
     assert paired.paired_bootstrap([0.1, 0.5, 0.2], [0.3, 0.7, 0.4]) == pytest.approx((0.2, 0.2, 0.2))
 
 
-def test_stratified_bootstrap_resamples_within_each_stratum():
-    # differences are 1 in stratum a (3 rows) and 0 in stratum b (1 row): keeping each stratum's
-    # size, every resample has mean 3/4; resampling across strata it would vary
-    old, new = [0, 0, 0, 0], [1, 1, 1, 0]
-    assert paired.paired_bootstrap(old, new, 0.95, 500, 0, strata=["a", "a", "a", "b"]) == pytest.approx(
-        (0.75, 0.75, 0.75)
-    )
-    _, lo, hi = paired.paired_bootstrap(old, new, 0.95, 500, 0)
-    assert lo < 0.75 < hi
-    with pytest.raises(ValueError, match="strata has 2 labels for 4 prompts"):
-        paired.paired_bootstrap(old, new, strata=["a", "b"])
+def test_a_prompt_answered_by_several_seeds_is_one_cluster():
+    # seed 1 answers a, b; seed 2 answers a, c: a is one cluster of two rows
+    clusters = paired.unit_values({1: {"a": 1.0, "b": 0.0}, 2: {"a": 1.0, "c": 1.0}})
+    assert [list(x) for x in clusters] == [[2.0, 0.0, 1.0], [2.0, 1.0, 1.0]]
+    # two prompts, three rows each, every row of a prompt alike: resampled as clusters the interval spans
+    # what two units allow (here, all of [0, 1]); as six independent rows it would be far narrower
+    sums, sizes = np.array([[3.0, 0.0]]), np.array([3.0, 3.0])
+    est, lo, hi = paired.intervals(sums, sizes, 0.95, 500, 0)
+    assert est[0] == 0.5 and lo[0] <= 0 and hi[0] >= 1
+    _, lo6, hi6 = paired.intervals(np.array([[1.0, 1, 1, 0, 0, 0]]), np.ones(6), 0.95, 500, 0)
+    assert hi6[0] - lo6[0] < hi[0] - lo[0]
+
+
+def test_sign_flip_test_is_exact_and_max_t_over_a_family():
+    # d = 1, 2, 3: of the 8 sign patterns only all + and all - reach |sum| = 6
+    p, exact = paired.flip_test(np.array([[1.0, 2.0, 3.0]]), 1000, 0)
+    assert exact and p[0] == pytest.approx(2 / 8)
+    # one prompt with a difference: the two-sided exact McNemar on one discordant prompt, p = 1
+    assert paired.flip_test(np.array([[0.0, 1.0, 0.0]]), 1000, 0)[0][0] == 1.0
+    # a family: each metric's p is at least its own test's (max-T), and a metric without spread has p 1
+    family, _ = paired.flip_test(np.array([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0], [3.0, -1.0, 2.0]]), 1000, 0)
+    assert family[0] >= p[0] and family[1] == 1.0
+    # random flips above ENUMERATE prompts: p = (1 + hits) / (1 + flips), never 0
+    many, exact = paired.flip_test(np.ones((1, paired.ENUMERATE + 1)), 999, 0)
+    assert not exact and many[0] == pytest.approx(1 / 1000, abs=2 / 1000)
+
+
+def test_holm_adjusts_a_family_step_down():
+    assert paired.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert paired.holm_factor([0.01, 0.04, 0.03]) == [3, 1, 2]
 
 
 def test_records_pair_by_id_and_refuse_different_prompts():
@@ -146,11 +173,9 @@ def test_sampled_comparison_of_avg_and_pass_at_k():
     old = sampled([0, 0, 2, 4], n=4)  # avg@4 = 6/16; pass@4 = 2/4
     new = sampled([1, 2, 4, 4], n=4)  # avg@4 = 11/16; pass@4 = 1
     s = paired.sampled_test(old, new, 0.95, 500, 0, "x")
-    assert (
-        s.samples == 4
-        and s.n == 4
-        and set(s.dump()) == {"n", "samples", "boundary", "avg@4", "pass@1", "pass@2", "pass@4"}
-    )  # flat on disk; pass@k at the spectrum's k
+    assert s.samples == 4 and s.n == 4 and s.family == ["avg@4", "pass@1", "pass@2", "pass@4"]
+    assert set(s.dump()) == {"n", "samples", "family", "test", "boundary", "avg@4", "pass@1", "pass@2", "pass@4"}
+    # flat on disk; pass@k at the spectrum's k
     b = s.boundary  # coverage: solved at least once in 4; the first two prompts only new solves
     assert (b.coverage_old, b.coverage_new, b.solved_only_old) == (0.5, 1.0, [])
     assert b.solved_only_new == [old[0]["id"], old[1]["id"]] and b.mcnemar_p == pytest.approx(0.5)  # 2 of 2 flips
@@ -158,7 +183,11 @@ def test_sampled_comparison_of_avg_and_pass_at_k():
     assert m["avg@4"].old == pytest.approx(6 / 16) and m["avg@4"].difference == pytest.approx(5 / 16)
     assert m["pass@1"].difference == pytest.approx(m["avg@4"].difference)  # pass@1 is avg@n
     assert m["pass@4"].old == 0.5 and m["pass@4"].new == 1.0
-    assert m["avg@4"].ci_low > 0 and m["avg@4"].verdict == "significant at 0.05"  # every prompt improves or stays
+    # every prompt improves or stays, but with 4 prompts no exact test reaches 0.05 (16 sign patterns, and
+    # the family's max-T): the verdict says so and names its test
+    assert m["avg@4"].p >= 2 / 16 and m["avg@4"].verdict == "not significant at 0.05 (sign-flip permutation, exact)"
+    twelve = paired.sampled_test(sampled([0, 1] * 6, n=4), sampled([2, 3] * 6, n=4), 0.95, 500, 0, "x").metrics
+    assert twelve["avg@4"].p == pytest.approx(2 / 4096) and twelve["avg@4"].significant  # all 12 improve
     assert type(s).model_validate(s.dump()) == s
 
 
@@ -186,7 +215,8 @@ def test_report_writes_the_comparisons_in_words(evaluated):
     c = compared.comparisons["rl-main-vs-sft"]
     assert (c.new, c.old, list(c.sets)) == ("rl/main", "sft", ["test", "ood"])
     test = c.sets["test"]
-    assert (test.wrong_to_right, test.right_to_wrong) == (12, 5) and test.verdict == "not significant at 0.05"
+    assert (test.wrong_to_right, test.right_to_wrong) == (12, 5)
+    assert test.verdict == "not significant at 0.05 (exact McNemar)"
     assert test.prompts_needed == 162  # not significant: the prompts it would need (mcnemar_prompts_needed)
     assert (
         test.ci_low < test.difference < test.ci_high
@@ -227,12 +257,14 @@ def test_report_writes_the_comparisons_in_words(evaluated):
         f"| 60 | {100 * test.accuracy_old:.1f}% → {100 * test.accuracy_new:.1f}% | "
         f"+11.7 [{signed(test.ci_low)}, {signed(test.ci_high)}] |" in row
     )
-    assert row.endswith(f"| 5 | 12 | {p} | not significant at 0.05 (needs about 162 prompts at this effect) |")
+    assert row.endswith(
+        f"| 5 | 12 | {p} | not significant at 0.05 (exact McNemar); post-hoc: about 162 prompts at this effect |"
+    )
     assert "| rl/main vs sft | test | 10 | pass@3 |" in text
     page = (evaluated / "data/reports/report.html").read_text()
     assert '<table id="paired">' in page and '<table id="paired-sampled">' in page
     assert (
-        "<td>not significant at 0.05 (needs about 162 prompts at this effect)</td>" in page
+        "<td>not significant at 0.05 (exact McNemar); post-hoc: about 162 prompts at this effect</td>" in page
         and "<th>exact McNemar p</th>" in page
     )
 

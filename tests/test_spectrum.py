@@ -47,12 +47,13 @@ def test_units_needed():
     assert paired.units_needed(0.0, 0.1) is None  # no spread to plan from
 
 
-def _runs(psr_counts: list[list[int]], n: int = 4) -> list[dict]:
-    """Study runs of arms psr (sampled counts per seed) and nsr (all solved once), with the init's samples."""
-    init = {"test": sampled([1, 1, 1, 1, 0, 0], n)}
+def _runs(psr_counts: list[list[int]], n: int = 4, times: int = 1) -> list[dict]:
+    """Study runs of arms psr (sampled counts per seed) and nsr (all solved once), with the init's samples;
+    every prompt `times` times (more prompts, the same means)."""
+    init = {"test": sampled([1, 1, 1, 1, 0, 0] * times, n)}
     runs = []
     for seed, counts in enumerate(psr_counts, start=1):
-        for arm, c in (("psr", counts), ("nsr", [2, 2, 2, 2, 1, 1])):
+        for arm, c in (("psr", counts * times), ("nsr", [2, 2, 2, 2, 1, 1] * times)):
             run = study_run(arm, seed, 0.5, [True, False])
             runs.append({**run, "samples": {"test": sampled(c, n)}, "init_samples": init})
     return runs
@@ -68,7 +69,8 @@ CLAIMS = [
 def test_study_spectrum_and_claims(tmp_path):
     spec = study.Study(name="p", seeds=[1, 2], arms={"psr": {}, "nsr": {}}, claims=CLAIMS)
     # psr: 3 or 4 of 4 right on the prompts sft solves once, nothing on the others: pass@1 up, coverage flat
-    result = study.aggregate(spec, _runs([[4, 4, 4, 4, 0, 0], [3, 4, 4, 3, 0, 0]]), 0.95, 300, 0, init="sft")
+    # 18 prompts: with 6, no exact test reaches 0.05 (2 of 2^4 sign patterns at best)
+    result = study.aggregate(spec, _runs([[4, 4, 4, 4, 0, 0], [3, 4, 4, 3, 0, 0]], times=3), 0.95, 300, 0, init="sft")
     assert set(result.spectrum["test"]) == {"psr", "nsr", "sft"}
     sft = result.spectrum["test"]["sft"]
     assert [p[0] for p in sft] == [1, 2, 4] and sft[0][1] == pytest.approx(4 / 6 * 0.25)
@@ -76,15 +78,17 @@ def test_study_spectrum_and_claims(tmp_path):
     assert result.coverage["test"]["psr"].values == [pytest.approx(4 / 6)] * 2
     by = {(c.claim, c.new): c for c in result.claims}
     up = by[("PSR > SFT at k = 1", "psr")]
-    assert [t.k for t in up.tests] == [1] and up.verdict == "reproduced"
+    assert [t.k for t in up.tests] == [1] and up.verdict == "reproduced" and up.tests[0].test.significant
+    assert up.tests[0].test.family.startswith("Holm over 3") and up.tests[0].test.p < 0.05  # the page's verdict
     assert up.tests[0].test.difference == pytest.approx(4 * ((1 + 1 + 1 + 1 + 0.75 + 1 + 1 + 0.75) / 8 - 0.25) / 6)
     flat = by[("PSR < SFT at k = n", "psr")]
     assert flat.tests[0].k == 4 and flat.verdict == "inside the noise" and flat.tests[0].test.difference == 0
     nsr = by[("NSR ≥ SFT at every k", "nsr")]
     assert [t.k for t in nsr.tests] == [1, 2, 4] and nsr.verdict in ("reproduced", "inside the noise")
     assert nsr.tests[-1].test.difference == pytest.approx(2 / 6)  # nsr solves every prompt at least once
-    assert nsr.tests[-1].prompts_needed_reference > nsr.tests[-1].prompts_needed  # 5 points: smaller than 33
-    assert nsr.tests[0].prompts_needed is None  # every prompt gains 25 points at k = 1: no spread to plan from
+    assert nsr.tests[-1].prompts_needed_reference > 18  # 5 points at level 0.05 / 3
+    assert nsr.tests[0].prompts_needed_reference is None  # every prompt gains 25 points at k = 1: no spread
+    assert all("prompts_needed" not in t.test.dump() for c in result.claims for t in c.tests)  # no post-hoc power
 
     paths = studypage.write(result, {"seeds": "1, 2"}, tmp_path)
     md = paths["md"].read_text()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 
 import mlflow
 import numpy as np
@@ -75,15 +76,16 @@ def test_one_seed_is_exactly_the_mcnemar_test():
     old = rng.random(80) < 0.4
     new = np.where(rng.random(80) < 0.3, ~old, old)
     r = paired.arms_test(
-        {7: greedy(list(old), prefix="p")}, {7: greedy(list(new), prefix="p")}, 0.95, 500, 0, "b vs a on test"
+        {7: greedy(list(old), prefix="p")}, {7: greedy(list(new), prefix="p")}, 0.95, 20000, 0, "b vs a on test"
     )
     test = paired.mcnemar(list(old), list(new))
     assert (r.units_better, r.units_worse) == (test["wrong_to_right"], test["right_to_wrong"])
-    assert r.sign_test_p == pytest.approx(test["mcnemar_p"]) and r.unit == "prompt" and r.seed_t_test_p is None
+    # the sign-flip test of +-1 differences is the exact McNemar test (here by 20000 random flips)
+    assert r.p == pytest.approx(test["mcnemar_p"], abs=0.01) and r.unit == "prompt" and r.seed_t_test_p is None
     assert r.difference == pytest.approx(new.mean() - old.mean())
 
 
-def test_shared_prompts_are_one_unit_over_seeds_and_disjoint_prompts_are_stratified():
+def test_a_prompt_is_one_unit_over_seeds_whether_or_not_the_seeds_share_it():
     # Two seeds on the same 40 prompts: the new arm gets 10 more right in seed 1 and 6 more in seed 2.
     base = [i % 2 == 0 for i in range(40)]
     wins = {1: range(1, 21, 2), 2: range(1, 13, 2)}
@@ -101,18 +103,20 @@ def test_shared_prompts_are_one_unit_over_seeds_and_disjoint_prompts_are_stratif
         "2": pytest.approx(0.15),
     }
     assert (
-        r.sign_test_p == pytest.approx(2 * 0.5**10)
-        and r.verdict == "significant at 0.05"
+        r.p == pytest.approx(2 * 0.5**10)  # 10 clusters moved, all one way: 2 of 2^10 sign patterns
+        and r.verdict == "significant at 0.05 (sign-flip permutation, exact)"
         and "prompts_needed" not in r.dump()
     )
     assert r.seed_t_test_p == pytest.approx(ttest_rel([0.75, 0.65], [0.5, 0.5]).pvalue)
     assert r.ci_low > 0 and r == paired.arms_test(old, new, 0.95, 1000, 0, "b vs a on test")  # seeded
 
-    # Other prompts in each seed (the seed changed the data): (seed, prompt) units, resampled within seeds.
+    # Other prompts in each seed (the seed changed the data): each prompt its own cluster of one row.
     old2 = {s: greedy(base, [f"s{s}p{i}" for i in range(40)]) for s in (1, 2)}
     new2 = {s: greedy([r["samples"][0]["correct"] for r in new[s]], [f"s{s}p{i}" for i in range(40)]) for s in (1, 2)}
     r2 = paired.arms_test(old2, new2, 0.95, 1000, 0, "b vs a on test")
-    assert (r2.unit, r2.units, r2.units_better) == ("seed, prompt", 80, 16) and r2.difference == pytest.approx(0.2)
+    assert (r2.unit, r2.units, r2.rows, r2.units_better) == ("prompt", 80, 80, 16) and r2.difference == pytest.approx(
+        0.2
+    )
 
     with pytest.raises(
         InputError, match="^b vs a on test, seed 2: the two checkpoints were evaluated on different prompts"
@@ -159,8 +163,10 @@ def test_aggregate_writes_the_study_page(tmp_path):
 
     paths = studypage.write(result, {"seeds": "1, 2"}, tmp_path)
     md = paths["md"].read_text()
-    assert "| a | 2 | 37.5 ± 17.7 |" in md and "| b vs a | test | 2 | 4 (prompt) | 37.5% → 62.5% | +25.0 [" in md
-    assert "not significant at 0.05 (needs about" in md
+    assert (
+        "| a | 2 | 37.5 ± 17.7 |" in md and "| b vs a | test | 2 | 4 prompts (8 rows) | 37.5% → 62.5% | +25.0 [" in md
+    )
+    assert "not significant at 0.05 (sign-flip permutation, exact); post-hoc: about" in md
     page = paths["html"].read_text()
     for fig in ("plot-held-out", "plot-reward", "plot-train-accuracy"):
         assert f'<figure id="{fig}"' in page
@@ -246,3 +252,40 @@ def test_rung_study_runs_two_arms_by_two_seeds(tiny_model, prefect_server, tmp_p
     res = run("rung", "study", str(tmp / "study.yaml"))
     assert res.returncode == 0 and "4 experiment(s) already done" in res.stdout + res.stderr, res.stderr[-2000:]
     assert json.loads((out / "study.json").read_text())["arms"] == result["arms"]
+
+    # A later commit (new statistics code, say): --aggregate-only reads the experiments at the commit they
+    # ran at and trains nothing; the page says both commits.
+    ran_at = run("git", "rev-parse", "HEAD").stdout.strip()
+    (ws / "NOTE").write_text("later\n")
+    assert run("git", "add", "NOTE").returncode == 0 and run(*git, "commit", "-q", "-m", "later").returncode == 0
+    res = run("rung", "study", str(tmp / "study.yaml"), "--aggregate-only")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    again = json.loads((out / "study.json").read_text())
+    assert again["arms"] == result["arms"] and again["settings"]["experiments ran at commit"] == ran_at[:12]
+    assert again["settings"]["git commit"] != ran_at[:12] and "dvc exp run" not in res.stdout + res.stderr
+
+
+def test_aggregate_only_finds_each_experiment_wherever_it_ran(tmp_path, monkeypatch):
+    from flows import study as flows_study
+
+    monkeypatch.chdir(tmp_path)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    run = lambda *a: subprocess.run([*a], check=True, capture_output=True, text=True).stdout.strip()  # noqa: E731
+    run("git", "init", "-q")
+    commits = []
+    for i in range(2):
+        (tmp_path / "f").write_text(str(i))
+        run("git", "add", "f")
+        run(*git, "commit", "-q", "-m", str(i))
+        commits.append(run("git", "rev-parse", "HEAD"))
+    exp = lambda base, name: f"refs/exps/{base[:2]}/{base[2:]}/{name}"  # noqa: E731  (DVC's ExpRefInfo layout)
+    run("git", "update-ref", exp(commits[0], "s-a-1"), commits[0])  # ran at the first commit only
+    run("git", "update-ref", exp(commits[0], "s-a-2"), commits[0])  # ran at both
+    run("git", "update-ref", exp(commits[1], "s-a-2"), commits[1])
+    found = flows_study.locate(["s-a-1", "s-a-2"])
+    assert found == {"s-a-1": (exp(commits[0], "s-a-1"), commits[0]), "s-a-2": (exp(commits[1], "s-a-2"), commits[1])}
+    assert flows_study.locate(["s-a-2"], commits[0][:7])["s-a-2"][1] == commits[0]  # the commit asked for
+    with pytest.raises(InputError, match="^experiment s-a-3: no run.* \\(it ran at: none\\)"):
+        flows_study.locate(["s-a-3"])
+    with pytest.raises(InputError, match=f"experiment s-a-1: no run.*it ran at: {commits[0][:12]}"):
+        flows_study.locate(["s-a-1"], commits[1])

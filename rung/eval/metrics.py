@@ -185,25 +185,17 @@ def check_bootstrap(confidence: float, resamples: int) -> None:
         raise ValueError(f"resamples must be >= 1, got {resamples}")
 
 
-def bootstrap_means(
-    values: Sequence[float] | np.ndarray, resamples: int, seed: int, strata: Sequence[Any] | None = None
-) -> np.ndarray:
-    """The means of `resamples` bootstrap resamples of values (with replacement); with `strata`,
-    each stratum (e.g. a seed) resampled within itself, keeping its size. The draws depend only on
-    the seed and the sizes, so values of one length and strata get the same resamples (a band over
-    several k reads them together)."""
+def bootstrap_indices(n: int, resamples: int, seed: int) -> np.ndarray:
+    """(resamples, n) indices of `resamples` bootstrap resamples of n values, with replacement. The
+    draws depend only on the seed and n, so values of one length get the same resamples (a band over
+    several k, a paired interval of clusters, rung.eval.paired, read them together)."""
+    return np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+
+
+def bootstrap_means(values: Sequence[float] | np.ndarray, resamples: int, seed: int) -> np.ndarray:
+    """The means of `resamples` bootstrap resamples of values (bootstrap_indices)."""
     x = np.asarray(values, dtype=float)
-    rng = np.random.default_rng(seed)
-    if strata is None:
-        groups = [np.arange(len(x))]
-    else:
-        if len(strata) != len(x):
-            raise ValueError(f"strata has {len(strata)} labels for {len(x)} prompts")
-        labels = np.asarray(strata)
-        groups = [np.flatnonzero(labels == s) for s in dict.fromkeys(strata)]  # first-seen order: deterministic
-    # One (resamples, n) matrix of indices: each stratum's columns drawn from that stratum only.
-    idx = np.concatenate([g[rng.integers(0, len(g), size=(resamples, len(g)))] for g in groups], axis=1)
-    return x[idx].mean(axis=1)
+    return x[bootstrap_indices(len(x), resamples, seed)].mean(axis=1)
 
 
 def bootstrap_ci(
@@ -211,10 +203,8 @@ def bootstrap_ci(
     confidence: float = 0.95,
     resamples: int = 1000,
     seed: int = 0,
-    strata: Sequence[Any] | None = None,
 ) -> tuple[float, float]:
-    """Percentile-bootstrap confidence interval of the mean of values (resampled within `strata`
-    when given: bootstrap_means).
+    """Percentile-bootstrap confidence interval of the mean of values (bootstrap_means).
 
     Deterministic: the same values, confidence, resamples and seed give the same interval.
     """
@@ -224,5 +214,5 @@ def bootstrap_ci(
         raise ValueError("values is empty")
     check_bootstrap(confidence, resamples)
     alpha = (1 - confidence) / 2
-    lo, hi = np.quantile(bootstrap_means(values, resamples, seed, strata), [alpha, 1 - alpha])
+    lo, hi = np.quantile(bootstrap_means(values, resamples, seed), [alpha, 1 - alpha])
     return float(lo), float(hi)

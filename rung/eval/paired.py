@@ -2,29 +2,33 @@
 
 Every checkpoint is evaluated on the same prompts, so the honest way to compare two is prompt by
 prompt: the per-prompt differences carry the comparison, not the two accuracies and their separate
-intervals. For greedy accuracy rung reports the difference with a paired percentile-bootstrap
-interval, the prompts that flip each way, and the exact McNemar test (a two-sided binomial test
-on the discordant prompts, from scipy); for avg@n and pass@k, which are per-prompt means over
-samples, a paired bootstrap interval of the difference.
+intervals. Plain functions on per-prompt values (numpy and scipy only), reusable by a seed study.
 
-Plain functions on per-prompt values (numpy and scipy only), reusable by a seed study: the
-bootstrap takes `strata` (e.g. the seed of each row) and then resamples prompts within each
-stratum, so every resample keeps each seed's share of the rows. The tests of eval records
-(`greedy_test`, `sampled_test`, and `arms_test` between two arms of a study over seeds) return
-the typed results of rung.eval.results; rendering them is rung.report.tables' work.
+The unit is the prompt. In a study over seeds a prompt that several seeds answered is one cluster
+(its rows in every seed together): resampled as one, flipped as one, counted once in "prompts
+needed", whether all seeds answered the same prompts or the seed also changed the data (then some
+clusters hold fewer rows). A difference is the mean over all (seed, prompt) rows, i.e. the sum of
+the clusters' differences over their rows.
 
-Between two arms, on every eval set, `arms_test` takes the unit of resampling to be the prompt
-when every seed answered the same prompts (a seed of RL alone), with its outcomes in all seeds
-together, and the (seed, prompt) pair otherwise (the seed also changed the data); then
-- the difference in greedy accuracy (new - old, over all seeds and prompts) with a paired
-  bootstrap interval: units resampled, stratified by seed when the unit is a (seed, prompt) pair;
-- an exact sign test over units (units where new does better against units where old does):
-  with one seed it is the exact McNemar test of the report, and with shared prompts it does not
-  count one prompt's seeds as independent evidence;
-- the per-seed differences and a paired t-test over seeds (scipy.stats.ttest_rel), which asks
-  whether the arm wins across training runs; with 2-3 seeds it has little power.
-The prompt-level tests are conditional on the seeds run: they say whether these trained models
-differ on this population of prompts; the spread over seeds is reported next to them.
+Which test gives each verdict (`test` of every result names it):
+- greedy accuracy of two checkpoints: the exact McNemar test (a two-sided binomial test on the
+  discordant prompts, scipy), exact at every number of prompts;
+- everything else (avg@n, pass@k, arms of a study): the sign-flip permutation test over prompt
+  clusters (`flip_test`): under no difference a cluster's difference is as likely to be negated,
+  so its p is exact at every number of prompts: all 2^m sign patterns up to ENUMERATE clusters,
+  else `resamples` random ones (p = (1 + hits) / (1 + resamples), exact in size too). Over a family
+  of metrics (avg@n and pass@k at several k) the statistic is the largest standardised difference
+  over the family (single-step max-T), so that the family's verdicts are wrong at most at the level.
+  A bootstrap interval gives no verdict: the percentile bootstrap is too narrow with few prompts
+  (10-12% false alarms at 8 prompts against 5%, tests/test_calibration.py).
+- the intervals shown (`intervals`): the paired bootstrap over prompt clusters, widened for small
+  samples (Hesterberg's expanded percentile interval, and the sup-t band over a family widened the
+  same way), so that they too exclude 0 about as often as the level says.
+- across seeds: the per-seed differences and a paired t-test over seeds (scipy.stats.ttest_rel),
+  which asks whether the arm wins across training runs on these prompts; with 2-3 seeds it has
+  little power. The prompt-level tests are conditional on the seeds run.
+A study corrects across its families (comparisons of arms x eval sets; claims x arms x eval sets)
+with Holm's step-down (`holm`).
 """
 
 from __future__ import annotations
@@ -43,15 +47,20 @@ from rung.eval.results import ArmsTest, Boundary, EvalRecord, GreedyTest, Metric
 
 Record = EvalRecord
 
+MCNEMAR = "exact McNemar"
+FLIP = "sign-flip permutation"
+ENUMERATE = 12
+"""Clusters up to which the sign-flip test enumerates all 2^m sign patterns (4096); above, random flips."""
+
 
 def level(confidence: float) -> float:
     """The test level that matches a confidence: 0.95 -> 0.05 (rounded to hide float noise)."""
     return round(1 - confidence, 6)
 
 
-def verdict(significant: bool, alpha: float) -> str:
-    """The words every report uses: 'significant at 0.05' or 'not significant at 0.05'."""
-    return f"{'significant' if significant else 'not significant'} at {alpha:g}"
+def verdict(significant: bool, alpha: float, test: str) -> str:
+    """The words every report uses, naming the test: 'significant at 0.05 (exact McNemar)'."""
+    return f"{'significant' if significant else 'not significant'} at {alpha:g} ({test})"
 
 
 def align(old: Sequence[Record], new: Sequence[Record], what: str) -> list[tuple[Record, Record]]:
@@ -71,25 +80,116 @@ def align(old: Sequence[Record], new: Sequence[Record], what: str) -> list[tuple
     return [(r, by_id[r["id"]]) for r in old]
 
 
+def _counts(clusters: int, resamples: int, seed: int) -> np.ndarray:
+    """(resamples, clusters): how often each cluster is drawn in each bootstrap resample, from the
+    draws of metrics.bootstrap_means (one seed, one length: the same resamples everywhere)."""
+    idx = metrics.bootstrap_indices(clusters, resamples, seed)
+    offsets = clusters * np.arange(resamples)[:, None]
+    return np.bincount((idx + offsets).ravel(), minlength=resamples * clusters).reshape(resamples, clusters)
+
+
+def _widening(clusters: int, confidence: float) -> float:
+    """How much wider than the bootstrap's a small sample's interval must be: t_{m-1} / z * sqrt(m / (m - 1))
+    (the bootstrap's spread is the plug-in one, and its tails the normal's); inf below 2 clusters."""
+    if clusters < 2:
+        return float("inf")
+    tail = 1 - (1 - confidence) / 2
+    return float(t_dist.ppf(tail, clusters - 1) / norm.ppf(tail) * np.sqrt(clusters / (clusters - 1)))
+
+
+def intervals(
+    sums: np.ndarray, sizes: np.ndarray | Sequence[float], confidence: float, resamples: int, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(estimate, low, high) of each metric's mean over rows, from per-cluster sums `sums` of shape
+    (..., metrics, clusters) over `sizes` rows per cluster: the bootstrap resamples clusters with
+    replacement (the same draws for every metric and every leading index, so it vectorises).
+
+    One metric: the expanded percentile interval (Hesterberg 2015, "What teachers should know about
+    the bootstrap", section 6.5): the percentiles at the level whose normal quantile is the t quantile
+    times sqrt(m / (m - 1)), which removes the percentile interval's narrowness with few clusters.
+    Several metrics: the sup-t band (Montiel Olea and Plagborg-Moller 2019), the observed difference
+    +- the `confidence` quantile of the largest |resampled - observed| / se over the metrics times
+    each se, widened by the same factor: it covers all metrics at once. Written out: no library gives
+    a clustered, widened or simultaneous bootstrap interval."""
+    metrics.check_bootstrap(confidence, resamples)
+    x, w = np.asarray(sums, dtype=float), np.asarray(sizes, dtype=float)
+    if x.ndim < 2 or x.shape[-1] != len(w) or len(w) == 0:
+        raise ValueError(f"sums must be (..., metrics, clusters) with {len(w)} clusters, got shape {x.shape}")
+    c = _counts(len(w), resamples, seed)
+    means = (x @ c.T) / (c @ w)  # (..., metrics, resamples)
+    estimate = x.sum(axis=-1) / w.sum()
+    widen = _widening(len(w), confidence)
+    se = means.std(axis=-1, ddof=1)[..., None]
+    # a metric that never varies (every cluster the same difference) has no spread to reach: distance 0
+    scaled = np.divide(np.abs(means - estimate[..., None]), se, out=np.zeros_like(means), where=se > 0)
+    reach = np.quantile(scaled.max(axis=-2), confidence, axis=-1)[..., None] * min(widen, 1e6)
+    return estimate, estimate - reach * se[..., 0], estimate + reach * se[..., 0]
+
+
+def flip_test(sums: np.ndarray, resamples: int, seed: int) -> tuple[np.ndarray, bool]:
+    """Two-sided p of each metric's sum of cluster differences (shape (..., metrics, clusters)), by
+    the sign-flip permutation test, single-step max-T over the metrics (so one metric's p is its own
+    test's, several metrics' p hold family-wise); and whether every sign pattern was enumerated
+    (clusters <= ENUMERATE) or `resamples` random ones drawn. The statistic |sum(e d)| / sqrt(sum(d^2))
+    is per metric a monotone function of the paired t statistic. Written out: scipy's
+    permutation_test has no max-T over several statistics and no vectorised batch."""
+    d = np.asarray(sums, dtype=float)
+    if d.ndim == 2:  # one comparison: a cluster without a difference in any metric changes no pattern's sum
+        d = d[:, np.any(d != 0, axis=0)]
+    m = d.shape[-1]
+    exact = m <= ENUMERATE
+    if exact:
+        signs = 1.0 - 2 * ((np.arange(2**m)[:, None] >> np.arange(m)) & 1)
+    else:
+        signs = 1.0 - 2 * np.random.default_rng([seed, 45]).integers(0, 2, size=(resamples, m))
+    scale = np.sqrt((d**2).sum(axis=-1))
+    observed = np.divide(np.abs(d.sum(axis=-1)), scale, out=np.zeros_like(scale), where=scale > 0)
+    flipped = np.divide(
+        np.abs(d @ signs.T), scale[..., None], out=np.zeros(d.shape[:-1] + (len(signs),)), where=scale[..., None] > 0
+    )
+    top = flipped.max(axis=-2)  # (..., patterns): the family's largest statistic per pattern
+    hits = (top[..., None, :] >= observed[..., None] * (1 - 1e-9)).sum(axis=-1)
+    p = hits / len(signs) if exact else (1 + hits) / (1 + len(signs))
+    return np.minimum(p, 1.0), exact
+
+
+def flip_name(exact: bool, resamples: int) -> str:
+    """The test's name with how its p was computed."""
+    return f"{FLIP}, {'exact' if exact else f'{resamples} random flips'}"
+
+
+def holm(p: Sequence[float]) -> list[float]:
+    """Holm-adjusted p-values of a family (compare each with the level: family-wise error at most the
+    level). Written out: scipy has no Holm (statsmodels' multipletests is not a dependency)."""
+    order = np.argsort(p, kind="stable")
+    adjusted, running = np.empty(len(p)), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p) - rank) * p[i]))
+        adjusted[i] = running
+    return [float(a) for a in adjusted]
+
+
+def holm_factor(p: Sequence[float]) -> list[int]:
+    """Each member's Holm multiplier (family size minus its rank among the p, smallest first)."""
+    order = np.argsort(p, kind="stable")
+    out = [0] * len(p)
+    for rank, i in enumerate(order):
+        out[i] = len(p) - rank
+    return out
+
+
 def paired_bootstrap(
-    old: Sequence[float],
-    new: Sequence[float],
-    confidence: float = 0.95,
-    resamples: int = 1000,
-    seed: int = 0,
-    strata: Sequence[Any] | None = None,
+    old: Sequence[float], new: Sequence[float], confidence: float = 0.95, resamples: int = 1000, seed: int = 0
 ) -> tuple[float, float, float]:
-    """(mean(new - old), low, high): the mean per-prompt difference and its percentile-bootstrap
-    interval, resampling prompts (pairs) with replacement; with `strata`, resampling within each
-    stratum (e.g. seed), keeping every stratum's size. Deterministic for a given seed."""
+    """(mean(new - old), low, high): the mean per-prompt difference and its interval (`intervals`, one
+    metric, every prompt its own cluster). Deterministic for a given seed."""
     a, b = np.asarray(old, dtype=float), np.asarray(new, dtype=float)
     if a.shape != b.shape or a.ndim != 1:
         raise ValueError(f"old and new must be 1-d and of one length, got {a.shape} and {b.shape}")
     if len(a) == 0:
         raise ValueError("nothing to compare: no prompts")
-    d = b - a
-    lo, hi = metrics.bootstrap_ci(d, confidence, resamples, seed, strata)
-    return float(d.mean()), float(lo), float(hi)
+    est, lo, hi = intervals((b - a)[None], np.ones(len(a)), confidence, resamples, seed)
+    return float(est[0]), float(lo[0]), float(hi[0])
 
 
 def mcnemar(old: Sequence[bool], new: Sequence[bool]) -> dict[str, int | float]:
@@ -116,10 +216,11 @@ def mcnemar_prompts_needed(
 ) -> int | None:
     """Prompts a paired comparison needs for a two-sided McNemar test at `alpha` to detect, with
     probability `power`, the effect that these flips show (their rates on n prompts taken as the
-    truth): Connor's (1987) normal-approximation formula n = (z_{1-alpha/2} sqrt(psi) + z_power
-    sqrt(psi - delta^2))^2 / delta^2, with psi = (b + c) / n the discordance and delta = (c - b) / n
-    the effect. Written out because statsmodels has no McNemar power (its contingency_tables only
-    test). None when the flips balance: no number of prompts detects an effect of zero."""
+    truth: a post-hoc figure, a function of the observed effect): Connor's (1987) normal-approximation
+    formula n = (z_{1-alpha/2} sqrt(psi) + z_power sqrt(psi - delta^2))^2 / delta^2, with psi = (b + c) / n
+    the discordance and delta = (c - b) / n the effect. Written out because statsmodels has no McNemar
+    power (its contingency_tables only test). None when the flips balance: no number of prompts
+    detects an effect of zero."""
     if n <= 0 or min(right_to_wrong, wrong_to_right) < 0 or right_to_wrong + wrong_to_right > n:
         raise ValueError(f"flips {right_to_wrong}, {wrong_to_right} do not fit {n} prompts")
     if not (0 < alpha < 1 and 0 < power < 1):
@@ -131,25 +232,21 @@ def mcnemar_prompts_needed(
     return int(np.ceil(root**2 / delta**2))
 
 
-def _interval(
-    old: Sequence[float],
-    new: Sequence[float],
-    confidence: float,
-    resamples: int,
-    seed: int,
-    strata: Sequence[Any] | None = None,
-) -> dict[str, float]:
-    """paired_bootstrap's (difference, low, high) as the fields every test result carries them in."""
-    diff, lo, hi = paired_bootstrap(old, new, confidence, resamples, seed, strata)
-    return {"difference": diff, "ci_low": lo, "ci_high": hi}
-
-
-def _judged(significant: bool, alpha: float, right_to_wrong: int, wrong_to_right: int, n: int) -> dict[str, Any]:
-    """A greedy test's verdict fields; when not significant also prompts_needed: how many prompts
-    would make this effect (these flips among n units) significant at 80% power."""
-    out: dict[str, Any] = {"significant": significant, "verdict": verdict(significant, alpha)}
+def _judged(
+    significant: bool,
+    alpha: float,
+    test: str,
+    right_to_wrong: int,
+    wrong_to_right: int,
+    n: int,
+    plan: float | None = None,
+) -> dict[str, Any]:
+    """A test's verdict fields; when not significant also prompts_needed: how many prompts (clusters)
+    would make this effect (these flips among n units) significant at `plan` (default `alpha`) with
+    80% power (post-hoc: from the observed effect)."""
+    out: dict[str, Any] = {"significant": significant, "verdict": verdict(significant, alpha, test)}
     if not significant:
-        out["prompts_needed"] = mcnemar_prompts_needed(right_to_wrong, wrong_to_right, n, alpha)
+        out["prompts_needed"] = mcnemar_prompts_needed(right_to_wrong, wrong_to_right, n, plan or alpha)
     return out
 
 
@@ -157,20 +254,25 @@ def greedy_test(
     old: Sequence[Record], new: Sequence[Record], confidence: float, resamples: int, seed: int, what: str
 ) -> GreedyTest:
     """Greedy accuracy of `new` against `old` (records of one eval set, the first sample graded):
-    difference with its paired bootstrap interval, flips each way, exact McNemar p and verdict."""
+    difference with its paired interval, flips each way, exact McNemar p and verdict."""
     pairs = align(old, new, what)
     a = [bool(o["samples"][0]["correct"]) for o, _ in pairs]
     b = [bool(n["samples"][0]["correct"]) for _, n in pairs]
-    interval = _interval(a, b, confidence, resamples, seed)
+    diff, lo, hi = paired_bootstrap(a, b, confidence, resamples, seed)
     test = mcnemar(a, b)
     alpha = level(confidence)
     return GreedyTest(
         n=len(pairs),
         accuracy_old=float(np.mean(a)),
         accuracy_new=float(np.mean(b)),
-        **interval,
+        difference=diff,
+        ci_low=lo,
+        ci_high=hi,
         **test,
-        **_judged(test["mcnemar_p"] < alpha, alpha, test["right_to_wrong"], test["wrong_to_right"], len(pairs)),
+        test=MCNEMAR,
+        **_judged(
+            test["mcnemar_p"] < alpha, alpha, MCNEMAR, test["right_to_wrong"], test["wrong_to_right"], len(pairs)
+        ),
     )
 
 
@@ -185,15 +287,15 @@ def sampled_test(
 ) -> SampledTest:
     """avg@n and pass@k of `new` against `old`, from n samples per prompt (the smallest count, with
     a warning when some prompt has more), at the k of the spectrum and `compare_k`
-    (metrics.spectrum_ks): per metric the difference with a paired bootstrap interval over prompts;
-    significant at 1 - confidence when the interval excludes 0. And the boundary: coverage (solved
-    at least once in n) of each, the prompts only one of them solves, and the exact McNemar test of
-    those counts."""
+    (metrics.spectrum_ks). These metrics are one family: per metric the difference with the sup-t
+    band over the family (`intervals`) and the sign-flip test's max-T p over the family (`flip_test`),
+    significant when p < 1 - confidence, so that a verdict read at every k keeps the level. And the
+    boundary: coverage (solved at least once in n) of each, the prompts only one of them solves, and
+    the exact McNemar test of those counts."""
     pairs = align(old, new, what)
     n = metrics.common_n([r for pair in pairs for r in pair], what)
     hits = [([s["correct"] for s in o["samples"][:n]], [s["correct"] for s in m["samples"][:n]]) for o, m in pairs]
     alpha = level(confidence)
-    out: dict[str, MetricTest] = {}
     per_prompt = {
         f"avg@{n}": lambda c: float(np.mean(c)),
         **{
@@ -201,17 +303,24 @@ def sampled_test(
             for k in metrics.spectrum_ks(n, compare_k)
         },
     }
-    for name, f in per_prompt.items():
-        a, b = [f(x) for x, _ in hits], [f(y) for _, y in hits]
-        interval = _interval(a, b, confidence, resamples, seed)
-        significant = interval["ci_low"] > 0 or interval["ci_high"] < 0
-        out[name] = MetricTest(
-            old=float(np.mean(a)),
-            new=float(np.mean(b)),
-            **interval,
-            significant=significant,
-            verdict=verdict(significant, alpha),
+    values = np.array([[[f(x), f(y)] for x, y in hits] for f in per_prompt.values()])  # (metric, prompt, old/new)
+    diffs = values[..., 1] - values[..., 0]
+    est, low, high = intervals(diffs, np.ones(len(pairs)), confidence, resamples, seed)
+    p, exact = flip_test(diffs, resamples, seed)
+    test = flip_name(exact, resamples)
+    out = {
+        name: MetricTest(
+            old=float(values[i, :, 0].mean()),
+            new=float(values[i, :, 1].mean()),
+            difference=float(est[i]),
+            ci_low=float(low[i]),
+            ci_high=float(high[i]),
+            p=float(p[i]),
+            significant=bool(p[i] < alpha),
+            verdict=verdict(bool(p[i] < alpha), alpha, test),
         )
+        for i, name in enumerate(per_prompt)
+    }
     solved = [(any(x), any(y)) for x, y in hits]
     flips = mcnemar([a for a, _ in solved], [b for _, b in solved])
     boundary = Boundary(
@@ -221,7 +330,7 @@ def sampled_test(
         solved_only_new=[o["id"] for (o, _), (a, b) in zip(pairs, solved, strict=True) if b and not a],
         mcnemar_p=flips["mcnemar_p"],
     )
-    return SampledTest(n=len(pairs), samples=n, boundary=boundary, metrics=out)
+    return SampledTest(n=len(pairs), samples=n, family=list(out), test=test, boundary=boundary, metrics=out)
 
 
 def greedy_correct(record: Record) -> float:
@@ -230,11 +339,12 @@ def greedy_correct(record: Record) -> float:
     return bool(record["samples"][0]["correct"])
 
 
-def pass_at(k: int) -> Callable[[Record], float]:
-    """A record's pass@k from its n sampled completions (the unbiased estimator, rung.eval.metrics)."""
+def pass_at(k: int, n: int | None = None) -> Callable[[Record], float]:
+    """A record's pass@k from its first n sampled completions (all without n; the unbiased estimator,
+    rung.eval.metrics): n is the common n of a comparison, so that pass@k and coverage are read at one n."""
 
     def value(record: Record) -> float:
-        hits = [s["correct"] for s in record["samples"]]
+        hits = [s["correct"] for s in record["samples"][:n]]
         return metrics.pass_at_k(len(hits), sum(hits), k)
 
     return value
@@ -271,61 +381,28 @@ def units_needed(sd: float, effect: float, alpha: float = 0.05, power: float = 0
         n += 8
 
 
-def simultaneous_band(
-    old: Sequence[np.ndarray],
-    new: Sequence[np.ndarray],
-    confidence: float,
-    resamples: int,
-    seed: int,
-    strata: Sequence[Any] | None = None,
-) -> list[tuple[float, float]]:
-    """A paired bootstrap band of the differences new - old of several metrics on the same units
-    (e.g. pass@k at every k of a claim) that covers all of them at once with probability
-    `confidence`, so that a verdict read at every k keeps its family-wise level.
-
-    Every metric is resampled with the same draws (metrics.bootstrap_means: one seed, one length);
-    a resample's distance from the observed differences is its largest over the metrics of
-    |resampled - observed| / bootstrap standard error (a max statistic), and the band is, at each
-    metric, the observed difference ± the `confidence` quantile of that distance times its standard
-    error: the sup-t band (Montiel Olea and Plagborg-Møller 2019). It reads the bulk of the
-    resamples, not their extreme tails, so it holds its level with a thousand resamples. With one
-    metric it is the percentile interval of paired_bootstrap. Written out: no library gives a
-    simultaneous bootstrap band."""
-    if len(old) != len(new) or not old:
-        raise ValueError(f"need one or more metrics, old and new alike, got {len(old)} and {len(new)}")
-    metrics.check_bootstrap(confidence, resamples)
-    if len(old) == 1:  # no family: the interval itself
-        return [paired_bootstrap(old[0], new[0], confidence, resamples, seed, strata)[1:]]
-    diffs = [np.asarray(b, float) - np.asarray(a, float) for a, b in zip(old, new, strict=True)]
-    observed = np.array([d.mean() for d in diffs])
-    means = np.array([metrics.bootstrap_means(d, resamples, seed, strata) for d in diffs])  # (metrics, resamples)
-    se = means.std(axis=1, ddof=1)
-    # a metric that never varies (every unit the same difference) has no spread to reach: distance 0
-    scaled = np.divide(np.abs(means - observed[:, None]), se[:, None], out=np.zeros_like(means), where=se[:, None] > 0)
-    reach = float(np.quantile(scaled.max(axis=0), confidence))
-    return [(float(d - reach * e), float(d + reach * e)) for d, e in zip(observed, se, strict=True)]
-
-
-def unit_values(values: Mapping[int, Mapping[str, float]]) -> tuple[np.ndarray, list[int] | None]:
-    """The units of a comparison over seeds from each seed's value per prompt id, and their strata:
-    when every seed has the same prompts, a prompt with its value averaged over seeds (in the first
-    seed's order; no strata); otherwise (the seed also changed the data) every (seed, prompt) pair,
-    seed by seed, stratified by seed."""
-    seeds = list(values)
-    ids = list(values[seeds[0]])
-    if all(values[s].keys() == values[seeds[0]].keys() for s in seeds):
-        return np.array([[values[s][i] for i in ids] for s in seeds], dtype=float).mean(axis=0), None
-    units = np.array([float(v) for s in seeds for v in values[s].values()])
-    return units, [s for s in seeds for _ in values[s]]
+def unit_values(values: Mapping[int, Mapping[str, float]]) -> tuple[np.ndarray, np.ndarray]:
+    """The clusters of a comparison over seeds from each seed's value per prompt id: per prompt (in
+    first-seen order, seed by seed) the sum of its values over the seeds that answered it, and their
+    number. All seeds share the prompts: every cluster holds one row per seed; the seed also changed
+    the data: a prompt only some seeds answered holds fewer, and still counts once."""
+    sums: dict[str, float] = {}
+    sizes: dict[str, int] = {}
+    for by_id in values.values():
+        for i, v in by_id.items():
+            sums[i] = sums.get(i, 0.0) + float(v)
+            sizes[i] = sizes.get(i, 0) + 1
+    return np.array(list(sums.values())), np.array(list(sizes.values()), dtype=float)
 
 
 class Units(NamedTuple):
-    """Two arms' units on one eval set (unit_values) and their means per seed."""
+    """Two arms' prompt clusters on one eval set (unit_values: sums over the seeds and rows per
+    cluster, in one prompt order) and their means per seed."""
 
     seeds: list[int]
     old: np.ndarray
     new: np.ndarray
-    strata: list[int] | None
+    sizes: np.ndarray
     seed_old: list[float]
     seed_new: list[float]
 
@@ -336,48 +413,68 @@ def arm_units(
     what: str,
     value: Callable[[Record], float] = greedy_correct,
 ) -> Units:
-    """The paired units of arms `new` and `old` over the seeds both ran, each record scored by
+    """The paired clusters of arms `new` and `old` over the seeds both ran, each record scored by
     `value`; an InputError when they share no seed or a seed's two arms answered different prompts."""
     seeds = [s for s in old if s in new]
     if not seeds:
         raise InputError(f"{what}: no seed that both arms ran")
     pairs = {s: sorted(align(old[s], new[s], f"{what}, seed {s}"), key=lambda pair: pair[0]["id"]) for s in seeds}
     scored = [{s: {p[side]["id"]: value(p[side]) for p in pairs[s]} for s in seeds} for side in (0, 1)]
-    (x_old, strata), (x_new, _) = unit_values(scored[0]), unit_values(scored[1])
+    (x_old, sizes), (x_new, _) = unit_values(scored[0]), unit_values(scored[1])
     return Units(
         seeds,
         x_old,
         x_new,
-        strata,
+        sizes,
         [mean(scored[0][s].values()) for s in seeds],
         [mean(scored[1][s].values()) for s in seeds],
     )
 
 
 def units_test(units: Units, confidence: float, resamples: int, seed: int) -> ArmsTest:
-    """The tests of arm_units' units: see the module docstring for the interval and the tests."""
-    x_old, x_new = units.old, units.new
-    interval = _interval(x_old, x_new, confidence, resamples, seed, units.strata)
-    up, down = int((x_new > x_old).sum()), int((x_new < x_old).sum())
-    p = float(binomtest(up, up + down, 0.5).pvalue) if up + down else 1.0
+    """The tests of arm_units' clusters at the level of `confidence` (a study's family correction,
+    `correct`, adjusts p and verdict after): difference and interval, the sign-flip test, the
+    clusters each way, the per-seed differences and the t-test over seeds."""
+    d = units.new - units.old
+    est, lo, hi = intervals(d[None], units.sizes, confidence, resamples, seed)
+    p, exact = flip_test(d[None], resamples, seed)
+    up, down = int((d > 0).sum()), int((d < 0).sum())
     diffs = [n - o for n, o in zip(units.seed_new, units.seed_old, strict=True)]
     # the t-test needs differences that vary (scipy gives nan, with a warning, for identical ones)
     t_p = float(ttest_rel(units.seed_new, units.seed_old).pvalue) if len(set(diffs)) > 1 else None
-    alpha = level(confidence)
+    alpha, test = level(confidence), flip_name(exact, resamples)
+    rows = float(units.sizes.sum())
     return ArmsTest(
         seeds=units.seeds,
-        unit="prompt" if units.strata is None else "seed, prompt",
-        units=len(x_old),
-        accuracy_old=float(np.mean(units.seed_old)),
-        accuracy_new=float(np.mean(units.seed_new)),
-        **interval,
+        unit="prompt",
+        units=len(d),
+        rows=int(rows),
+        accuracy_old=float(units.old.sum() / rows),
+        accuracy_new=float(units.new.sum() / rows),
+        difference=float(est[0]),
+        ci_low=float(lo[0]),
+        ci_high=float(hi[0]),
         units_better=up,
         units_worse=down,
-        sign_test_p=p,
+        p=float(p[0]),
+        test=test,
         per_seed_difference={str(s): d for s, d in zip(units.seeds, diffs, strict=True)},
         seed_t_test_p=t_p,
-        **_judged(p < alpha, alpha, down, up, len(x_old)),
+        **_judged(bool(p[0] < alpha), alpha, test, down, up, len(d)),
     )
+
+
+def correct(tests: Sequence[ArmsTest], alpha: float, family: str) -> list[ArmsTest]:
+    """A family of tests held to `alpha` together (Holm): each p replaced by its Holm-adjusted p,
+    significant when that is below `alpha`, and prompts needed at the family's strictest level
+    alpha / size (what a member must clear whatever the others do)."""
+    strict = alpha / max(len(tests), 1)
+    out = []
+    for t, p in zip(tests, holm([t.p for t in tests]), strict=True):
+        fields = {k: v for k, v in t.dump().items() if k != "prompts_needed"}
+        judged = _judged(p < alpha, alpha, t.test, t.units_worse, t.units_better, t.units, strict)
+        out.append(ArmsTest.model_validate({**fields, "p": p, "family": family, **judged}))
+    return out
 
 
 def arms_test(

@@ -116,13 +116,15 @@ class EvalResult(Result):
 
 
 class MetricTest(Result):
-    """One sampled metric of new against old: per-prompt mean difference and its paired interval."""
+    """One sampled metric of new against old: per-prompt mean difference, its interval (the band over
+    the family of SampledTest), the family-wise p of the sign-flip test and the verdict it gives."""
 
     old: Number
     new: Number
     difference: Number
     ci_low: Number
     ci_high: Number
+    p: Number
     significant: bool
     verdict: str
 
@@ -146,6 +148,10 @@ class SampledTest(Result):
 
     n: int
     samples: int
+    family: list[str]
+    """The metrics tested together (max-T over them: their verdicts hold family-wise)."""
+    test: str
+    """The test that gave the verdicts (rung.eval.paired.flip_name)."""
     boundary: Boundary | None = None
     metrics: dict[str, MetricTest]
 
@@ -155,9 +161,8 @@ class SampledTest(Result):
         if isinstance(data, dict) and "metrics" not in data:
             data = {
                 "n": data.get("n"),
-                "samples": data.get("samples"),
-                **({"boundary": data["boundary"]} if "boundary" in data else {}),
-                "metrics": {k: v for k, v in data.items() if k not in ("n", "samples", "boundary")},
+                **{k: data[k] for k in ("samples", "family", "test", "boundary") if k in data},
+                "metrics": {k: v for k, v in data.items() if k not in ("n", "samples", "family", "test", "boundary")},
             }
         return data
 
@@ -183,18 +188,25 @@ class GreedyTest(Result):
     both_right: int
     both_wrong: int
     mcnemar_p: Number
+    test: str
+    """The test that gave the verdict (exact McNemar)."""
     significant: bool
     verdict: str
     prompts_needed: int | None = None
+    """Post-hoc: prompts at which these flip rates would reach 80% power."""
     sampled: SampledTest | None = None
 
 
 class ArmsTest(Result):
-    """Greedy accuracy of arm new against arm old on one eval set, over seeds (rung.eval.paired.arms_test)."""
+    """Arm new against arm old on one eval set, over seeds (rung.eval.paired.arms_test): a unit is a
+    prompt cluster (its rows in every seed that answered it); p the sign-flip test's, Holm-adjusted
+    over `family` when the study corrects for one; significant and verdict read that p."""
 
     seeds: list[int]
     unit: str
     units: int
+    rows: int
+    """(seed, prompt) rows in the clusters."""
     accuracy_old: Number
     accuracy_new: Number
     difference: Number
@@ -202,12 +214,16 @@ class ArmsTest(Result):
     ci_high: Number
     units_better: int
     units_worse: int
-    sign_test_p: Number
+    p: Number
+    test: str
+    family: str | None = None
+    """The family the p is corrected over (e.g. 'Holm over 6: comparisons x eval sets')."""
     per_seed_difference: dict[str, Number]
     seed_t_test_p: Number | None
     significant: bool
     verdict: str
     prompts_needed: int | None = None
+    """Post-hoc (from the observed flips): clusters for 80% power at the family's strictest level."""
 
 
 T = TypeVar("T", GreedyTest, ArmsTest)
@@ -254,16 +270,17 @@ class ArmResult(Result):
 
 
 class ClaimTest(Result):
-    """One k of a claim: the paired test of new against old (pass@k per prompt, mean over seeds), its
-    verdict against the expected direction, and what a clear answer would need: prompts (at this
-    effect, and at the study's reference effect) and seeds (at this effect)."""
+    """One k of a claim: the paired test of new against old (pass@k per prompt cluster), its interval
+    the band over the claim's k, its p the max-T over those k Holm-adjusted over the claim family, and
+    its significant / verdict those the page prints; the verdict against the expected direction; and
+    what a clear answer to the study's reference effect would need at the family's level (a planning
+    figure, not post-hoc power): prompts, and seeds."""
 
     k: int
     test: ArmsTest
     verdict: str
-    prompts_needed: int | None
     prompts_needed_reference: int | None
-    seeds_needed: int | None
+    seeds_needed_reference: int | None
 
 
 class ClaimResult(Result):

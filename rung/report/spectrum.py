@@ -1,23 +1,23 @@
 """A study's pass@k spectrum: per arm (and the checkpoint the arms start from) pass@k at every power
-of two up to n with a bootstrap band over prompts, coverage over seeds, and published claims about the
-curve checked with paired tests across prompts and seeds. Every arm is read at the smallest n of the
-eval set (a warning names the counts when some arm drew more).
+of two up to n with a bootstrap interval over prompts, coverage over seeds, and published claims about
+the curve checked with paired tests across prompts and seeds. Every arm is read at the smallest n of
+the eval set, pass@k and coverage alike (a warning names the counts when some arm drew more).
 
 A claim names arms `new`, one arm `old` (or the init checkpoint, e.g. 'sft'), the direction expected
-and the k it is about. At each k the unit is a prompt, its value the pass@k of its n samples averaged
-over seeds, or a (seed, prompt) pair when the seeds answered different prompts (rung.eval.paired
-.arm_units with value pass_at(k)); the verdict reads the paired bootstrap band of the difference
-new - old, simultaneous over the claim's k (rung.eval.paired.simultaneous_band: all k covered at once
-with the study's confidence, so a claim over 7 k is not 7 chances of a false alarm; with one k it is
-the percentile interval):
-- expect greater / less: "reproduced" when the band excludes 0 in the expected direction,
-  "contradicted" when it excludes 0 the other way, else "inside the noise";
-- expect at_least / at_most: "contradicted" only when the band excludes 0 the wrong way,
-  "reproduced" when it excludes 0 the right way, else "inside the noise" (not contradicted).
+and the k it is about. At each k the unit is a prompt cluster (its pass@k in every seed that answered
+it: rung.eval.paired.arm_units with value pass_at(k, n)). The claim's k are one family: the interval
+is the bootstrap band over them (rung.eval.paired.intervals) and the p the sign-flip test's max-T
+over them (rung.eval.paired.flip_test). Every (claim, arm, eval set) of a study is one member of the
+claim family, held to the study's level by Holm (check_claims): a member's p is its smallest over k,
+and a k's adjusted p is the larger of its member's Holm-adjusted p and its own p times the member's
+Holm multiplier. The verdict reads that adjusted p and the sign of the difference:
+- "reproduced" when significant in the expected direction, "contradicted" when significant the
+  other way, else "inside the noise" (for at_least / at_most: not contradicted, not shown either).
 A claim over several k is contradicted when any k is, reproduced when every k is, else inside the
-noise. The power statement: units a paired t-test would need to see this difference (and the
-study's reference effect) at 80% power, from the spread of the per-unit differences, and seeds
-from the spread of the per-seed differences (rung.eval.paired.units_needed, by the noncentral t).
+noise. The planning statement (not post-hoc power): prompts a paired t-test at the family's strictest
+level (level / members) would need to see the study's reference effect at 80% power, from the spread
+of the per-prompt differences, and seeds from the spread of the per-seed differences
+(rung.eval.paired.units_needed, by the noncentral t).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rung.errors import InputError
 from rung.eval import metrics, paired
-from rung.eval.results import Band, ClaimResult, ClaimTest, EvalRecord, Spread, StudyRun
+from rung.eval.results import ArmsTest, Band, ClaimResult, ClaimTest, EvalRecord, Spread, StudyRun
 
 # arm -> seed -> eval set -> sampled records
 Sampled = dict[str, dict[int, dict[str, list[EvalRecord]]]]
@@ -65,9 +65,9 @@ def sampled_records(runs: Sequence[StudyRun], init: str) -> Sampled:
     return {arm: seeds for arm, seeds in out.items() if seeds}
 
 
-def _values(by_seed: Mapping[int, Sequence[EvalRecord]], k: int) -> dict[int, dict[str, float]]:
-    """Each seed's pass@k per prompt id."""
-    value = paired.pass_at(k)
+def _values(by_seed: Mapping[int, Sequence[EvalRecord]], k: int, n: int) -> dict[int, dict[str, float]]:
+    """Each seed's pass@k per prompt id, from the first n samples."""
+    value = paired.pass_at(k, n)
     return {s: {r["id"]: value(r) for r in records} for s, records in by_seed.items()}
 
 
@@ -76,8 +76,8 @@ def curves(
 ) -> tuple[dict[str, dict[str, list[Band]]], dict[str, dict[str, Spread]]]:
     """Per eval set and arm: the spectrum (k, mean pass@k, band low, band high) and coverage over seeds,
     both at the smallest number of samples of the set over every arm and seed (metrics.common_n warns
-    when some record has more), so that arms that drew different n compare at one n. The unit of the
-    band is a prompt, or a (seed, prompt) pair when seeds answered different prompts (paired.unit_values)."""
+    when some record has more), so that arms that drew different n compare at one n. The interval at
+    each k resamples prompt clusters (paired.unit_values, paired.intervals)."""
     spectrum: dict[str, dict[str, list[Band]]] = {}
     coverage: dict[str, dict[str, Spread]] = {}
     names = dict.fromkeys(name for seeds in sampled.values() for sets in seeds.values() for name in sets)
@@ -88,13 +88,14 @@ def curves(
             [r for by_seed in by_arm.values() for records in by_seed.values() for r in records], f"spectrum of {name}"
         )
         for arm, by_seed in by_arm.items():
-            points: list[Band] = []
-            for k in metrics.spectrum_ks(n):
-                values, strata = paired.unit_values(_values(by_seed, k))
-                points.append(
-                    (k, float(np.mean(values)), *metrics.bootstrap_ci(values, confidence, resamples, seed, strata))
-                )
-            spectrum.setdefault(name, {})[arm] = points
+            ks = metrics.spectrum_ks(n)
+            clusters = [paired.unit_values(_values(by_seed, k, n)) for k in ks]
+            sums = np.array([c[0] for c in clusters])[:, None, :]  # (k, one metric each, clusters)
+            est, low, high = paired.intervals(sums, clusters[0][1], confidence, resamples, seed)
+            spectrum.setdefault(name, {})[arm] = [
+                (k, float(e), float(lo), float(hi))
+                for k, e, lo, hi in zip(ks, est[:, 0], low[:, 0], high[:, 0], strict=True)
+            ]
             cov = [
                 metrics.coverage([sum(s["correct"] for s in r["samples"][:n]) for r in recs])
                 for recs in by_seed.values()
@@ -105,10 +106,11 @@ def curves(
     return spectrum, coverage
 
 
-def _verdict(expect: str, low: float, high: float) -> str:
-    up, down = low > 0, high < 0
-    right, wrong = (up, down) if expect in ("greater", "at_least") else (down, up)
-    return "reproduced" if right else "contradicted" if wrong else "inside the noise"
+def _verdict(expect: str, difference: float, significant: bool) -> str:
+    if not significant or difference == 0:
+        return "inside the noise"
+    right = difference > 0 if expect in ("greater", "at_least") else difference < 0
+    return "reproduced" if right else "contradicted"
 
 
 def _overall(verdicts: list[str]) -> str:
@@ -118,16 +120,11 @@ def _overall(verdicts: list[str]) -> str:
 
 
 def check_claim(
-    claim: Claim,
-    new: str,
-    name: str,
-    sampled: Sampled,
-    confidence: float,
-    resamples: int,
-    seed: int,
-    reference_effect: float,
-) -> ClaimResult:
-    """One claim for one arm on one eval set: a paired test per k, a verdict per k and overall."""
+    claim: Claim, new: str, name: str, sampled: Sampled, confidence: float, resamples: int, seed: int
+) -> tuple[list[int], list[paired.Units], list[ArmsTest]]:
+    """One claim for one arm on one eval set, before the family correction: its k, the units at each
+    k (pass@k at the common n of the two arms) and a test per k whose interval is the band over the k
+    and whose p is the max-T over them."""
     old_seeds, new_seeds = sampled[claim.old], sampled[new]
     if len(old_seeds) == 1 and len(new_seeds) > 1:  # one eval of old (e.g. the init) serves every seed
         only = next(iter(old_seeds.values()))
@@ -138,40 +135,19 @@ def check_claim(
     ks = metrics.spectrum_ks(n) if claim.k == "all" else [n] if claim.k == "n" else claim.k
     if any(not 1 <= k <= n for k in ks):
         raise InputError(f"claims: {claim.claim!r}: k {ks} outside 1..{n} (the samples per prompt)")
-    alpha = paired.level(confidence)
     what = f"{new} vs {claim.old} on {name}"
-    units = [paired.arm_units(old, new_records, what, paired.pass_at(k)) for k in ks]
-    # one band over the claim's k: its verdict is wrong at any k with probability 1 - confidence at most
-    band = paired.simultaneous_band(
-        [u.old for u in units], [u.new for u in units], confidence, resamples, seed, units[0].strata
-    )
-    tests = []
-    for k, u, (low, high) in zip(ks, units, band, strict=True):
-        test = paired.units_test(u, confidence, resamples, seed).model_copy(update={"ci_low": low, "ci_high": high})
-        diffs = u.new - u.old
-        sd = float(np.std(diffs, ddof=1)) if len(diffs) > 1 else 0.0
-        per_seed = list(test.per_seed_difference.values())
-        tests.append(
-            ClaimTest(
-                k=k,
-                test=test,
-                verdict=_verdict(claim.expect, low, high),
-                prompts_needed=paired.units_needed(sd, test.difference, alpha),
-                prompts_needed_reference=paired.units_needed(sd, reference_effect, alpha),
-                seeds_needed=paired.units_needed(stdev(per_seed), test.difference, alpha)
-                if len(per_seed) > 1
-                else None,
-            )
+    units = [paired.arm_units(old, new_records, what, paired.pass_at(k, n)) for k in ks]
+    diffs = np.array([u.new - u.old for u in units])
+    _, low, high = paired.intervals(diffs, units[0].sizes, confidence, resamples, seed)
+    p, exact = paired.flip_test(diffs, resamples, seed)
+    test = paired.flip_name(exact, resamples)
+    tests = [
+        paired.units_test(u, confidence, resamples, seed).model_copy(
+            update={"ci_low": float(lo), "ci_high": float(hi), "p": float(pk), "test": test}
         )
-    return ClaimResult(
-        claim=claim.claim,
-        new=new,
-        old=claim.old,
-        eval_set=name,
-        expect=claim.expect,
-        verdict=_overall([t.verdict for t in tests]),
-        tests=tests,
-    )
+        for u, lo, hi, pk in zip(units, low, high, p, strict=True)
+    ]
+    return ks, units, tests
 
 
 def check_claims(
@@ -182,8 +158,9 @@ def check_claims(
     seed: int,
     reference_effect: float,
 ) -> list[ClaimResult]:
-    """Every claim for each of its arms on each of its eval sets (InputError naming an unknown arm or set)."""
-    out = []
+    """Every claim for each of its arms on each of its eval sets (InputError naming an unknown arm or
+    set), the whole family held to the study's level by Holm (module docstring)."""
+    checked = []
     for claim in claims:
         for arm in [*claim.new, claim.old]:
             if arm not in sampled:
@@ -193,5 +170,48 @@ def check_claims(
             if name not in have:
                 raise InputError(f"claims: {claim.claim!r}: no sampled eval set {name!r} (have {have})")
             for new in claim.new:
-                out.append(check_claim(claim, new, name, sampled, confidence, resamples, seed, reference_effect))
+                checked.append((claim, new, name, *check_claim(claim, new, name, sampled, confidence, resamples, seed)))
+    alpha = paired.level(confidence)
+    members = [min(t.p for t in tests) for *_, tests in checked]
+    adjusted, factors = paired.holm(members), paired.holm_factor(members)
+    family = f"Holm over {len(checked)}: claims x arms x eval sets; max-T over each claim's k"
+    strict = alpha / max(len(checked), 1)
+    out = []
+    for (claim, new, name, ks, units, tests), member, factor in zip(checked, adjusted, factors, strict=True):
+        rows = []
+        for k, u, t in zip(ks, units, tests, strict=True):
+            p = max(member, min(1.0, factor * t.p))
+            fields = {f: v for f, v in t.dump().items() if f != "prompts_needed"}
+            fields |= {
+                "p": p,
+                "family": family,
+                "significant": p < alpha,
+                "verdict": paired.verdict(p < alpha, alpha, t.test),
+            }
+            diffs = (u.new - u.old) / u.sizes  # per-prompt mean difference over its seeds
+            per_seed = list(t.per_seed_difference.values())
+            rows.append(
+                ClaimTest(
+                    k=k,
+                    test=ArmsTest.model_validate(fields),
+                    verdict=_verdict(claim.expect, t.difference, p < alpha),
+                    prompts_needed_reference=paired.units_needed(
+                        float(np.std(diffs, ddof=1)) if len(diffs) > 1 else 0.0, reference_effect, strict
+                    ),
+                    seeds_needed_reference=paired.units_needed(stdev(per_seed), reference_effect, strict)
+                    if len(per_seed) > 1
+                    else None,
+                )
+            )
+        out.append(
+            ClaimResult(
+                claim=claim.claim,
+                new=new,
+                old=claim.old,
+                eval_set=name,
+                expect=claim.expect,
+                verdict=_overall([r.verdict for r in rows]),
+                tests=rows,
+            )
+        )
     return out

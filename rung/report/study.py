@@ -18,7 +18,8 @@ definition, the points, and the aggregation of what the experiments wrote (their
 per-prompt eval records and RL curves) into a typed StudyResult (rung.eval.results): per arm the
 spread of every headline metric over seeds, the learning curves, and between arms the paired test
 of rung.eval.paired.arms_test (its docstring says which unit is resampled and which tests are
-run). rung.report.studypage renders and writes the study page.
+run; the pairs of arms x eval sets are one family, Holm-corrected). rung.report.studypage renders
+and writes the study page.
 """
 
 from __future__ import annotations
@@ -186,7 +187,7 @@ def aggregate(
         arms[arm] = ArmResult(seeds=[r["seed"] for r in rs], metrics={k: _spread([v[k] for v in values]) for k in keys})
     records = {(r["arm"], r["seed"]): r["records"] for r in runs}
     names = list(arms)
-    comparisons: dict[str, Comparison[ArmsTest]] = {}
+    tested: dict[tuple[str, str], dict[str, ArmsTest]] = {}
     for j, new in enumerate(names):
         for old in names[:j]:
             sets: dict[str, ArmsTest] = {}
@@ -198,7 +199,19 @@ def aggregate(
                 sets[name] = paired.arms_test(
                     per[old], per[new], confidence, resamples, seed, f"{new} vs {old} on {name}"
                 )
-            comparisons[paired.key(new, old)] = Comparison[ArmsTest](new=new, old=old, sets=sets)
+            tested[(new, old)] = sets
+    # every pair of arms on every eval set is one family, held to the study's level together
+    flat = [(pair, name, t) for pair, sets in tested.items() for name, t in sets.items()]
+    family = f"Holm over {len(flat)}: pairs of arms x eval sets"
+    held = paired.correct([t for *_, t in flat], paired.level(confidence), family)
+    comparisons: dict[str, Comparison[ArmsTest]] = {
+        paired.key(new, old): Comparison[ArmsTest](
+            new=new,
+            old=old,
+            sets={name: t for (pair, name, _), t in zip(flat, held, strict=True) if pair == (new, old)},
+        )
+        for new, old in tested
+    }
     sampled = spectrum.sampled_records(runs, init)
     extra: dict[str, Any] = {}
     if sampled:

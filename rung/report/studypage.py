@@ -16,15 +16,15 @@ STUDIES = Path("data/studies")
 
 
 def band_note(result: StudyResult) -> str:
-    """How a claim over several k is held to the study's level (rung.report.spectrum.check_claim)."""
+    """How a claim over several k and the claim family are held to the study's level (rung.report.spectrum)."""
     conf = f"{100 * result.confidence:g}%"
+    members = len({(c.claim, c.new, c.eval_set) for c in result.claims})
     return (
-        f"A claim over several k: its intervals are one simultaneous {conf} band over those k (the sup-t "
-        "bootstrap: the same resamples at every k, the band the quantile of the largest standardised deviation "
-        "over k; rung.eval.paired.simultaneous_band), and its verdicts read the band, so that some k is called "
-        f"reproduced or contradicted by chance with probability {result.level:g} at most, not {result.level:g} "
-        f"per k. A claim about one k reads its {conf} percentile interval. Prompts and seeds needed: the smallest "
-        "number at which a paired t-test reaches 80% power, by the noncentral t (rung.eval.paired.units_needed)."
+        f"The claim family: {members} members (claims × arms × eval sets). Within a member, its k share one "
+        f"simultaneous {conf} bootstrap band (sup-t, widened for small samples; rung.eval.paired.intervals) and one "
+        "max-T sign-flip test (rung.eval.paired.flip_test); across members, Holm's step-down adjusts the p, so "
+        f"that any verdict of the page is reproduced or contradicted by chance with probability {result.level:g} "
+        "at most, not per k or per claim."
     )
 
 

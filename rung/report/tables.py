@@ -58,13 +58,13 @@ def interval(difference: float, low: float, high: float) -> str:
 
 
 def verdict(test: GreedyTest | ArmsTest, unit: str = "prompts") -> str:
-    """The verdict and, when not significant, what it would need: ' (needs about N prompts at
-    this effect)', or that the flips balance."""
+    """The verdict (naming its test) and, when not significant, the post-hoc size: '; post-hoc: about
+    N prompts at this effect', or that the flips balance."""
     if test.significant:
         return test.verdict
     n = test.prompts_needed
     return test.verdict + (
-        f" (needs about {n} {unit} at this effect)" if n else " (the flips balance: no effect to detect)"
+        f"; post-hoc: about {n} {unit} at this effect" if n else "; the flips balance: no effect to detect"
     )
 
 
@@ -112,7 +112,7 @@ def paired_headers(result: Comparisons) -> tuple[list[str], list[str]]:
     diff = f"difference, points [{100 * result.confidence:g}% CI]"
     return (
         [*PAIR, "prompts", "accuracy old → new", diff, "right → wrong", "wrong → right", "exact McNemar p", "verdict"],
-        [*PAIR, "prompts", "metric", "old → new", diff, "verdict"],
+        [*PAIR, "prompts", "metric", "old → new", diff.replace("CI", "band"), "p (max-T)", "verdict"],
     )
 
 
@@ -146,6 +146,7 @@ def paired_rows(result: Comparisons) -> tuple[list[list[str]], list[list[str]]]:
                         metric,
                         f"{pct(m.old)} → {pct(m.new)}",
                         interval(m.difference, m.ci_low, m.ci_high),
+                        p_text(m.p),
                         m.verdict,
                     ]
                 )
@@ -209,16 +210,20 @@ def paired_explanation(result: Comparisons) -> list[str]:
     conf, alpha = result.confidence, result.level
     return [
         "Each row compares two checkpoints on the same prompts. Difference: new minus old, in percentage points, "
-        f"with its {100 * conf:g}% paired bootstrap interval ({result.resamples} resamples of the prompts). "
+        f"with its {100 * conf:g}% paired bootstrap interval ({result.resamples} resamples of the prompts, "
+        "widened for small samples: the expanded percentile interval). "
         "Right → wrong and wrong → right count the prompts whose greedy answer changed grade; "
-        "the exact McNemar test asks "
-        "whether those flips lean one way more than chance would, and gives the verdict of the accuracy row. "
-        f"For avg@n and pass@k the verdict is whether the {100 * conf:g}% paired interval excludes 0.",
+        "the exact McNemar test asks whether those flips lean one way more than chance would, and gives the "
+        "verdict of the accuracy row. avg@n and pass@k at every k of a row's eval set are one family: their "
+        f"interval is the {100 * conf:g}% bootstrap band over the family (sup-t, widened the same way) and their "
+        "verdict the sign-flip permutation test over prompts with the max-T statistic over the family (exact, "
+        "all sign patterns, up to 12 prompts; random flips above), so that a verdict read at every k keeps "
+        "the level. Each verdict names its test.",
         f'"Not significant at {alpha:g}" means these prompts do not establish a difference either way; '
-        'it does not mean the checkpoints are equal. "Needs about N prompts": the number of prompts at which the exact '
-        f"McNemar test would find the observed effect significant at {alpha:g} with 80% power, "
-        "taking these flip rates as "
-        "the truth (Connor 1987; rung.eval.paired.mcnemar_prompts_needed).",
+        'it does not mean the checkpoints are equal. "Post-hoc: about N prompts at this effect": the number of '
+        f"prompts at which the exact McNemar test would find the observed effect significant at {alpha:g} with 80% "
+        "power, taking these flip rates as the truth (Connor 1987; rung.eval.paired.mcnemar_prompts_needed): "
+        "computed from the observed effect, it restates the p-value, not what a planned study would need.",
     ]
 
 
@@ -270,8 +275,8 @@ def arms_test_table(result: StudyResult) -> Table:
         "accuracy old → new",
         f"difference, points [{100 * result.confidence:g}% CI]",
         "per-seed differences",
-        "units better / worse",
-        "sign test p",
+        "prompts better / worse",
+        "p (Holm-adjusted)",
         "verdict",
         "t-test over seeds p",
     ]
@@ -280,13 +285,13 @@ def arms_test_table(result: StudyResult) -> Table:
             pair,
             name,
             str(len(g.seeds)),
-            f"{g.units} ({g.unit})",
+            f"{g.units} prompts ({g.rows} rows)",
             f"{pct(g.accuracy_old)} → {pct(g.accuracy_new)}",
             interval(g.difference, g.ci_low, g.ci_high),
             ", ".join(signed_points(v) for v in g.per_seed_difference.values()),
             f"{g.units_better} / {g.units_worse}",
-            p_text(g.sign_test_p),
-            verdict(g, "units"),
+            p_text(g.p),
+            verdict(g),
             "—" if g.seed_t_test_p is None else p_text(g.seed_t_test_p),
         ]
         for pair, name, g in per_set(result.comparisons)
@@ -303,19 +308,18 @@ def study_explanation(result: StudyResult) -> list[str]:
         "accuracy per step, and held-out greedy accuracy at step 0 (the checkpoint RL starts from), every "
         "rl.stages.<name>.eval_every steps when the stage sets it, and at the last step.",
         "Paired comparisons: each later arm against each earlier one, on the same prompts in each seed. "
-        "A unit is a prompt with its outcomes in every seed when all seeds answered the same prompts, "
-        "else a (seed, prompt) pair. Difference: new minus "
-        f"old accuracy in points, with its {100 * conf:g}% paired bootstrap interval "
-        f"({result.resamples} resamples of the units, "
-        "within each seed for (seed, prompt) units). "
-        "The exact sign test counts units where the new arm does better against "
-        "units where it does worse (with one seed: exact McNemar) and gives the verdict; "
-        "it is conditional on these seeds. "
+        "A unit is a prompt with its rows (outcomes) in every seed that answered it, one cluster whether all "
+        "seeds answered the same prompts or not. Difference: new minus old accuracy over all rows, in points, "
+        f"with its {100 * conf:g}% paired bootstrap interval ({result.resamples} resamples of the prompt "
+        "clusters, widened for small samples: the expanded percentile interval). The verdict: the sign-flip "
+        "permutation test over prompt clusters (exact, all sign patterns, up to 12 prompts; random flips "
+        "above), its p Holm-adjusted over every pair of arms and eval set of the page (one family); it is "
+        "conditional on these seeds. "
         "The t-test over seeds compares the per-seed accuracies (scipy ttest_rel) and asks whether the arm wins "
-        f'across training runs. "Not significant at {alpha:g}" does not mean the arms are equal; '
-        '"needs about N units": the units at '
-        "which the sign test would find this effect significant with 80% power "
-        "(rung.eval.paired.mcnemar_prompts_needed).",
+        f'across training runs on these prompts. "Not significant at {alpha:g}" does not mean the arms are equal; '
+        '"post-hoc: about N prompts": the prompts at which this effect (these flips) would be significant at '
+        "the family's strictest level with 80% power (rung.eval.paired.mcnemar_prompts_needed), a restatement "
+        "of the observed effect, not a plan.",
     ]
 
 
@@ -336,8 +340,8 @@ def study_spectrum_table(result: StudyResult, set_name: str) -> Table:
 
 
 def claims_table(result: StudyResult) -> Table:
-    """One row per claim, arm, eval set and k: the difference with its interval, the tests, the verdict
-    and what a clear answer would need."""
+    """One row per claim, arm, eval set and k: the difference with its band, the tests, the verdict and
+    what the study's reference effect would need."""
     effect = signed_points(result.definition.get("reference_effect", 0.05)).lstrip("+")
     header = [
         "claim",
@@ -345,15 +349,15 @@ def claims_table(result: StudyResult) -> Table:
         "eval set",
         "k",
         "pass@k old → new %",
-        f"difference, points [{100 * result.confidence:g}% CI]",
+        f"difference, points [{100 * result.confidence:g}% band]",
         "per-seed differences",
         "prompts better / worse",
-        "sign test p",
+        "p (max-T over k, Holm-adjusted)",
         "t-test over seeds p",
         "verdict at this k",
         "claim's verdict",
-        f"prompts needed (this effect; {effect} points)",
-        "seeds needed (this effect)",
+        f"prompts needed for {effect} points",
+        f"seeds needed for {effect} points",
     ]
     rows = []
     for c in result.claims:
@@ -369,12 +373,12 @@ def claims_table(result: StudyResult) -> Table:
                     interval(g.difference, g.ci_low, g.ci_high),
                     ", ".join(signed_points(v) for v in g.per_seed_difference.values()),
                     f"{g.units_better} / {g.units_worse}",
-                    p_text(g.sign_test_p),
+                    p_text(g.p),
                     "—" if g.seed_t_test_p is None else p_text(g.seed_t_test_p),
-                    t.verdict,
+                    f"{t.verdict} ({g.test})",
                     c.verdict,
-                    f"{t.prompts_needed or '—'}; {t.prompts_needed_reference or '—'}",
-                    str(t.seeds_needed or "—"),
+                    str(t.prompts_needed_reference or "—"),
+                    str(t.seeds_needed_reference or "—"),
                 ]
             )
     return header, rows
@@ -384,16 +388,20 @@ def spectrum_explanation(result: StudyResult) -> list[str]:
     """What the spectrum and claims tables mean, in words."""
     conf = 100 * result.confidence
     return [
-        "pass@k: the unbiased estimator (Chen et al. 2021) from the n samples per prompt, per prompt averaged "
-        f"over seeds, then over prompts; in brackets its {conf:g}% bootstrap interval over prompts "
-        f"({result.resamples} resamples). Coverage: the share of prompts solved at least once in the n samples "
+        "pass@k: the unbiased estimator (Chen et al. 2021) from the first n samples per prompt (n: the smallest "
+        "count of the eval set), over all (seed, prompt) rows; in brackets its "
+        f"{conf:g}% bootstrap interval over prompt clusters ({result.resamples} resamples, widened for small "
+        "samples). Coverage: the share of prompts solved at least once in the n samples "
         "(= pass@n), mean ± sd over seeds. The init checkpoint (the one every arm starts from) is evaluated once.",
-        "Claims: at each k, a unit is a prompt with its pass@k averaged over seeds (a seed and a prompt where the "
-        f"seeds answered different prompts); difference new − old in points with its {conf:g}% paired bootstrap "
-        "interval over prompts (over several k: the simultaneous band below), the exact sign test over prompts and "
-        "the paired t-test over seeds. Verdict: reproduced when the interval excludes 0 in the claimed direction, "
-        "contradicted when it excludes 0 the other way, else inside the noise (for ≥ and ≤ claims: not "
-        "contradicted, not shown). Prompts needed: a paired t-test at 80% power and the study's level by the "
-        "noncentral t, from the sd of the per-prompt differences, for this effect and for the reference effect; "
-        "seeds needed the same from the per-seed differences (rung.eval.paired.units_needed).",
+        "Claims: at each k, a unit is a prompt cluster (its pass@k in every seed that answered it; pass@k "
+        "and coverage at the common n of the two arms); difference new − old in points. The k of a claim are one "
+        f"family: the interval is the {conf:g}% bootstrap band over them and the p the sign-flip permutation test "
+        "with the max-T statistic over them; every claim, arm and eval set is one member of the claim family, "
+        "its p Holm-adjusted across the members. Verdict: reproduced when that p is below the level and the "
+        "difference has the claimed sign, contradicted when it is below the level with the other sign, else "
+        "inside the noise (for ≥ and ≤ claims: not contradicted, not shown). The exact sign-flip p is what "
+        "decides, not the interval. Prompts and seeds needed: a paired t-test at 80% power for the study's "
+        "reference effect at the family's strictest level (the level over the members), by the noncentral t "
+        "from the sd of the per-prompt and per-seed differences (rung.eval.paired.units_needed): a planning "
+        "figure, not post-hoc power.",
     ]
