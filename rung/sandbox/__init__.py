@@ -210,7 +210,7 @@ def _execute(setup: _Setup, program: Program, limits: Limits) -> Result:
         try:
             group = scratch = None
             if setup.cgroups:
-                tree = (limits.memory + limits.disk, limits.processes + 1, limits.cpus)  # +1: bwrap's init
+                tree = (limits.memory + limits.disk, limits.processes + 2, limits.cpus)  # +2: bwrap and its init
                 group = cgroups.Cgroup(setup.cgroups, *tree)
                 cleanup.callback(REMOVALS.submit, _quietly, group.remove)
             if setup.root:
@@ -267,16 +267,20 @@ def _sandboxed(
             os.close(fd)
     deadline = start + limits.wall
     with proc:
-        pid = _init_pid(info_r, deadline)
-        if block_w is not None:
-            try:
-                if pid:
-                    group.add(pid)
-            except OSError as e:  # not in its cgroup: it must not run
-                _kill(proc, None)
-                proc.communicate()
-                return _result(Verdict.ERROR, proc.returncode, start, b"", b"", f"joining the cgroup failed: {e}")
-            finally:
+        try:
+            # bwrap first, while it starts: the first move into a cgroup waits for an RCU grace period (ms), and
+            # moves within the next one are quick; a child it makes after that is born in the cgroup
+            if group:
+                group.add(proc.pid)
+            pid = _init_pid(info_r, deadline)
+            if group and pid:
+                group.add(pid)  # in case bwrap made it before it was moved
+        except OSError as e:  # not in its cgroup: it must not run
+            _kill(proc, None)
+            proc.communicate()
+            return _result(Verdict.ERROR, proc.returncode, start, b"", b"", f"joining the cgroup failed: {e}")
+        finally:
+            if block_w is not None:
                 os.close(block_w)  # EOF lets bwrap's child go on (in the cgroup, or to fail for want of it)
         killed, out, err, status = _communicate(proc, job, verdict_r, pid, deadline, limits.output)
     lines = status.decode(errors="replace").splitlines()
