@@ -596,6 +596,33 @@ def test_a_fork_bomb_beside_a_correct_solution_does_not_make_it_a_timeout():
     assert fine.verdict is Verdict.PASSED, fine.detail
 
 
+def test_cgroup_v2_goes_beside_the_graders_own_cgroup(tmp_path, monkeypatch):
+    # a systemd node's pure v2 hierarchy, laid out in a directory: v2 lets no cgroup with processes (the
+    # grader's) enable controllers for children, so the sandboxes' go beside it, under its parent
+    root = tmp_path / "cgroup2"
+    (root / "system.slice" / "grader.service").mkdir(parents=True)
+    (root / "cgroup.controllers").write_text("cpuset cpu io memory hugetlb pids rdma misc\n")
+    (root / "system.slice" / "cgroup.subtree_control").write_text("cpu io memory pids\n")
+    monkeypatch.setattr(cgroups, "_mounts", lambda: [("/", root, "cgroup2", {"rw"})])
+    monkeypatch.setattr(cgroups, "_own", lambda: {"": "/system.slice/grader.service"})
+    hierarchy = cgroups.find()
+    assert hierarchy == cgroups.Hierarchy(2, (root / "system.slice",))
+    group = cgroups.Cgroup(hierarchy, 300 << 20, 18, 0.5)
+    assert group.dirs[0].parent == root / "system.slice"
+    written = {f.name: f.read_text() for f in group.dirs[0].iterdir()}
+    assert written == {
+        "memory.max": str(300 << 20),
+        "memory.swap.max": "0",
+        "pids.max": "18",
+        "cpu.max": "50000 100000",
+    }
+    monkeypatch.setattr(cgroups, "_own", lambda: {"": "/"})  # the grader in the root cgroup: children of the root
+    (root / "cgroup.subtree_control").write_text("memory pids\n")
+    assert cgroups.find() is None  # cpu not enabled for children: no cgroup, rather than one without CPU limits
+    (root / "cgroup.subtree_control").write_text("cpu memory pids\n")
+    assert cgroups.find() == cgroups.Hierarchy(2, (root,))
+
+
 def test_without_cgroups_the_sandbox_says_which_limits_hold(monkeypatch, caplog):
     monkeypatch.setattr(cgroups, "find", lambda: None)
     sandbox._setup.cache_clear()

@@ -6,18 +6,22 @@ name of the solution's entry point. Each execution is one `bwrap` process:
 
 - namespaces: pid, net (loopback only, in its own namespace: the host's 127.0.0.1 listeners are
   unreachable), ipc, uts, cgroup, mount. The root is empty but for read-only /usr (and the interpreter's
-  prefix when it lies elsewhere), /proc of its own pid namespace, a minimal /dev and /tmp: a tmpfs of
-  `Limits.disk` bytes that is the working directory and HOME and goes with the sandbox. No checkout, data,
-  caches or home. The environment is cleared (bwrap's own too) and only PATH, HOME, LANG and Python's
-  hash seed are set;
+  prefix when it lies elsewhere, every site-packages in them hidden: the standard library only), /proc of its
+  own pid namespace, a read-only /dev, and /tmp and /dev/shm, the only writable places: one tmpfs of
+  `Limits.disk` bytes and `Limits.inodes` inodes (root mode; bwrap's tmpfs otherwise), gone with the sandbox.
+  No checkout, data, caches or home. The environment is cleared (bwrap's own too) and only PATH, HOME, LANG
+  and Python's hash seed are set;
+- a seccomp filter (seccomp.py: kernel keys, tracing, bpf, perf, userfaultfd, io_uring, mounts, new
+  namespaces, modules, kexec, reboot, swap fail with EPERM), in bwrap's init too;
 - a uid that owns nothing: as root (here and in CI) the runner starts as root without a user namespace and
   drops to a random uid from UIDS, which no host process has, because root is exempt from RLIMIT_NPROC
   and a uid mapped onto root would be too; as another user, bwrap's user namespace (--disable-userns
   inside) and the kernel's per-namespace process count (Linux 5.14+) do it;
 - rlimits set in the sandbox before any untrusted code: CPU time, address space, processes, open files,
-  file size, no core files; the grader enforces wall time and output size by killing the namespace's init
-  (its pid from bwrap's --info-fd), and with it every process in the namespace; --die-with-parent does
-  the same if the grader dies.
+  file size, no core files; and a cgroup per sandbox (cgroups.py) that bounds memory, processes and CPU of
+  its whole process tree, where one can be made (v2, or v1 as root; else a one-line warning). The grader
+  enforces wall time and output size by killing the namespace's init (its pid from bwrap's --info-fd), and
+  with it every process in the namespace; --die-with-parent does the same if the grader dies.
 
 Passing cannot be faked from inside. In the sandbox a trusted runner (runner.py) forks the solution's
 process before it reads the job (so that process never holds the tests or the nonce), makes itself
@@ -102,7 +106,7 @@ class Limits:
 class Program:
     solution: str  # untrusted: runs in its own process
     tests: str  # trusted; if it defines check(candidate), that is called with the entry point (HumanEval's form)
-    entry_point: str  # the solution's function the tests call
+    entry_point: str  # the solution's function the tests call; "": none, the solution runs as a script
     context: str = ""  # trusted code the tests see, run before them (HumanEval's prompt: helpers such as poly)
 
 
