@@ -39,6 +39,7 @@ from tests.test_pipeline import tiny_params
 from tests.workspace import make_workspace
 
 STAGES = ["model", "curate"]
+TRAINING = ["model", "curate", "traces", "sft", "difficulty", "rl"]  # up to the RL stage, no evaluation
 PLANTED = {
     "HF_TOKEN": "hf_planted0secret0token0xyz",
     "AWS_SECRET_ACCESS_KEY": "planted/aws/secret/key/0123456789",
@@ -212,21 +213,33 @@ def test_deployed_pipeline_runs_on_a_gpu_pool_worker(workspace, servers, prefect
         servers["artifacts"].rglob("stages.md")
     )
 
-    # No secret in any record: the MLflow store and artifacts, both servers' logs and databases, the
-    # Prefect API's logs and artifacts of the run, every output of the workspace (dvc.lock, metrics,
-    # params copies, the DVC cache), and what the worker printed.
+    # No secret in any record (_leaks), the Prefect API's logs and artifacts of the run and what the
+    # worker printed included.
+    leaks, records = _leaks(
+        servers,
+        ws,
+        {
+            "prefect logs": "\n".join(logs),
+            "prefect artifacts": "\n".join(str(a.data) for a in client.read_artifacts()),
+            "worker": worker.stdout + worker.stderr,
+        },
+    )
+    assert not leaks and records > 50, leaks
+
+
+def _leaks(servers: dict, ws: Path, texts: dict[str, str]) -> tuple[list[tuple[str, str]], int]:
+    """Where a secret shows up (a planted one of PLANTED, or a server credential; its first 4 characters):
+    in `texts` or any record, that is every file of both servers' state (the MLflow store and artifacts,
+    both servers' logs and databases) and of workspace `ws` (dvc.lock, metrics, params copies,
+    checkpoints, the DVC cache) but git's; and how many records were read."""
     secrets = [*PLANTED.values(), *team.read_env_file(servers["state"] / "credentials.env").values()]
     secrets += [servers["prefect"]["PREFECT_API_AUTH_STRING"].split(":", 1)[1]]
     records = [
         *(f for f in servers["state"].rglob("*") if f.is_file() and f.suffix != ".env"),
         *(f for f in ws.rglob("*") if f.is_file() and ".git" not in f.relative_to(ws).parts),
     ]
-    texts = {str(f): f.read_bytes().decode("latin-1") for f in records}
-    texts["prefect logs"] = "\n".join(logs)
-    texts["prefect artifacts"] = "\n".join(str(a.data) for a in client.read_artifacts())
-    texts["worker"] = worker.stdout + worker.stderr
-    leaks = [(where, secret[:4]) for where, text in texts.items() for secret in secrets if secret in text]
-    assert not leaks and len(records) > 50, leaks
+    texts = {**{str(f): f.read_bytes().decode("latin-1") for f in records}, **texts}
+    return [(where, secret[:4]) for where, text in texts.items() for secret in secrets if secret in text], len(records)
 
 
 def test_two_workers_run_two_workspaces_at_once_through_a_prefect_server_restart(
@@ -438,3 +451,34 @@ def test_sweep_queues_a_grid_of_dvc_experiments(workspace):
         assert [(k.info.run_name, k.data.params["seed"], k.data.tags["dvc.exp_name"]) for k in kids] == [
             ("curate", str(i), f"s-{i}")
         ]
+
+
+def test_training_stages_leak_no_secret(servers, tiny_model, tmp_path_factory):
+    """The secret scan over the SFT and RL stages too (the deployed run above has model and curate only):
+    the trainers hand their whole config to MLflow, and TRL and transformers read the environment. The
+    pipeline flow runs them, on the tiny model for 2 steps each, in a node's environment holding the
+    planted secrets; nothing of them, nor of the servers' credentials, may reach a record."""
+    ws = tmp_path_factory.mktemp("ws-train").resolve()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "MLFLOW_"))}
+    make_workspace(ws, tiny_params(tiny_model), {**env, **servers["prefect"]}, stages=TRAINING)
+    res = subprocess.run(
+        [sys.executable, "-m", "flows.pipeline"],
+        cwd=ws,
+        env={**_node_env(servers, ws), **PLANTED},
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert (ws / "data/models/rl/main/model.safetensors").is_file()
+    mlflow.set_tracking_uri(servers["mlflow"])
+    runs = mlflow.search_runs(experiment_names=["rung"], output_format="list")
+    trained = {r.info.run_name: r for r in runs if r.data.tags.get("rung.workspace", "").endswith(f":{ws}")}
+    trained |= {
+        r.info.run_name: r
+        for r in runs
+        if r.data.tags.get("mlflow.parentRunId") in {p.info.run_id for p in trained.values()}
+    }
+    assert {"sft", "rl@main"} <= set(trained) and all(len(trained[n].data.params) > 20 for n in ("sft", "rl@main"))
+    leaks, records = _leaks(servers, ws, {"pipeline": res.stdout + res.stderr})
+    assert not leaks and records > 50, leaks
