@@ -5,7 +5,6 @@ and a TRL GRPOTrainer step with `environment_factory` on the tiny model."""
 from __future__ import annotations
 
 import copy
-import functools
 import json
 import textwrap
 from pathlib import Path
@@ -240,11 +239,11 @@ def test_python_errors_are_the_tools_text(python_env):
 @pytest.mark.parametrize(
     "hostile, expect",
     [
-        ("print(open('/etc/shadow').read())", "Error"),  # host files: not there or not readable
+        ("print(open('/etc/shadow').read())", "PermissionError"),  # host files: not readable by its uid
         ("import os\nprint(os.listdir('/work'))", "FileNotFoundError"),  # no checkout in the sandbox
-        ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)", "Error"),  # kills the runner
+        ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)", "no verdict"),  # kills the runner
         ("print('y' * 10**8)", "Error (output_limit)"),  # floods the output
-        ("import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=2)", "Error"),  # no network
+        ("import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=2)", "unreachable"),  # no network
     ],
 )
 def test_a_hostile_call_is_contained_and_the_episode_goes_on(python_env, hostile, expect):
@@ -403,24 +402,41 @@ def test_an_environment_of_ones_own_runs_by_import_path(tok, user_modules):
 # --- TRL end to end -------------------------------------------------------------------------------------
 
 
+@pytest.fixture
+def one_thread():
+    """Training on one thread: on 2 shared cores, two torch threads are several times slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _memorize(model_dir: Path, tok, out: Path) -> Path:
-    """The tiny model trained to say EPISODE's assistant turns after its prompt (one sequence, ~1 s), so that
-    its rollouts call the python tool and TRL's loop runs the tool in the sandbox."""
+    """The tiny model trained to say EPISODE's assistant turns (the tool's real output in between) after its
+    prompt, so that its rollouts call the python tool and TRL's loop runs it in the sandbox. The loss is on
+    the assistant tokens only (the template's generation markers), computing logits only there: ~4 s."""
+    episode = [*EPISODE[:2], {**EPISODE[2], "content": "391\n"}, EPISODE[3]]
+    enc = tok.apply_chat_template(
+        episode, tools=[_python_tool()], return_dict=True, return_assistant_tokens_mask=True, tokenize=True
+    )
+    ids = torch.tensor(enc["input_ids"])
+    targets = torch.tensor([i for i, m in enumerate(enc["assistant_masks"]) if m])
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-    ids = torch.tensor([_ids(tok, EPISODE)])
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for _ in range(150):
-        loss = model(input_ids=ids, labels=ids).loss
+    for _ in range(100):
+        hidden = model.model(input_ids=ids[None]).last_hidden_state[0, targets - 1]
+        loss = torch.nn.functional.cross_entropy(model.lm_head(hidden), ids[targets])
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
+    assert loss.item() < 0.1
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return out
 
 
-def test_trl_grpo_runs_the_python_environment_with_the_shipped_template(tiny_model, tok, tmp_path):
+def test_trl_grpo_runs_the_python_environment_with_the_shipped_template(tiny_model, tok, tmp_path, one_thread):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
