@@ -9,7 +9,7 @@ import networkx as nx
 import yaml
 
 from tests import imports
-from tests.imports import DVC, ROOT
+from tests.imports import DVC
 
 # rung's parts from the bottom up: a part imports only parts on lower rows
 LAYERS = [
@@ -75,15 +75,3 @@ def test_each_stage_lists_exactly_the_code_it_imports():
     assert not wrong, (
         f"dvc.yaml code deps differ from the stages' imports (python -m tests.imports rewrites them): {wrong}"
     )
-
-
-def test_the_code_overriding_private_trainer_methods_lives_where_compat_says():
-    from rung import compat
-
-    overriding = {}
-    for _, path in imports.modules().items():
-        text = path.read_text()
-        for method in compat.OVERRIDDEN:
-            if f"def {method}(" in text:
-                overriding.setdefault(method, set()).add(str(path.relative_to(ROOT)))
-    assert overriding == {m: {compat.OVERRIDDEN_IN[m]} for m in compat.OVERRIDDEN}

@@ -11,6 +11,7 @@ import torch
 from trl.trainer.utils import nanstd
 
 from rung.rl import curricula
+from rung.train.trl_seam import train_metrics
 
 
 class RewardLogs:
@@ -24,7 +25,7 @@ class RewardLogs:
         """Replace this step's TRL reward entries (one per generation call, from `marks` on) by those
         of the trained rows, and log the reward of every generated row apart. Rows: (completions,
         reward funcs), as TRL computes them (weighted sum; a row no function scored is NaN)."""
-        metrics = self._metrics["train"]
+        metrics = train_metrics(self)
         for key, mark in marks.items():
             del metrics[key][mark:]
         weights = self.reward_weights.to(trained.device)
@@ -47,4 +48,4 @@ class RewardLogs:
         for r in results:
             by_bucket[self.rows[r.index].get("bucket", "unknown")].append(r.accuracy)
         for name, accs in by_bucket.items():
-            self._metrics["train"][f"accuracy_by_bucket/{name}"].append(mean(accs))
+            train_metrics(self)[f"accuracy_by_bucket/{name}"].append(mean(accs))

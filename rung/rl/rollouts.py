@@ -1,5 +1,5 @@
-"""Where rung's RL steps do less work than TRL's on the same rollouts, as a mixin for TRL 1.16's
-GRPOTrainer and RLOOTrainer (rung.compat lists the private methods it overrides):
+"""Where rung's RL steps do less work than TRL's on the same rollouts, as a mixin in front of
+rung.train.trl_seam's GRPOSeam / RLOOSeam (its hooks `rollout` and `token_logps`; no TRL internals here):
 
 - rollouts through rung.generate.api instead of batched `model.generate`;
 - colocated vLLM seeded per row (rung.rl.vllm_rollouts.SeededRows) from the same per-call seed;
@@ -16,12 +16,12 @@ from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
-from trl import RLOOTrainer
 from trl.models import unwrap_model_for_generation
 
 from rung.config import SamplingParams
 from rung.generate.api import generate_ids
 from rung.generate.decode import shared_prefix
+from rung.rl.vllm_rollouts import SeededRows
 from rung.seeding import derive
 
 # Below this many shared tokens, encoding them once saves less than the extra forward costs.
@@ -34,6 +34,12 @@ class Rollouts:
     _low_precision: PreTrainedModel | None = None
     _rollout_seed: int = 0
     """The seed of the current generation call where TRL's own path generates it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.use_vllm and self.args.vllm_mode == "colocate":
+            # TRL hands colocated vLLM one seed per batch: rung seeds each row from this call's seed
+            self.wrap_vllm_generate(lambda generate: SeededRows(generate, lambda: self._rollout_seed))
 
     def generation_model(self, model: PreTrainedModel) -> PreTrainedModel:
         """The model rung's rollouts and held-out curve decode with: the trained weights themselves
@@ -54,7 +60,7 @@ class Rollouts:
                 t.copy_(weights[name])
         return self._low_precision
 
-    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def rollout(self, prompt_ids: list[list[int]], images: Any, multimodal_fields: Any) -> list[list[int]] | None:
         """Rollouts through rung's decode loop (rung.generate.api: finished rows leave the batch, the
         group's prompt is encoded once for its samples, oneDNN-prepacked weights) where TRL would call
         batched `model.generate`: text prompts, no tools, sampling rung implements (temperature, top_p).
@@ -69,7 +75,7 @@ class Rollouts:
         seed = derive(self.args.seed, "rollouts", str(step), str(calls), str(rank))
         if not self._rung_generates(images, multimodal_fields):
             self._rollout_seed = seed  # where vLLM draws per-row seeds from (rung.rl.vllm_rollouts.SeededRows)
-            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, *args, **kwargs)
+            return super().rollout(prompt_ids, images, multimodal_fields)  # type: ignore[misc]
         # TRL repeats each prompt for its group: generate the group's samples from one prompt encoding
         g = self.num_generations
         n = (
@@ -99,8 +105,7 @@ class Rollouts:
                 seed=seed,
                 desc=None,
             )
-        ids = [tokens for samples in out for tokens, _ in samples]
-        return ids if isinstance(self, RLOOTrainer) else (ids, None)  # RLOO's returns no log-probs
+        return [tokens for samples in out for tokens, _ in samples]
 
     def _rung_generates(self, images: Any, multimodal_fields: Any) -> bool:
         return not (
@@ -116,17 +121,17 @@ class Rollouts:
             or self.temperature == 0
         )
 
-    def _get_per_token_logps_and_entropies(
+    def token_logps(
         self,
-        model,
-        input_ids,
-        attention_mask,
-        logits_to_keep,
-        batch_size=None,  # type: ignore[no-untyped-def]
-        compute_entropy=False,
-        compute_aux_loss=False,
-        **multimodal,
-    ):
+        model: Any,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        logits_to_keep: int,
+        batch_size: int | None,
+        compute_entropy: bool,
+        compute_aux_loss: bool,
+        multimodal: dict[str, Any],
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None:
         """TRL's per-token log-probs (and entropies) of the completions, with the prompts' shared
         prefix run once and its keys and values broadcast to every row (gradients flow back through
         the broadcast). Rows are laid out as in generation: [prefix][left padding][rest of the prompt]
@@ -144,7 +149,7 @@ class Rollouts:
             or self.accelerator.num_processes > 1
             or getattr(model, "peft_config", None)
         ):
-            return super()._get_per_token_logps_and_entropies(
+            return super().token_logps(  # type: ignore[misc]
                 model,
                 input_ids,
                 attention_mask,
@@ -152,7 +157,7 @@ class Rollouts:
                 batch_size,
                 compute_entropy,
                 compute_aux_loss,
-                **multimodal,
+                multimodal,
             )
         p = len(prefix)
         width = max(len(r) for r in rows) - p
@@ -181,15 +186,15 @@ class Rollouts:
                     cache.update(
                         layer.keys.expand(end - start, -1, -1, -1), layer.values.expand(end - start, -1, -1, -1), i
                     )
-                out = model(
+                lp, entropy = self.fused_logps(  # type: ignore[attr-defined]
+                    model,
                     input_ids=block[start:end],
                     attention_mask=mask[start:end],
                     position_ids=positions[start:end],
                     past_key_values=cache,
                     labels=labels[start:end],
-                    fused_lm_head=True,
                 )
-                logps.append(out.log_probs[:, -logits_to_keep:])
+                logps.append(lp[:, -logits_to_keep:])
                 if compute_entropy:
-                    entropies.append(out.entropy[:, -logits_to_keep:])
+                    entropies.append(entropy[:, -logits_to_keep:])
         return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None

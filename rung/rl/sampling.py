@@ -2,10 +2,8 @@
 generation batch, with DAPO's dynamic sampling (TRL issue #3708), and the scheduler's state saved in
 and restored from each checkpoint.
 
-Overrides TRL 1.16's private `_generate_and_score_completions`, `_calculate_rewards`,
-`_save_checkpoint` and `_load_optimizer_and_scheduler` (rung/compat.py lists them; tests/test_rl.py
-and tests/test_compat.py cover them because private hooks can move), and reads and restores TRL's
-generation cycle (`_step`, `_buffered_inputs`) and its completions log (`_logs`).
+Touches no TRL internals: it overrides the hooks of rung.train.trl_seam (`generation_batch`, `scored`,
+`save_state`, `load_state`), which calls them from TRL's private methods.
 """
 
 from __future__ import annotations
@@ -15,17 +13,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from trl.trainer.utils import nanstd, pad
+from trl.trainer.utils import nanstd
 
 from rung import files
 from rung.config import SIGNED_OBJECTIVES, DynamicSamplingParams
 from rung.rl import curricula, objectives
-from rung.train.checkpoints import CURRICULUM_STATE, generation_state
+from rung.train.checkpoints import CURRICULUM_STATE
+from rung.train.trl_seam import train_metrics
 
 
 class CurriculumSampling:
     """Prompt selection by a rung.rl.curricula scheduler and DAPO dynamic sampling for a TRL
-    GRPO-family trainer.
+    GRPO-family trainer (a mixin in front of rung.train.trl_seam's GRPOSeam / RLOOSeam).
 
     TRL's sampler still paces the steps, but each generation batch's prompts are drawn from the
     curriculum at the moment it is generated (no prefetch lag). All processes draw the same global
@@ -47,26 +46,29 @@ class CurriculumSampling:
     A completion one of the rewards crashed on (rung.rl.rewards.Guarded) is unscored as a whole: NaN
     for every reward, which TRL leaves out of its group's baseline and trains with advantage 0.
 
-    Checkpoints carry the curriculum's state and, per process, TRL's generation cycle: with
-    num_iterations > 1 a batch is trained on over several steps, and a checkpoint in the middle of
-    that cycle keeps it, so that a resumed run trains on what an unkilled one would.
+    Checkpoints carry the curriculum's state (and, through the seam, TRL's generation cycle), so
+    that a resumed run trains on what an unkilled one would.
     """
 
-    objective: str = "group_relative"
-    positive_weight: float = 0.1
-
-    def setup_curriculum(
-        self, scheduler: curricula.Scheduler, rows: list[dict[str, Any]], dynamic: DynamicSamplingParams | None
+    def __init__(
+        self,
+        *args: Any,
+        curriculum: curricula.Scheduler,
+        rows: list[dict[str, Any]],
+        dynamic_sampling: DynamicSamplingParams | None,
+        objective: str,
+        positive_weight: float,
+        **kwargs: Any,
     ) -> None:
-        self.curriculum, self.rows, self.dynamic = scheduler, rows, dynamic
+        """TRL's trainer arguments, plus the curriculum drawing from `rows` (the dataset's rows), dynamic
+        sampling (None: off) and the advantage trained with (rl.stages.<name>.objective, positive_weight)."""
+        super().__init__(*args, **kwargs)
+        self.curriculum, self.rows, self.dynamic = curriculum, rows, dynamic_sampling
+        self.objective, self.positive_weight = objective, positive_weight
         self._last_rewards: torch.Tensor | None = None
 
-    def setup_objective(self, objective: str, positive_weight: float) -> None:
-        """The advantage the trainer trains with (rl.stages.<name>.objective and its positive_weight)."""
-        self.objective, self.positive_weight = objective, positive_weight
-
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):  # type: ignore[no-untyped-def]
-        out = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+    def scored(self, rewards: torch.Tensor, prompts: list[Any]) -> torch.Tensor:
+        out = super().scored(rewards, prompts)  # type: ignore[misc]
         # A crashed grader's NaN alone would leave the row scored by the other rewards, as if the crashed
         # one had given 0: the whole row is unscored instead (out of the baseline, advantage 0).
         crashed = torch.zeros(len(prompts), dtype=torch.int32, device=out.device)
@@ -78,7 +80,7 @@ class CurriculumSampling:
 
     def _generate_scored(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         """TRL's generation and scoring of one batch; under a signed objective, its advantages replaced."""
-        out = super()._generate_and_score_completions(inputs)  # type: ignore[misc]
+        out = self.trl_generation_batch(inputs)  # type: ignore[attr-defined]
         self._trl_advantages = out["advantages"]  # the curricula's learnability signal (_score_groups)
         if self.objective in SIGNED_OBJECTIVES:
             accuracy = self._last_rewards[:, self.reward_func_names.index("accuracy")]
@@ -87,17 +89,14 @@ class CurriculumSampling:
             signed = objectives.signed_advantages(accuracy, self.objective, self.positive_weight)
             out["advantages"] = signed[start : start + local].to(out["advantages"].device)
             # TRL logged its own (gathered) advantages for the completions table: log those trained with
-            logged = self._logs["advantages"]
-            for _ in range(len(signed)):
-                logged.pop()
-            logged.extend(signed.tolist())
+            self.relog_advantages(signed.tolist())  # type: ignore[attr-defined]
         return out
 
     def _draw(self, n_local: int) -> tuple[list[int], list[dict[str, Any]]]:
         world, rank, g = self.accelerator.num_processes, self.accelerator.process_index, self.num_generations
         prompts_local = n_local // g
         global_idx = self.curriculum.draw(prompts_local * world, step=self.state.global_step)
-        self._metrics["train"]["curriculum/prompts"].append(float(len(set(global_idx))))
+        train_metrics(self)["curriculum/prompts"].append(float(len(set(global_idx))))
         mine = global_idx[rank * prompts_local : (rank + 1) * prompts_local]
         return global_idx, [self.train_dataset[i] for i in mine for _ in range(g)]
 
@@ -130,21 +129,22 @@ class CurriculumSampling:
         ]
         return results, zero
 
-    def _generate_and_score_completions(self, inputs):  # type: ignore[no-untyped-def]
+    def generation_batch(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         if not self.model.training:
-            return super()._generate_and_score_completions(inputs)
+            return super().generation_batch(inputs)  # type: ignore[misc]
         g, world, rank = self.num_generations, self.accelerator.num_processes, self.accelerator.process_index
         n_local = len(inputs)
-        marks = {k: len(self._metrics["train"][k]) for k in self._reward_names()}
+        metrics = train_metrics(self)
+        marks = {k: len(metrics[k]) for k in self._reward_names()}
         global_idx, inputs = self._draw(n_local)
         out = self._generate_scored(inputs)
         results, zero = self._score_groups(global_idx)
         self._log_buckets(results)
         self.curriculum.update(results, step=self.state.global_step)
         for key, value in self.curriculum.metrics().items():
-            self._metrics["train"][f"curriculum/{key}"].append(float(value))
+            metrics[f"curriculum/{key}"].append(float(value))
         if self.dynamic is None:
-            self._metrics["train"]["frac_zero_std_trained"].append(zero.float().mean().item())
+            metrics["frac_zero_std_trained"].append(zero.float().mean().item())
             self._log_rewards(self._last_rewards, self._last_rewards, marks)  # everything generated is trained on
             return out
         return self._refill(out, zero, n_local // g, world, rank, marks)
@@ -177,7 +177,7 @@ class CurriculumSampling:
             zero_groups += int(more_zero.sum())
         trained = [(kept[r] + dropped[r])[:per_rank] for r in range(world)]  # every rank's batch
         trained_zero = sum(min(per_rank, max(0, per_rank - len(k))) for k in kept)  # zero-variance groups topped up
-        metrics = self._metrics["train"]
+        metrics = train_metrics(self)
         metrics["dynamic_sampling/rounds"].append(float(rounds))
         metrics["dynamic_sampling/zero_std_generated"].append(zero_groups / generated)
         metrics["dynamic_sampling/dropped_share"].append(
@@ -188,49 +188,14 @@ class CurriculumSampling:
         )  # completions beyond one batch
         metrics["frac_zero_std_trained"].append(trained_zero / (per_rank * world))
         self._log_rewards(torch.cat([r for batch in trained for _, _, r in batch]), torch.cat(rewards), marks)
-        return self._merge(trained[rank])
+        return self.concat_groups([(batch, j) for batch, j, _ in trained[rank]])  # type: ignore[attr-defined]
 
-    def _merge(self, chosen: list[tuple[dict[str, Any], int, torch.Tensor]]) -> dict[str, Any]:
-        """Concatenate the chosen groups' rows from several generation outputs (re-padded)."""
-        g, pad_id = self.num_generations, self.processing_class.pad_token_id
-        merged: dict[str, Any] = {}
-        for key, first in chosen[0][0].items():
-            if key == "num_items_in_batch" or not isinstance(first, torch.Tensor):
-                continue
-            rows = [row for out, j, _ in chosen for row in out[key][j * g : (j + 1) * g]]
-            if first.dim() == 1:
-                merged[key] = torch.stack(rows)
-                continue
-            value = pad_id if key.endswith("_ids") else 0
-            merged[key] = pad(rows, padding_value=value, padding_side="left" if key.startswith("prompt") else "right")
-        if "num_items_in_batch" in chosen[0][0]:
-            mask = merged["completion_mask"] * merged.get("tool_mask", 1)
-            merged["num_items_in_batch"] = self.accelerator.gather(mask.sum()).sum()
-        return merged
-
-    def _save_checkpoint(self, model, trial):  # type: ignore[no-untyped-def]
-        # rung's state first: TRL writes trainer_state.json last and then deletes the previous
-        # checkpoint, so wherever a kill lands a complete checkpoint (rung.train.checkpoints) is left.
-        checkpoint = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
+    def save_state(self, checkpoint: Path) -> None:
         if self.args.should_save:
             files.write_json(checkpoint / CURRICULUM_STATE, self.curriculum.state_dict())
-        # Every process its own slice of the batch; kept only in the middle of a cycle, where TRL reuses it
-        # (the generation batch was made by the weights before this step's update: it cannot be regenerated).
-        middle = self._step % (self.args.steps_per_generation * self.num_iterations)
-        checkpoint.mkdir(parents=True, exist_ok=True)
-        torch.save(
-            {"step": self._step, "buffered": self._buffered_inputs if middle else None},
-            checkpoint / generation_state(self.accelerator.process_index),
-        )
-        super()._save_checkpoint(model, trial)
+        super().save_state(checkpoint)  # type: ignore[misc]
 
-    def _load_optimizer_and_scheduler(self, checkpoint):  # type: ignore[no-untyped-def]
-        super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is None:
-            return
-        if (Path(checkpoint) / CURRICULUM_STATE).exists():
-            self.curriculum.load_state_dict(files.read_json(Path(checkpoint) / CURRICULUM_STATE))
-        cycle = Path(checkpoint) / generation_state(self.accelerator.process_index)
-        if cycle.exists():
-            state = torch.load(cycle, map_location=self.accelerator.device, weights_only=True)
-            self._step, self._buffered_inputs = state["step"], state["buffered"]
+    def load_state(self, checkpoint: Path) -> None:
+        super().load_state(checkpoint)  # type: ignore[misc]
+        if (checkpoint / CURRICULUM_STATE).exists():
+            self.curriculum.load_state_dict(files.read_json(checkpoint / CURRICULUM_STATE))

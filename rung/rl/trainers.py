@@ -1,6 +1,7 @@
-"""RL stages with TRL's GRPOTrainer or RLOOTrainer on verifiable rewards: the trainer classes (TRL's,
-with rung's curriculum sampling, reward logs and shared-prefix rollouts mixed in), their arguments
-from params, the held-out accuracy callback, and the job entry point (`python -m rung.rl.trainers`)."""
+"""RL stages with TRL's GRPOTrainer or RLOOTrainer on verifiable rewards: the trainer classes (TRL's
+through rung.train.trl_seam, with rung's curriculum sampling, reward logs and shared-prefix rollouts
+mixed in), their arguments from params, the held-out accuracy callback, and the job entry point
+(`python -m rung.rl.trainers`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 import torch
 from datasets import Dataset
 from transformers import AutoTokenizer, TrainerCallback
-from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
+from trl import GRPOConfig, RLOOConfig
 
 from rung import compat, files, models, placement
 from rung.answers import formats
@@ -28,6 +29,7 @@ from rung.rl.rollouts import Rollouts
 from rung.rl.sampling import CurriculumSampling
 from rung.train.harness import common_args, finalize, fit, peft_config, train_loss, trainable
 from rung.train.jobs import JobResult, RLJob, main
+from rung.train.trl_seam import GRPOSeam, RLOOSeam, train_metrics
 
 
 def prompts(rows: list[dict[str, Any]], fmt: FormatParams) -> Dataset:
@@ -112,12 +114,13 @@ def trl_config(
     )
 
 
-class GRPO(CurriculumSampling, RewardLogs, Rollouts, GRPOTrainer):
-    pass
+class GRPO(CurriculumSampling, RewardLogs, Rollouts, GRPOSeam):
+    """TRL's GRPOTrainer with rung's prompt selection, reward logs and rollouts; TRL's arguments plus
+    CurriculumSampling's (curriculum, rows, dynamic_sampling, objective, positive_weight)."""
 
 
-class RLOO(CurriculumSampling, RewardLogs, Rollouts, RLOOTrainer):
-    pass
+class RLOO(CurriculumSampling, RewardLogs, Rollouts, RLOOSeam):
+    """TRL's RLOOTrainer, as GRPO."""
 
 
 class HeldOut(TrainerCallback):
@@ -163,9 +166,7 @@ class HeldOut(TrainerCallback):
                 self.fmt,
             )
         model.train(was_training)
-        self.trainer._metrics["train"]["heldout/accuracy"].append(
-            mean(float(r["samples"][0]["correct"]) for r in records)
-        )
+        train_metrics(self.trainer)["heldout/accuracy"].append(mean(float(r["samples"][0]["correct"]) for r in records))
 
 
 # Per-step curves kept for plots and the report: our name -> TRL's (or rung's) log key.
@@ -220,16 +221,14 @@ def trainer_for(job: RLJob, callbacks: list[Any] | None = None) -> GRPO | RLOO:
         processing_class=tok,
         peft_config=peft_config(stage.lora),
         callbacks=[*job.trainer_callbacks(), *(callbacks or [])],
+        curriculum=curricula.build(
+            rows, stage.curriculum, buckets=job.buckets, max_steps=stage.max_steps, seed=job.seed
+        ),
+        rows=rows,
+        dynamic_sampling=stage.dynamic_sampling,
+        objective=stage.objective,
+        positive_weight=stage.positive_weight,
     )
-    trainer.setup_curriculum(
-        curricula.build(rows, stage.curriculum, buckets=job.buckets, max_steps=stage.max_steps, seed=job.seed),
-        rows,
-        stage.dynamic_sampling,
-    )
-    trainer.setup_objective(stage.objective, stage.positive_weight)
-    if stage.use_vllm and stage.vllm_mode == "colocate":
-        llm = trainer.vllm_generation.llm
-        llm.generate = vllm_rollouts.SeededRows(llm.generate, lambda: trainer._rollout_seed)
     if stage.eval_every is not None and job.heldout is not None:
         trainer.add_callback(
             HeldOut(

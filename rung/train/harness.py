@@ -16,7 +16,7 @@ from transformers.trainer import TRAINER_STATE_NAME
 
 from rung import placement
 from rung.config import LoraParams
-from rung.train import movement
+from rung.train import movement, trl_seam
 from rung.train.checkpoints import FINAL
 
 
@@ -83,7 +83,7 @@ def fit(trainer: Any, resume: str | None, outage_wait: float = 300.0) -> None:
     if resume:
         state = TrainerState.load_from_json(str(Path(resume) / TRAINER_STATE_NAME))
         if state.global_step >= state.max_steps:
-            trainer._load_from_checkpoint(resume)
+            trl_seam.load_checkpoint(trainer, resume)
             trainer.state = state
             if log:
                 log.add_history(state.log_history)

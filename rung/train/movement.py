@@ -18,6 +18,8 @@ import torch
 from safetensors import safe_open
 from transformers import TrainerCallback
 
+from rung.train.trl_seam import train_metrics
+
 SAMPLE = 4096
 """Elements tracked per trainable tensor per step (the whole of a smaller tensor): ~0.9M for SmolLM2-135M."""
 
@@ -63,7 +65,7 @@ class UpdateSize(TrainerCallback):
     def on_optimizer_step(self, args: Any, state: Any, control: Any, model: Any = None, **_: Any) -> None:
         before, after = self.before, self._sample(model)
         norm = float(before.norm())
-        metrics = self.trainer._metrics["train"]
+        metrics = train_metrics(self.trainer)
         metrics["update/relative"].append(float((after - before).norm()) / norm if norm else 0.0)
         metrics["update/changed_share"].append(float((after != before).float().mean()) if len(before) else 0.0)
         self.before = None
