@@ -389,7 +389,10 @@ def test_check_gives_what_a_stage_needs(tok):
     assert retry.needs_episode_loop and retry.factory(FMT)().settings.discount == 0.9
 
 
-def test_an_environment_of_ones_own_runs_by_import_path(tok, user_modules):
+def test_an_environment_of_ones_own_runs_by_import_path(tiny_model, tok, user_modules, tmp_path):
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
     env = check({"name": "byo_env:Guess", "max_turns": 5, "settings": {"low": 1}}, tok)
     assert env.tools == ("guess",) and not env.builtin
     instance = env.factory(FMT)()
@@ -397,6 +400,15 @@ def test_an_environment_of_ones_own_runs_by_import_path(tok, user_modules):
     assert instance.reset(**{**ROW, "answer": "7"}) == " (a number from 1)"
     assert [instance.guess(n) for n in (3, 9, 7)] == ["higher", "lower", "right"]
     assert instance.get_reward() == pytest.approx(1 / 3)
+    # TRL takes the same factory: its tools, and its get_reward as the only reward source
+    trainer = GRPOTrainer(
+        model=str(tiny_model),
+        args=GRPOConfig(output_dir=str(tmp_path), max_steps=1, use_cpu=True, report_to=[], num_generations=2),
+        train_dataset=Dataset.from_list([{**ROW, "answer": "7"}] * 2),
+        processing_class=tok,
+        environment_factory=env.factory(FMT),
+    )
+    assert [tool.__name__ for tool in trainer.tools] == ["guess"] and trainer.reward_func_names == ["Guess"]
 
 
 # --- TRL end to end -------------------------------------------------------------------------------------
