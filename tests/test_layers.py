@@ -18,6 +18,7 @@ LAYERS = [
     {"rung.config"},
     {"rung.answers", "rung.models"},
     {"rung.generate"},
+    {"rung.envs"},
     {"rung.data", "rung.train"},
     {"rung.eval"},
     {"rung.rl"},

@@ -19,7 +19,7 @@ from transformers.utils import get_json_schema
 from rung import sandbox
 from rung.config import FormatParams
 from rung.config.base import Section
-from rung.envs import template
+from rung.envs.template import FIX, tool_calling_problem
 from rung.envs.python import Python, PythonSettings
 from rung.envs.retry import Retry, RetrySettings
 from rung.errors import InputError
@@ -151,8 +151,8 @@ def check(
             get_json_schema(types.MethodType(functions[name], object()))
         except Exception as e:  # noqa: BLE001 - TypeHintParsingException, DocstringParsingException, ...
             raise InputError(f"{key}.name: tool {cls.__name__}.{name}: {e}") from None
-    if tools and (problem := template.tool_calling_problem(tokenizer)):
-        raise InputError(f"{key}: {cls.__name__} has tools ({', '.join(tools)}) but {problem}; fix: {template.FIX}")
+    if tools and (problem := tool_calling_problem(tokenizer)):
+        raise InputError(f"{key}: {cls.__name__} has tools ({', '.join(tools)}) but {problem}; fix: {FIX}")
     if cls is Python:
         try:
             sandbox.check()
