@@ -19,9 +19,9 @@ from transformers.utils import get_json_schema
 from rung import sandbox
 from rung.config import FormatParams
 from rung.config.base import Section
-from rung.envs.template import FIX, tool_calling_problem
 from rung.envs.python import Python, PythonSettings
 from rung.envs.retry import Retry, RetrySettings
+from rung.envs.template import FIX, tool_calling_problem
 from rung.errors import InputError
 
 BUILTINS: dict[str, tuple[type, type[BaseModel]]] = {
