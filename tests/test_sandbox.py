@@ -473,6 +473,14 @@ def test_the_seccomp_filter_denies_each_class(kind):
     assert json.loads(done.stdout) == expected
 
 
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="x32 is an x86_64 ABI")
+def test_a_system_call_of_another_abi_kills_the_process():
+    # x32's numbers (bit 30 set) would otherwise pass a filter written for x86_64's
+    solution = "import ctypes\ndef f(x):\n    return ctypes.CDLL(None).syscall(0x40000000 | 248, 0, 0, 0, 0, 0)\n"
+    result = run(solution)
+    assert result.verdict is Verdict.FAILED and result.detail.endswith("(signal 31: Bad system call)")
+
+
 def test_kernel_keys_do_not_outlive_the_sandbox():
     # the reproducer: 200 keys under the execution's uid, which stayed in /proc/key-users for days
     def key_users() -> set[str]:
