@@ -193,13 +193,38 @@ def serve(
         bool,
         typer.Option("--allow-unauthenticated-network", help="with --no-auth: bind a non-loopback address anyway"),
     ] = False,
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option(help="HTTPS with this certificate (PEM, its chain after it), signed by a CA the nodes trust"),
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="the certificate's private key (PEM, mode 0600)")] = None,
+    tls_self_signed: Annotated[
+        bool,
+        typer.Option(help="HTTPS with a CA generated into --dir (ca.pem), which client.env tells the nodes to trust"),
+    ] = False,
+    plain_http: Annotated[
+        bool,
+        typer.Option("--allow-plain-http", help="bind a non-loopback address without TLS (credentials in clear)"),
+    ] = False,
 ) -> None:
     """Start the team's Prefect and MLflow servers with authentication (credentials generated on the
-    first start, mode 0600), and print what each GPU node exports."""
+    first start, mode 0600) and, off loopback, HTTPS; print what each GPU node exports."""
     from flows import serve as team
 
     try:
-        team.serve(host, prefect_port, mlflow_port, state.expanduser(), name, no_auth, open_network)
+        team.serve(
+            host,
+            prefect_port,
+            mlflow_port,
+            state.expanduser(),
+            name,
+            no_auth,
+            open_network,
+            tls_cert.expanduser() if tls_cert else None,
+            tls_key.expanduser() if tls_key else None,
+            tls_self_signed,
+            plain_http,
+        )
     except (InputError, RuntimeError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2 if isinstance(e, InputError) else 1) from None

@@ -1,5 +1,6 @@
 """Orchestration end to end, on a tiny model in a temporary git + DVC repo (stages model and
-curate only, to stay fast), against a real Prefect server and a real MLflow server on loopback:
+curate only, to stay fast), against a real Prefect server and a real MLflow server on loopback, over
+HTTPS with a generated CA as `rung serve --tls-self-signed` runs them:
 prefect.yaml deployed to a process pool `gpu` and run by a worker, the workspace lock, retries
 that skip input errors, and a sweep of DVC experiments (flows/sweep.py, `rung sweep`)."""
 
@@ -9,6 +10,7 @@ import fcntl
 import json
 import os
 import re
+import ssl
 import subprocess
 import sys
 import time
@@ -26,7 +28,12 @@ from prefect.client.schemas.filters import (
     LogFilter,
     LogFilterFlowRunId,
 )
-from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
+from prefect.settings import (
+    PREFECT_API_AUTH_STRING,
+    PREFECT_API_SSL_CERT_FILE,
+    PREFECT_API_URL,
+    temporary_settings,
+)
 from typer.testing import CliRunner
 
 from flows import credentials, sweep
@@ -67,21 +74,27 @@ def test_accelerate_configs_parse():
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    """The team's servers as `rung serve` starts them (flows.serve): Prefect with basic auth, MLflow's
-    basic-auth app (sqlite + proxied artifacts), credentials generated into a 0600 file. This process
-    holds the nodes' MLflow credentials for the module (the MLflow client reads them from the environment)."""
+    """The team's servers as `rung serve --tls-self-signed` starts them (flows.serve): Prefect with basic
+    auth, MLflow's basic-auth app (sqlite + proxied artifacts), credentials generated into a 0600 file,
+    both over HTTPS with a CA generated into the state directory, which the clients trust through
+    client.env. The directory exists beforehand with mode 0755 (as a `--dir` someone made). This process
+    holds the nodes' MLflow credentials and CA for the module (the MLflow client reads them from the
+    environment)."""
     state = tmp_path_factory.mktemp("servers") / "state"
+    state.mkdir(mode=0o755)
+    state.chmod(0o755)  # whatever the umask
     where = team.Endpoints("127.0.0.1", "127.0.0.1", free_port(), free_port())
     saved = dict(os.environ)
     # A waiting holder of a concurrency slot retries after at most this many seconds (default 30).
     os.environ["PREFECT_SERVER_CONCURRENCY_MAXIMUM_CONCURRENCY_SLOT_WAIT_SECONDS"] = "1"
     try:
-        with team.running(where, state) as up:
+        with team.running(where, state, tls=True) as up:
             os.environ.update({k: v for k, v in up.env.items() if k.startswith("MLFLOW_TRACKING_")})
             yield {
                 "prefect": {
                     "PREFECT_API_URL": up.env["PREFECT_API_URL"],
                     "PREFECT_API_AUTH_STRING": up.env["PREFECT_API_AUTH_STRING"],
+                    "PREFECT_API_SSL_CERT_FILE": up.env["PREFECT_API_SSL_CERT_FILE"],
                     "PREFECT_HOME": str(state.parent / "prefect-client"),
                 },
                 "mlflow": up.env["MLFLOW_TRACKING_URI"],
@@ -109,6 +122,7 @@ def prefect_client(servers):
             {
                 PREFECT_API_URL: servers["prefect"]["PREFECT_API_URL"],
                 PREFECT_API_AUTH_STRING: servers["prefect"]["PREFECT_API_AUTH_STRING"],
+                PREFECT_API_SSL_CERT_FILE: servers["prefect"]["PREFECT_API_SSL_CERT_FILE"],
             }
         ),
         get_client(sync_client=True) as client,
@@ -315,30 +329,63 @@ def test_two_workers_run_two_workspaces_at_once_through_a_prefect_server_restart
 def test_team_servers_refuse_anyone_without_the_credentials(workspace, servers, monkeypatch):
     ws, _ = workspace
     env, state = servers["env"], servers["state"]
+    # the state directory made private although it existed with 0755, and what the servers wrote (both
+    # databases, mlflow-auth.db with its password hashes, logs, Prefect's home) owner-only
     assert state.stat().st_mode & 0o777 == 0o700
     assert {f.name: f.stat().st_mode & 0o777 for f in state.glob("*.env")} == {
         "credentials.env": 0o600,
         "client.env": 0o600,
     }
+    written = {str(p.relative_to(state)): p.stat().st_mode & 0o777 for p in state.rglob("*")}
+    assert {"mlflow-auth.db", "mlflow.db", "prefect/prefect.db", "prefect.log", "mlflow.log"} <= set(written)
+    assert {p: m for p, m in written.items() if m & 0o077} == {}, written
+
+    # both over HTTPS, trusted through the CA client.env names; without it, nothing is sent
+    ca = ssl.create_default_context(cafile=env["MLFLOW_TRACKING_SERVER_CERT_PATH"])
+    assert env["PREFECT_API_URL"].startswith("https://") and env["MLFLOW_TRACKING_URI"].startswith("https://")
+    with pytest.raises(OSError, match="CERTIFICATE_VERIFY_FAILED"):
+        credentials.http_status(f"{env['MLFLOW_TRACKING_URI']}/health")
+
+    def status(url: str, auth: str | None = None, body: bytes | None = None) -> int:
+        return credentials.http_status(url, auth, body, context=ca)
+
     prefect, ml = (
         f"{env['PREFECT_API_URL']}/admin/version",
         f"{env['MLFLOW_TRACKING_URI']}/api/2.0/mlflow/experiments/search?max_results=1",
     )
     right = {prefect: env["PREFECT_API_AUTH_STRING"], ml: f"rung:{env['MLFLOW_TRACKING_PASSWORD']}"}
     for url, good in right.items():
-        assert credentials.http_status(url) == 401  # no credentials: nothing but /health answers
-        assert credentials.http_status(url, credentials.basic("rung:wrong")) == 401
-        assert credentials.http_status(url, credentials.basic(good)) == 200
+        assert status(url) == 401
+        assert status(url, credentials.basic("rung:wrong")) == 401
+        assert status(url, credentials.basic(good)) == 200
+    # what answers without credentials (docs/orchestration.md): health and readiness, Prefect's API docs
+    # and both UIs' static shells, which hold no data
+    root, ml_root = env["PREFECT_API_URL"].removesuffix("/api"), env["MLFLOW_TRACKING_URI"]
+    assert [status(root + path) for path in ("/api/health", "/api/ready", "/docs", "/", "/api/flows/filter")] == [
+        200, 200, 200, 200, 401
+    ]  # fmt: skip
+    assert [status(ml_root + path) for path in ("/health", "/static-files/index.html", "/", "/docs")] == [
+        200, 200, 401, 401
+    ]  # fmt: skip
+    # MLflow's AI gateway is off: a logged-in user cannot store provider keys in the server
+    secret = json.dumps({"secret_name": "k", "secret_value": {"api_key": "sk-x"}, "provider": "openai"}).encode()
+    node = credentials.basic(f"rung:{env['MLFLOW_TRACKING_PASSWORD']}")
+    assert status(f"{ml_root}/api/3.0/mlflow/gateway/secrets/create", node, secret) == 501
 
     # `rung validate` asks both servers before any compute, and says in one line which refused
     monkeypatch.chdir(ws)
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     cli = CliRunner()
 
-    def validate(prefect_auth: str = env["PREFECT_API_AUTH_STRING"], **mlflow_env: str) -> tuple[int, str]:
+    def validate(
+        prefect_auth: str = env["PREFECT_API_AUTH_STRING"],
+        prefect_ca: str | None = env["PREFECT_API_SSL_CERT_FILE"],
+        **mlflow_env: str,
+    ) -> tuple[int, str]:
         for key, value in ({k: v for k, v in env.items() if "MLFLOW" in k} | mlflow_env).items():
             monkeypatch.setenv(key, value)
-        with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"], PREFECT_API_AUTH_STRING: prefect_auth}):
+        prefect = {PREFECT_API_URL: env["PREFECT_API_URL"], PREFECT_API_AUTH_STRING: prefect_auth}
+        with temporary_settings({**prefect, PREFECT_API_SSL_CERT_FILE: prefect_ca}):
             res = cli.invoke(app, ["validate"])
         return res.exit_code, res.output.strip().splitlines()[-1]
 
@@ -353,11 +400,23 @@ def test_team_servers_refuse_anyone_without_the_credentials(workspace, servers, 
     )
     code, line = validate(MLFLOW_TRACKING_URI=(gone := f"http://127.0.0.1:{free_port()}"))
     assert code == 75 and line.startswith(f"error: MLflow at {gone} does not answer")  # transient: retried
+    # a client that does not trust the CA: one line naming the variable, not a retried outage
+    code, line = validate(MLFLOW_TRACKING_SERVER_CERT_PATH="")
+    assert code == 2 and line.startswith(f"error: MLflow at {url}: certificate not trusted (")
+    assert line.endswith(
+        "set MLFLOW_TRACKING_SERVER_CERT_PATH to the CA that signed it (rung serve --tls-self-signed: ca.pem in"
+        " its directory)"
+    )
+    code, line = validate(prefect_ca=None)
+    assert code == 2 and line.startswith(f"error: Prefect at {env['PREFECT_API_URL']}: certificate not trusted (")
     assert validate()[0] == 0
 
     # without auth, a non-loopback address is refused in one line unless the user says so
     res = cli.invoke(app, ["serve", "--no-auth", "--host", "0.0.0.0", "--dir", str(state)])
     assert res.exit_code == 2 and res.output.strip().endswith("add --allow-unauthenticated-network to do so anyway")
+    # and with auth, not without TLS: basic auth would send the credentials in clear with every request
+    res = cli.invoke(app, ["serve", "--host", "0.0.0.0", "--dir", str(state)])
+    assert res.exit_code == 2 and res.output.strip().endswith("or --allow-plain-http to do so anyway")
 
 
 HOLDER = """import fcntl, sys, time

@@ -4,6 +4,8 @@ starting a server (tests/test_orchestration.py starts both with auth and runs a 
 from __future__ import annotations
 
 import http.server
+import socket
+import ssl
 import threading
 
 import pytest
@@ -20,7 +22,13 @@ def test_credentials_are_generated_once_into_a_file_only_its_owner_reads(tmp_pat
     first = team.credentials(state)
     assert (state / "credentials.env").stat().st_mode & 0o777 == 0o600 and state.stat().st_mode & 0o777 == 0o700
     assert team.credentials(state) == first  # read back, not regenerated
-    assert len({v for v in first.values()}) == 4 and all(len(v) >= 32 for v in first.values())
+    assert len({v for v in first.values()}) == 5 and all(len(v) >= 32 for v in first.values())
+    # a file from before MLflow's gateway passphrase: the passphrase is added, the rest kept
+    older = {k: v for k, v in first.items() if k != "MLFLOW_CRYPTO_KEK_PASSPHRASE"}
+    team._write_private(state / "credentials.env", older)
+    again = team.credentials(state)
+    assert again.items() >= older.items() and len(again["MLFLOW_CRYPTO_KEK_PASSPHRASE"]) >= 32
+    assert team.read_env_file(state / "credentials.env") == again
     (state / "credentials.env").chmod(0o644)
     with pytest.raises(InputError, match=r"credentials.env: readable by other users \(mode 644\); chmod 600 it$"):
         team.credentials(state)
@@ -35,13 +43,111 @@ def test_secrets_reach_the_servers_by_environment_never_by_command_line(tmp_path
     assert "--app-name basic-auth" in argv and "orch.example" in argv  # MLflow's allowed Host header
     assert cmds["prefect"][1]["PREFECT_SERVER_API_AUTH_STRING"] == creds["PREFECT_AUTH_STRING"]
     assert cmds["mlflow"][1]["MLFLOW_AUTH_ADMIN_PASSWORD"] == creds["MLFLOW_ADMIN_PASSWORD"]
+    # MLflow's AI gateway is off, and its secrets' key is not the public default should an admin turn it on
+    mlflow_env = cmds["mlflow"][1]
+    assert mlflow_env["MLFLOW_ENABLE_AI_GATEWAY"] == "false"
+    assert mlflow_env["MLFLOW_CRYPTO_KEK_PASSPHRASE"] == creds["MLFLOW_CRYPTO_KEK_PASSPHRASE"]
     assert all(env["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false" for _, env in cmds.values())
-    assert team.client_env(where, creds)["MLFLOW_TRACKING_URI"] == "http://orch.example:5000"
+    nodes = team.client_env(where, creds)
+    assert nodes["MLFLOW_TRACKING_URI"] == "http://orch.example:5000"
+    # the nodes get their own credentials only: no server-side secret
+    server_side = {k: v for k, v in creds.items() if k not in ("PREFECT_AUTH_STRING", "MLFLOW_NODE_PASSWORD")}
+    assert not any(secret in nodes.values() for secret in server_side.values())
     open_cmds = team.commands(where, tmp_path, None)  # --no-auth
     assert (
         "basic-auth" not in " ".join(open_cmds["mlflow"][0])
         and "PREFECT_SERVER_API_AUTH_STRING" not in (open_cmds["prefect"][1])
     )
+
+
+def test_tls_goes_to_both_servers_and_the_nodes_trust_the_generated_ca(tmp_path):
+    where = team.Endpoints("0.0.0.0", "orch.example", 4200, 5000, https=True)
+    tls = team.self_signed(tmp_path, where)
+    cmds = team.commands(where, tmp_path, None, tls)
+    ssl_opts = f"--ssl-certfile {tls.cert} --ssl-keyfile {tls.key}"
+    mlflow = cmds["mlflow"][0]
+    assert ssl_opts in " ".join(cmds["prefect"][0]) and mlflow[mlflow.index("--uvicorn-opts") + 1] == ssl_opts
+    assert cmds["prefect"][1]["PREFECT_UI_API_URL"] == "https://orch.example:4200/api"  # what the UI calls
+    nodes = team.client_env(where, None, tls)
+    assert nodes["PREFECT_API_URL"] == "https://orch.example:4200/api" and nodes["MLFLOW_TRACKING_URI"].startswith(
+        "https"
+    )
+    assert nodes["PREFECT_API_SSL_CERT_FILE"] == nodes["MLFLOW_TRACKING_SERVER_CERT_PATH"] == str(tmp_path / "ca.pem")
+    assert "SSL_CERT_FILE" not in nodes and "REQUESTS_CA_BUNDLE" not in nodes  # the system's CAs stay trusted
+    # the certificate chains to the CA for the nodes' name; the CA is kept across starts, the certificate renewed
+    ca, cert = (tmp_path / "ca.pem").read_bytes(), tls.cert.read_bytes()
+    again = team.self_signed(tmp_path, replace_name(where, "orch2.example"))
+    assert (tmp_path / "ca.pem").read_bytes() == ca and again.cert.read_bytes() != cert
+    _handshake(again, "orch2.example")
+    with pytest.raises(ssl.SSLCertVerificationError, match="Hostname mismatch"):
+        _handshake(again, "orch.example")
+    assert {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "tls").iterdir()} == dict.fromkeys(
+        ["ca-key.pem", "server.pem", "server-key.pem"], 0o600
+    )
+    # a given certificate: used as is, and the clients keep the system's CAs
+    given = team.given(again.cert, again.key)
+    assert "PREFECT_API_SSL_CERT_FILE" not in team.client_env(where, None, given)
+    again.key.chmod(0o644)
+    with pytest.raises(InputError, match=r"server-key.pem: readable by other users \(mode 644\); chmod 600 it$"):
+        team.given(again.cert, again.key)
+
+
+def replace_name(where: team.Endpoints, name: str) -> team.Endpoints:
+    return team.Endpoints(where.host, name, where.prefect_port, where.mlflow_port, where.https)
+
+
+def _handshake(tls: team.Tls, name: str) -> None:
+    """A TLS handshake with a server holding `tls`, as a client trusting only the CA and asking for `name`."""
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(tls.cert, tls.key)
+    client = ssl.create_default_context(cafile=str(tls.ca))
+    a, b = socket.socketpair()
+    with a, b:
+        done = threading.Thread(target=lambda: _quietly(lambda: server.wrap_socket(a, server_side=True)))
+        done.start()
+        try:
+            client.wrap_socket(b, server_hostname=name).close()
+        finally:
+            b.close()
+            done.join()
+
+
+def _quietly(f) -> None:
+    try:
+        f()
+    except (ssl.SSLError, OSError):
+        pass
+
+
+def test_every_start_makes_the_state_directory_private(tmp_path):
+    """An existing --dir keeps its mode otherwise, and files an earlier start (or another umask) wrote stay
+    readable: fixed on every start, leaving symbolic links (and what they point to) alone."""
+    state, outside = tmp_path / "servers", tmp_path / "shared.txt"
+    (state / "artifacts" / "1").mkdir(parents=True)
+    outside.write_text("not ours")
+    for path, mode in [
+        (state, 0o755),
+        (state / "artifacts", 0o775),
+        (state / "artifacts" / "1", 0o755),
+        (outside, 0o644),
+    ]:
+        path.chmod(mode)
+    for name, mode in [("mlflow-auth.db", 0o644), ("prefect.log", 0o640), ("run.sh", 0o755), ("ok", 0o600)]:
+        (state / name).write_text("x")
+        (state / name).chmod(mode)
+    (state / "link").symlink_to(outside)
+    assert team.make_private(state) == 6
+    modes = {str(p.relative_to(state)): p.lstat().st_mode & 0o777 for p in state.rglob("*") if not p.is_symlink()}
+    assert modes == {
+        "artifacts": 0o700,
+        "artifacts/1": 0o700,
+        "mlflow-auth.db": 0o600,
+        "prefect.log": 0o600,
+        "run.sh": 0o700,
+        "ok": 0o600,
+    }
+    assert state.stat().st_mode & 0o777 == 0o700 and outside.stat().st_mode & 0o777 == 0o644
+    assert team.make_private(state) == 0
 
 
 @pytest.mark.parametrize(
@@ -52,6 +158,21 @@ def test_only_loopback_may_serve_without_auth(host, loopback, tmp_path):
     if not loopback:
         with pytest.raises(InputError, match="add --allow-unauthenticated-network to do so anyway$"):
             team.serve(host, 4200, 5000, tmp_path, None, no_auth=True, open_network=False)
+
+
+def test_off_loopback_the_servers_speak_https_unless_told_otherwise(tmp_path):
+    def serve(host: str, **tls: object) -> None:
+        team.serve(host, 4200, 5000, tmp_path, None, no_auth=False, open_network=False, **tls)
+
+    with pytest.raises(InputError, match="cross the network in clear .* or --allow-plain-http to do so anyway$"):
+        serve("0.0.0.0")
+    with pytest.raises(InputError, match="--tls-cert and --tls-key go together"):
+        serve("0.0.0.0", tls_cert=tmp_path / "cert.pem")
+    with pytest.raises(InputError, match="not both"):
+        serve("0.0.0.0", tls_cert=tmp_path / "c.pem", tls_key=tmp_path / "k.pem", tls_self_signed=True)
+    with pytest.raises(InputError, match="cert.pem: no such file"):
+        serve("0.0.0.0", tls_cert=tmp_path / "cert.pem", tls_key=tmp_path / "key.pem")
+    assert not any(tmp_path.iterdir())  # refused before anything was written
 
 
 class _BearerOnly(http.server.BaseHTTPRequestHandler):
