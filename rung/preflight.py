@@ -5,13 +5,14 @@ runs only the checks of what it runs (its flow's CHECKS), so its DVC deps stay i
 
 from __future__ import annotations
 
-from rung.checks import generation, models, rl, sources, training
+from rung.checks import environments, generation, models, rl, sources, training
 from rung.config import Params
 
 # in the order the stages run
 ALL = (
     models.base_model,
     sources.sources,
+    environments.environments,
     models.trace_models,
     models.difficulty_reference,
     generation.backend,

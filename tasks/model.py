@@ -9,6 +9,7 @@ from prefect.cache_policies import NO_CACHE
 
 from rung import models
 from rung.config import ModelParams
+from rung.envs import template
 from tasks.retry import unless_input_error
 
 
@@ -20,5 +21,11 @@ from tasks.retry import unless_input_error
     retry_condition_fn=unless_input_error,
 )
 def materialize(params: ModelParams, out_dir: Path) -> int:
-    """Write the base model as an HF directory at `out_dir`; returns its parameter count."""
-    return models.materialize(params.source, out_dir, params.dtype, params.revision)
+    """Write the base model as an HF directory at `out_dir` (with rung's tool template when
+    `model.chat_template: tools`); returns its parameter count."""
+    count = models.materialize(params.source, out_dir, params.dtype, params.revision)
+    if params.chat_template == "tools":
+        from transformers import AutoTokenizer
+
+        template.apply(AutoTokenizer.from_pretrained(out_dir)).save_pretrained(out_dir)
+    return count

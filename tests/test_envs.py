@@ -24,7 +24,7 @@ from rung import sandbox
 from rung.answers import verify
 from rung.config import FormatParams
 from rung.envs import (
-    EnvironmentSpec,
+    EnvironmentParams,
     FinalAnswer,
     Python,
     PythonSettings,
@@ -381,7 +381,7 @@ def test_check_refuses_a_template_without_tool_calls_and_names_the_fix(original,
 
 
 def test_check_gives_what_a_stage_needs(tok):
-    env = check(EnvironmentSpec(name="python", max_turns=4, settings={"max_output": 64}), tok, key="rl.stages.a.env")
+    env = check(EnvironmentParams(name="python", max_turns=4, settings={"max_output": 64}), tok, key="rl.stages.a.env")
     assert env.tools == ("python",) and env.max_tool_calling_iterations == 3 and not env.needs_episode_loop
     instance = env.factory(FMT)()
     assert isinstance(instance, Python) and instance.settings.max_output == 64
@@ -484,3 +484,26 @@ def test_trl_grpo_runs_the_python_environment_with_the_shipped_template(tiny_mod
     logged = trainer.state.log_history[0]
     assert logged["tools/call_frequency"] == 1.0 and logged["tools/failure_frequency"] == 0.0
     assert logged["rewards/final_answer/mean"] == 1.0
+
+
+def test_params_name_the_builtins_rung_envs_has():
+    from rung.config import BUILTIN_ENVIRONMENTS
+    from rung.envs import BUILTINS
+
+    assert tuple(BUILTINS) == BUILTIN_ENVIRONMENTS
+
+
+@pytest.mark.parametrize("chat_template", ["model", "tools"])
+def test_the_model_stage_writes_the_tool_template_only_when_asked(tiny_model, tmp_path, chat_template):
+    from rung.config import ModelParams
+    from rung.envs import template
+    from tasks.model import materialize
+
+    out = tmp_path / "base"
+    materialize.fn(ModelParams(source=str(tiny_model), chat_template=chat_template), out)
+    saved = AutoTokenizer.from_pretrained(out)
+    if chat_template == "tools":
+        assert saved.chat_template == template.TEMPLATE and template.tool_calling_problem(saved) is None
+    else:  # the model's own, untouched: no response template that would make TRL parse single-turn completions
+        assert saved.chat_template == AutoTokenizer.from_pretrained(tiny_model).chat_template
+        assert getattr(saved, "response_template", None) is None

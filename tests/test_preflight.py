@@ -27,6 +27,24 @@ def _reward_not_taking_completions(answer):  # used by a case below through its 
     return [0.0]
 
 
+class NoReset:  # environments refused by cases below, through their import paths
+    def lookup(self, word: str) -> str:
+        """Look a word up.
+
+        Args:
+            word: The word.
+        """
+        return word
+
+
+class UndocumentedTool:
+    def reset(self, **row) -> None:
+        return None
+
+    def lookup(self, word):
+        return word
+
+
 CASES = {
     # (edits as (dotted key, value); the start of the expected one-line error)
     "unknown key": ([("rl.stages.main.learning_rat", 1e-6)], "error: params.yaml: rl.stages.main.learning_rat"),
@@ -77,6 +95,27 @@ CASES = {
     "config a task rejects": (
         [("curate.sources.0.config", {"min_terms": 5, "max_terms": 2})],
         "error: curate.sources.arith_easy.config",
+    ),
+    "an environment with a tool on SmolLM2's own chat template": (
+        [("environment", {"name": "python"})],
+        "error: environment: Python has tools (python) but SmolLM2-135M-Instruct's chat template cannot render a "
+        "tool call; fix: set model.chat_template: tools",
+    ),
+    "an environment class that does not load": (
+        [("rl.stages.main.environment", {"name": "no_such_module:Env"})],
+        "error: rl.stages.main.environment.name: cannot load 'no_such_module:Env': ModuleNotFoundError",
+    ),
+    "an environment class without reset": (
+        [("environment", {"name": "tests.test_preflight:NoReset"})],
+        "error: environment.name: NoReset has no reset() method",
+    ),
+    "a tool without a docstring": (
+        [("environment", {"name": "tests.test_preflight:UndocumentedTool"}), ("model.chat_template", "tools")],
+        "error: environment.name: tool UndocumentedTool.lookup: ",
+    ),
+    "an episode of no turn": (
+        [("environment", {"name": "retry", "max_turns": 0})],
+        "error: params.yaml: environment.max_turns: Input should be greater than or equal to 1",
     ),
     "eval set of an unknown task": ([("eval.sets.0.task", "no_such_task")], "error: eval.sets.chain_sum_4terms.task"),
     "model path that does not exist": (

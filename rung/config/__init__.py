@@ -9,7 +9,8 @@ module, and every field is documented once, there:
 - `data`: sources, filters, mix and curate; difficulty; the SFT traces;
 - `sft`: LoRA and the SFT stage;
 - `rl`: rewards, curricula, dynamic sampling, presets, an RL stage and the chain of stages;
-- `eval`: decoding, bootstrap and the eval sets.
+- `eval`: decoding, bootstrap and the eval sets;
+- `envs`: the environment of multi-turn episodes.
 
 This module holds `Params`, `parse` / `load` (one-line errors naming the file and the dotted key),
 `read_yaml` and `with_overrides`, and re-exports every section, so `from rung.config import X` works.
@@ -54,6 +55,7 @@ from rung.config.data import (
     TraceSource,
     _TabularSource,
 )
+from rung.config.envs import BUILTIN_ENVIRONMENTS, EnvironmentParams
 from rung.config.eval import BootstrapParams, EvalParams, SampledEvalParams
 from rung.config.rl import (
     BUILTIN_REWARDS,
@@ -77,6 +79,7 @@ from rung.config.rl import (
 from rung.config.sft import SFTParams
 
 __all__ = [
+    "BUILTIN_ENVIRONMENTS",
     "BUILTIN_REWARDS",
     "PRESETS",
     "REWARD_TASKS",
@@ -93,6 +96,7 @@ __all__ = [
     "CurriculumPhase",
     "DifficultyParams",
     "DynamicSamplingParams",
+    "EnvironmentParams",
     "EvalParams",
     "FileSource",
     "FilterParams",
@@ -148,6 +152,10 @@ class Params(Section):
     """The `traces` and `sft` stages: where SFT targets come from and how the warm-start trains."""
     rl: RLParams
     """The RL stages (`rl@<name>`), run in order, each from its `init` checkpoint."""
+    environment: EnvironmentParams | None = None
+    """null: single-turn (prompt -> completion -> reward). A mapping makes every stage that generates run
+    episodes in this environment: difficulty scoring, SFT traces, the RL stages (unless one sets its own) and
+    every evaluation, so that the held-out number measures what was trained (rung.envs; docs/environments.md)."""
     eval: EvalParams = EvalParams()
     """The eval stages (`eval_base`, `eval_sft`, `eval_rl@<name>`): decoding, bootstrap and eval sets."""
     tracking: TrackingParams = TrackingParams()
@@ -188,10 +196,24 @@ class Params(Section):
                     )
         return self
 
+    @model_validator(mode="after")
+    def _episodes_train_with_grpo(self) -> Params:
+        """Episodes reach the trainer through GRPOTrainer's rollout_func, which TRL's RLOOTrainer lacks."""
+        for name, stage in self.rl.stages.items():
+            if stage.algorithm == "rloo" and self.environment_of(name):
+                raise ValueError(f"rl.stages.{name}.algorithm: rloo cannot train episodes (an environment); use grpo")
+        return self
+
     @property
     def checkpoints(self) -> list[str]:
         """Every checkpoint the pipeline produces, in order: base, sft, rl/<stage>..."""
         return ["base", "sft", *(f"rl/{name}" for name in self.rl.stages)]
+
+    def environment_of(self, stage: str | None = None) -> EnvironmentParams | None:
+        """The environment RL stage `stage` trains in (its own, else the experiment's); with no stage, the
+        experiment's, which difficulty, traces and evaluation run."""
+        own = self.rl.stages[stage].environment if stage is not None else None
+        return own or self.environment
 
     def init_of(self, checkpoint: str) -> str:
         """What `checkpoint` started from: the base model's source, 'base' for sft, an RL stage's init."""

@@ -23,6 +23,11 @@ class ModelParams(Section):
     """Weights and compute dtype of every stage. auto: bfloat16 on a CUDA GPU that supports it,
     float32 on the CPU (bf16 matmuls are slow on most CPUs). The model stage stores `auto` as the
     source's own dtype (float32 for the embedded GGUF). Stages record the resolved device and dtype."""
+    chat_template: Literal["model", "tools"] = "model"
+    """model: the model's own chat template; tools: rung's ChatML with Qwen2.5-style tool calls
+    (rung/envs/chatml_tools.jinja: without tools it renders as SmolLM2's own), written into the base model's
+    tokenizer by the model stage so that every stage renders and parses tool calls alike. An `environment`
+    with tools needs a template that renders tool calls: SmolLM2's does not (docs/environments.md)."""
 
 
 class FormatParams(Section):

@@ -10,6 +10,7 @@ from pydantic import BeforeValidator, ConfigDict, Field, ValidationInfo, field_v
 
 from rung.config.base import Section, deprecated
 from rung.config.common import LaunchParams, LoraParams
+from rung.config.envs import EnvironmentParams
 
 # The names of rung.rl.rewards.REGISTRY (tests/test_rewards.py checks it), here so that params validate
 # without importing the rewards and their verifiers.
@@ -311,6 +312,9 @@ class RLStageParams(Section):
     """Upper bound C of the importance ratio (TRL's default 3.0)."""
     launch: LaunchParams = LaunchParams()
     """Processes and engine of the training job (one process by default)."""
+    environment: EnvironmentParams | None = None
+    """This stage's episodes, when they differ from the experiment's `environment` (e.g. `retry` before
+    `python`); null: the experiment's. Evaluation runs the experiment's environment."""
     lora: LoraParams | None = None
     """null: full fine-tuning; a mapping trains LoRA adapters (fp32) on the frozen base instead, TRL's
     peft_config. The checkpoint is saved merged, a plain model for eval and later stages. With a KL term

@@ -36,12 +36,12 @@ TRL's contract, so a class written for TRL runs in both loops.
 from rung.envs.episode import Episode, FinalAnswer
 from rung.envs.python import Python, PythonSettings
 from rung.envs.retry import Retry, RetrySettings
-from rung.envs.spec import BUILTINS, Environment, EnvironmentSpec, check
+from rung.envs.spec import BUILTINS, Environment, EnvironmentParams, check
 
 __all__ = [
     "BUILTINS",
     "Environment",
-    "EnvironmentSpec",
+    "EnvironmentParams",
     "Episode",
     "FinalAnswer",
     "Python",

@@ -1,4 +1,4 @@
-"""An environment in params (`EnvironmentSpec`) and its check before any compute (`check`): one line per
+"""An environment in params (`EnvironmentParams`) and its check before any compute (`check`): one line per
 refusal, naming the key, as `rung validate` prints it."""
 
 from __future__ import annotations
@@ -6,19 +6,18 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-import re
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, ValidationError
 from transformers import PreTrainedTokenizerBase
 from transformers.utils import get_json_schema
 
 from rung import sandbox
 from rung.config import FormatParams
-from rung.config.base import Section
+from rung.config.envs import EnvironmentParams
 from rung.envs.python import Python, PythonSettings
 from rung.envs.retry import Retry, RetrySettings
 from rung.envs.template import FIX, tool_calling_problem
@@ -30,38 +29,14 @@ BUILTINS: dict[str, tuple[type, type[BaseModel]]] = {
 }
 """Built-in environments by name: the class and its settings model."""
 
-_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 _NOT_TOOLS = ("reset", "get_reward")  # TRL's reserved names (grpo_trainer.py, GRPOTrainer.__init__)
-
-
-class EnvironmentSpec(Section):
-    """An episode's environment: a built-in or any class written to TRL's environment contract."""
-
-    name: str
-    """`retry` (UFO: a fixed reply to a wrong answer), `python` (a sandboxed Python tool), or the import path
-    `package.module:Class` of a class written to TRL's environment contract (a `reset(**row)`, tools as
-    public methods with type hints and a Google-style docstring, optionally `get_reward()`); rung need not be
-    imported by it."""
-    max_turns: int = Field(3, ge=1)
-    """Assistant turns per episode at most (answers for retry; tool calls plus the final answer for python).
-    TRL's `max_tool_calling_iterations` is max_turns - 1."""
-    settings: dict[str, Any] = {}
-    """The environment's own settings: a built-in's (retry: feedback, discount; python: max_output), or the
-    keyword arguments the class is constructed with."""
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, name: str) -> str:
-        if name not in BUILTINS and not _IMPORT_PATH.match(name):
-            raise ValueError(f"{name!r} is neither a built-in ({', '.join(BUILTINS)}) nor an import path module:Class")
-        return name
 
 
 @dataclass(frozen=True)
 class Environment:
     """A checked environment: what a stage needs to run its episodes."""
 
-    spec: EnvironmentSpec
+    spec: EnvironmentParams
     cls: type
     settings: BaseModel | dict[str, Any]
     """A built-in's validated settings model, or the keyword arguments of an imported class."""
@@ -119,15 +94,18 @@ def tool_names(cls: type) -> tuple[str, ...]:
 
 
 def check(
-    spec: EnvironmentSpec | Mapping[str, Any], tokenizer: PreTrainedTokenizerBase, key: str = "environment"
+    spec: EnvironmentParams | Mapping[str, Any],
+    tokenizer: PreTrainedTokenizerBase | None,
+    key: str = "environment",
 ) -> Environment:
     """The environment `spec` names, checked without running it; raises InputError in one line naming the
     key for: bad settings (max_turns < 1 among them), an import path that does not load, a class without
     `reset`, a tool without type hints or docstring, a chat template that cannot render a tool call (with the
-    fix), and, for `python`, a sandbox that cannot isolate here."""
-    if not isinstance(spec, EnvironmentSpec):
+    fix; skipped with no tokenizer, e.g. before the model is on this machine), and, for `python`, a sandbox that
+    cannot isolate here."""
+    if not isinstance(spec, EnvironmentParams):
         try:
-            spec = EnvironmentSpec.model_validate(dict(spec))
+            spec = EnvironmentParams.model_validate(dict(spec))
         except ValidationError as e:
             raise InputError(_one_line(e, key)) from None
     if spec.name in BUILTINS:
@@ -151,7 +129,7 @@ def check(
             get_json_schema(types.MethodType(functions[name], object()))
         except Exception as e:  # noqa: BLE001 - TypeHintParsingException, DocstringParsingException, ...
             raise InputError(f"{key}.name: tool {cls.__name__}.{name}: {e}") from None
-    if tools and (problem := tool_calling_problem(tokenizer)):
+    if tools and tokenizer is not None and (problem := tool_calling_problem(tokenizer)):
         raise InputError(f"{key}: {cls.__name__} has tools ({', '.join(tools)}) but {problem}; fix: {FIX}")
     if cls is Python:
         try:

@@ -1,0 +1,54 @@
+"""The environments of an experiment (params `environment` and `rl.stages.<name>.environment`), checked before
+any compute: each loads and keeps TRL's contract (rung.envs.check), episodes speak a chat, and one with tools
+meets a chat template that renders tool calls (the model's own, or rung's with `model.chat_template: tools`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rung import envs, files
+from rung.config import EnvironmentParams, Params
+from rung.envs import template
+from rung.errors import InputError
+from rung.models import EMBEDDED
+
+_FIX = (
+    "set model.chat_template: tools (rung's ChatML with Qwen2.5 tool calls) or use a model whose own template "
+    "renders tool calls (Qwen2.5/3, Llama 3.1+)"
+)
+
+
+def used(params: Params) -> dict[str, EnvironmentParams]:
+    """Params key -> environment, for every environment the experiment runs."""
+    out = {"environment": params.environment} if params.environment else {}
+    out.update(
+        {f"rl.stages.{name}.environment": s.environment for name, s in params.rl.stages.items() if s.environment}
+    )
+    return out
+
+
+def environments(params: Params) -> None:
+    """Every environment the experiment runs: see the module docstring."""
+    for key, spec in used(params).items():
+        if params.format.template != "chat":
+            raise InputError(f"{key}: episodes are chats; set format.template: chat")
+        env = envs.check(spec, None, key)
+        if env.tools and params.model.chat_template == "model":
+            problem = _template_problem(params.model.source)
+            if problem:
+                raise InputError(
+                    f"{key}: {env.cls.__name__} has tools ({', '.join(env.tools)}) but {problem}; fix: {_FIX}"
+                )
+
+
+def _template_problem(source: str) -> str | None:
+    """Why the model's own chat template cannot carry tool calls; None when it can, or cannot be told here (a
+    hub id not downloaded: the RL stage's trainer checks it)."""
+    if source == EMBEDDED:
+        return "SmolLM2-135M-Instruct's chat template cannot render a tool call"
+    path = Path(source).expanduser()
+    if not (files.is_local_path(source) and path.is_dir()):
+        return None
+    from transformers import AutoTokenizer
+
+    return template.tool_calling_problem(AutoTokenizer.from_pretrained(path))

@@ -1,0 +1,43 @@
+"""The environment of multi-turn episodes in params (issue #47): one `environment` for the experiment, which
+difficulty scoring, SFT traces, every RL stage and every evaluation run, so that the held-out number measures
+what was trained; an RL stage may set its own (`rl.stages.<name>.environment`, e.g. `retry` before `python`).
+The built-ins and the checks that need the model's tokenizer live in rung.envs (`rung validate` runs them)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from rung.config.base import Section
+
+# The names of rung.envs.BUILTINS (tests/test_envs.py checks it), here so that params validate without
+# importing the environments and the sandbox.
+BUILTIN_ENVIRONMENTS = ("retry", "python")
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+class EnvironmentParams(Section):
+    """An episode's environment: a built-in or any class written to TRL's environment contract."""
+
+    name: str
+    """`retry` (UFO: a fixed reply to a wrong answer, up to max_turns answers), `python` (a `python(code)` tool
+    run in rung.sandbox), or the import path `package.module:Class` of a class written to TRL's environment
+    contract (a `reset(**row)`, tools as public methods with type hints and a Google-style docstring, optionally
+    `get_reward()`); it need not import rung."""
+    max_turns: int = Field(3, ge=1)
+    """Assistant turns per episode at most (answers for retry; tool calls plus the final answer for python).
+    TRL's `max_tool_calling_iterations` is max_turns - 1."""
+    settings: dict[str, Any] = {}
+    """The environment's own settings: retry {feedback: "Let's try again.", discount: 1.0}; python
+    {max_output: 1000}; or the keyword arguments an imported class is constructed with."""
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if name not in BUILTIN_ENVIRONMENTS and not _IMPORT_PATH.match(name):
+            raise ValueError(
+                f"{name!r} is neither a built-in ({', '.join(BUILTIN_ENVIRONMENTS)}) nor an import path module:Class"
+            )
+        return name
