@@ -8,6 +8,7 @@ and a compiled static-cache `generate` (rung.generate.compiled) on CUDA, with th
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
@@ -48,7 +49,7 @@ def load(
     if backend == "vllm":
         return vllm.load(model_dir, dtype, vllm_params)
     model, tok = models.load(model_dir, dtype, where)
-    return Generator(tok, partial(generate, model, tok), str(where), dtype)
+    return Generator(tok, partial(generate, model, tok), str(where), dtype, model=model)
 
 
 def generate(
@@ -91,9 +92,11 @@ def generate_ids(
     desc: str | None = "generate",
     engine: Engine = "auto",
     compile_config: CompileConfig | None = None,
+    keys: Sequence[tuple[int, ...]] | None = None,
 ) -> list[list[tuple[list[int], bool]]]:
     """`n` completions for each tokenized prompt, in input order: (token ids with the EOS that ended
-    it, if one did; truncated at max_new_tokens). `desc` None: no progress bar.
+    it, if one did; truncated at max_new_tokens). `desc` None: no progress bar. `keys[i]`: prompt i's
+    sampling stream, (seed, *keys[i], sample); default its position (seed, i, sample).
 
     engine 'auto': rung's loop on the CPU, compiled static-cache `generate` on CUDA (`compile_config`,
     transformers' default if None). A CUDA out-of-memory error empties the cache, halves the batch
@@ -114,10 +117,10 @@ def generate_ids(
             try:
                 if use_compiled:
                     done = compiled.decode(
-                        model, decode.Request(ids, pending, sampling, n, seed, eos_ids, rows), compile_config
+                        model, decode.Request(ids, pending, sampling, n, seed, eos_ids, rows, keys), compile_config
                     )
                 else:
-                    done = decode.decode(model, decode.Request(ids, pending, sampling, n, seed, eos_ids, rows))
+                    done = decode.decode(model, decode.Request(ids, pending, sampling, n, seed, eos_ids, rows, keys))
                 with nullcontext() if use_compiled else prepacked(model, max(rows, n)):
                     for row in done:
                         out[row.prompt][row.sample] = (row.tokens, row.truncated)

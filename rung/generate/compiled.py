@@ -69,7 +69,7 @@ def generation_config(
 def decode(model: PreTrainedModel, req: Request, compile_config: CompileConfig | None = None) -> Iterator[Row]:
     """The contract of rung.generate.decode.decode (each Row as it is known), through compiled
     static-cache `generate` in batches of at most `req.capacity` rows."""
-    ids, order, sampling, n, seed, eos_ids, capacity = req
+    ids, order, sampling, n, seed, eos_ids, capacity, keys = req
     compile_config = compile_config or CompileConfig()
     pairs = [(i, j) for i in sorted(order, key=lambda i: (len(ids[i]), i)) for j in range(n)]
     # one cache length for the whole call (and, rounded, for the calls after it): no recompile per batch
@@ -88,7 +88,7 @@ def decode(model: PreTrainedModel, req: Request, compile_config: CompileConfig |
         mask = torch.tensor([[0] * (width - len(ids[i])) + [1] * len(ids[i]) for i, _ in padded], device="cpu").to(
             model.device
         )
-        draws = draws_for(seed, padded, sampling, model.device)
+        draws = draws_for(seed, padded, sampling, model.device, keys)
         processors = LogitsProcessorList([SeededPick(draws, width, sampling)] if draws is not None else [])
         out = model.generate(
             input_ids=input_ids, attention_mask=mask, generation_config=config, logits_processor=processors

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from transformers import GenerationConfig, PreTrainedTokenizerBase
+from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from rung.answers.formats import Prompt
 from rung.errors import InputError
@@ -61,6 +61,8 @@ class Generator:
     dtype: str = "float32"
     close: Callable[[], None] | None = None
     """Ends what the backend started (the vLLM worker); None: nothing to end (the process's exit does)."""
+    model: PreTrainedModel | None = None
+    """The transformers backend's model, for callers that work on token ids (rung.envs.loop); None on vLLM."""
 
     def render(self, prompts: list[Prompt]) -> list[list[int]]:
         """The prompts' token ids, as the trainers tokenize them (`encode`)."""

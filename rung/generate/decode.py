@@ -16,7 +16,7 @@ with the default device set to meta).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -41,7 +41,8 @@ class Row:
 
 class Request(NamedTuple):
     """One decode call: n samples of each prompt `ids[i]` for i in `order` (token ids), seeded by
-    `seed`, ended by any of `eos_ids`, at most `capacity` rows decoded at once."""
+    `seed`, ended by any of `eos_ids`, at most `capacity` rows decoded at once. `keys[i]`: prompt i's
+    sampling stream (default: (i,), its position; see draws_for)."""
 
     ids: list[list[int]]
     order: list[int]
@@ -50,6 +51,7 @@ class Request(NamedTuple):
     seed: int
     eos_ids: list[int]
     capacity: int
+    keys: Sequence[tuple[int, ...]] | None = None
 
 
 @dataclass
@@ -66,7 +68,7 @@ class _Batch:
 
 def decode(model: PreTrainedModel, req: Request) -> Iterator[Row]:
     """Decode `req`, yielding each finished Row (tokens include the EOS if one ended it)."""
-    ids, order, sampling, n, seed, eos_ids, capacity = req
+    ids, order, sampling, n, seed, eos_ids, capacity, keys = req
     capacity = max(capacity, n)
     queue = deque(sorted(order, key=lambda i: (len(ids[i]), i)))
     prefix = shared_prefix([ids[i] for i in order]) if len(order) > 1 else []
@@ -79,7 +81,7 @@ def decode(model: PreTrainedModel, req: Request) -> Iterator[Row]:
         if queue and free >= n:
             group = [queue.popleft() for _ in range(min(len(queue), max(1, free // n)))]
             pairs = [(i, j) for i in group for j in range(n)]
-            draws = draws_for(seed, pairs, sampling, model.device)
+            draws = draws_for(seed, pairs, sampling, model.device, keys)
             rows = [Row(i, j, None if draws is None else draws[r]) for r, (i, j) in enumerate(pairs)]
             new, logits = _prefill(model, prefix_kv, len(prefix), [ids[i][len(prefix) :] for i in group], n, rows)
             yield from _advance(new, logits, sampling, eos)
@@ -101,15 +103,22 @@ def shared_prefix(ids: list[list[int]]) -> list[int]:
 
 
 def draws_for(
-    seed: int, pairs: list[tuple[int, int]], sampling: SamplingParams, device: torch.device
+    seed: int,
+    pairs: list[tuple[int, int]],
+    sampling: SamplingParams,
+    device: torch.device,
+    keys: Sequence[tuple[int, ...]] | None = None,
 ) -> torch.Tensor | None:
     """(rows, max_new_tokens) uniform draws, row r from the stream of (seed, prompt, sample) of
-    pairs[r], made on the CPU (the same numbers on every device) and moved once; None when greedy."""
+    pairs[r] (of (seed, *keys[prompt], sample) where keys are given: a caller whose prompts move
+    between calls, as episodes' turns do, keeps each on its own stream), made on the CPU (the same
+    numbers on every device) and moved once; None when greedy."""
     if sampling.temperature == 0:
         return None
     rows = []
     for prompt, sample in pairs:
-        stream = int(np.random.SeedSequence([seed, prompt, sample]).generate_state(1, np.uint64)[0])
+        key = (prompt,) if keys is None else tuple(keys[prompt])
+        stream = int(np.random.SeedSequence([seed, *key, sample]).generate_state(1, np.uint64)[0])
         rows.append(
             torch.rand(
                 sampling.max_new_tokens,
