@@ -1,0 +1,443 @@
+"""rung's episode loop: one implementation of multi-turn episodes for difficulty scoring, RL rollouts and
+evaluation (issue #47, item 4).
+
+Each turn, every live episode generates one assistant turn in one batched call to rung's decode loop
+(rung.generate.api.generate_ids, stopped at the end-of-turn token); the turn is parsed for tool calls with the
+parser TRL uses (rung.envs.template.parse); the tools run (the environment's public methods, called and their
+failures reported exactly as TRL's `GRPOTrainer._tool_call_loop` does) or, for a turn without tool calls, the
+environment's `_reply(text)` gives the next user turn (rung's one hook beyond TRL's contract, rung/envs/__init__.py);
+the tool or user turn is appended by token concatenation: the generated ids are kept exactly, the env turn's ids
+are rendered as TRL renders tool results (`_get_tool_suffix_ids`'s dummy-conversation difference, which also
+checks the template is prefix-preserving). An episode ends at a turn without a tool call that gets no reply,
+after `max_turns` assistant turns, at a turn cut by max_new_tokens, or where the next env turn would pass the
+completion budget (TRL drops that tool result and ends the rollout the same way).
+
+Seeds: every turn's sampling draws from its own stream (seed, *key, turn) (rung.generate.decode.draws_for),
+`key` being the episode's identity that the caller gives (its row and sample): the episodes of a row do not
+depend on which other rows share its batch or on how a run was split, so a resumed run reproduces an unkilled
+one's episodes.
+
+Output: one `Trajectory` per episode with the token-level fields TRL 1.16's `rollout_func` returns
+(`prompt_ids`, `completion_ids`, `env_mask`: 1 model-generated, 0 tool/environment tokens; TRL turns `env_mask`
+into its `tool_mask` and trains on the 1s only, grpo_trainer.py `_generate`) and the episode's story (messages,
+turns, answers, tool calls and errors, reward). `rollout_func` below is the thin wrapper TRL takes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from trl.models import unwrap_model_for_generation
+
+from rung.config import FormatParams, SamplingParams
+from rung.envs.episode import Episode
+from rung.envs.spec import Environment, tool_names
+from rung.envs.template import FIX, parse, tool_calling_problem
+from rung.errors import InputError
+from rung.generate.api import Engine, generate_ids
+from rung.generate.completion import Generator, stop_ids
+from rung.seeding import derive
+
+Sample = Callable[[list[list[int]], list[tuple[int, ...]], SamplingParams, int], list[tuple[list[int], bool]]]
+"""One assistant turn for each context: (context ids, stream keys, sampling, seed) -> (generated ids ending
+with the end-of-turn token if one ended them, truncated at max_new_tokens)."""
+
+
+def sampler(
+    source: Generator | PreTrainedModel, eos_ids: Sequence[int] | None = None, engine: Engine = "auto"
+) -> Sample:
+    """A Sample on rung's decode loop (compiled static-cache `generate` on CUDA) for a transformers Generator
+    (rung.generate.api.load) or a model; ended by `eos_ids` (a Generator's default: its stop ids, as its own
+    completions end)."""
+    if isinstance(source, Generator):
+        if source.model is None:
+            raise InputError("episodes run on the transformers backend (generation.backend: vllm gives no token ids)")
+        model, stop = source.model, list(eos_ids or stop_ids(source.model.generation_config, source.tok))
+    elif eos_ids:
+        model, stop = source, list(eos_ids)
+    else:
+        raise ValueError("sampler(model) needs the end-of-turn ids (eos_ids)")
+
+    def sample(
+        ids: list[list[int]], keys: list[tuple[int, ...]], sampling: SamplingParams, seed: int
+    ) -> list[tuple[list[int], bool]]:
+        out = generate_ids(model, ids, sampling, stop, n=1, seed=seed, desc=None, engine=engine, keys=keys)
+        return [samples[0] for samples in out]
+
+    return sample
+
+
+class Turn(TypedDict):
+    """One assistant turn and what the environment made of it (JSON-ready: eval records carry it as it is)."""
+
+    text: str
+    """The assistant's content as parsed (tool-call blocks removed)."""
+    tool_calls: list[dict[str, Any]]
+    """The parsed calls, {"name", "arguments"} each (only for an environment with tools)."""
+    tool_results: list[str]
+    """What each call returned to the model (TRL's text: str(result), or {'error': ...} where it raised)."""
+    tool_errors: int
+    """Calls that raised (TRL's tool failures: unknown tool, bad arguments) plus the errors the environment
+    itself counted (a rung Episode's tool_errors: the python tool's failed code)."""
+    reply: str | None
+    """The environment's next user turn (`_reply`), None where it gave none."""
+    answer: str | None
+    """The answer graded at this turn (rung's environments: the task's verifier), None if none was."""
+    correct: bool | None
+    tokens: int
+    """Tokens the model generated in this turn."""
+    env_tokens: int
+    """Tool / environment tokens appended after it (0 at the last turn)."""
+    truncated: bool
+    """Cut by max_new_tokens or the completion budget (no end-of-turn token)."""
+
+
+@dataclass
+class Trajectory:
+    """One episode: TRL's rollout fields and what happened."""
+
+    key: tuple[int, ...]
+    messages: list[dict[str, Any]]
+    """The conversation: the prompt (with reset's observation), assistant turns, tool results and replies."""
+    turns: list[Turn]
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    """Everything after the prompt: assistant and environment tokens, in order."""
+    env_mask: list[int]
+    """Per completion token: 1 generated by the model, 0 written by a tool or the environment."""
+    cut: bool = False
+    """Stopped at max_turns while the environment would have gone on (a tool call not run, a reply not
+    given, or retry's wrong last answer)."""
+    truncated: bool = False
+    """Its last turn was cut by max_new_tokens or the completion budget."""
+    reward: float | None = None
+    """The environment's `get_reward()`, else a rung Episode's last answer graded (1.0 / 0.0); None unscored."""
+    unscored: str | None = None
+    """Why the grader failed (rung's environments), None otherwise."""
+    environment: Any = field(default=None, repr=False)
+    logprobs: list[float] | None = None
+    """Sampling log-probabilities per completion token: None, rung's decode loop does not return them (TRL
+    recomputes the old policy's when it needs them)."""
+
+
+@dataclass
+class _Live:
+    """An episode in progress."""
+
+    env: Any
+    tools: dict[str, Callable[..., Any]]
+    trajectory: Trajectory
+    episode: Episode | None
+    done: bool = False
+
+    @property
+    def context(self) -> list[int]:
+        return self.trajectory.prompt_ids + self.trajectory.completion_ids
+
+
+def _prompt_messages(columns: Mapping[str, Any]) -> list[dict[str, Any]]:
+    prompt = columns.get("prompt")
+    if not isinstance(prompt, list):
+        raise InputError("episodes need conversational prompts (format.template: chat): a row's prompt is its messages")
+    return [dict(m) for m in prompt]
+
+
+def _start(tok: PreTrainedTokenizerBase, env: Any, columns: Mapping[str, Any], key: tuple[int, ...]) -> _Live:
+    """reset(**columns), its observation appended to the last user message, and the prompt rendered with the
+    environment's tools as TRL renders it (`_tokenize_prompts`)."""
+    messages = _prompt_messages(columns)
+    observation = env.reset(**columns)
+    if observation is not None:
+        messages[-1] = {**messages[-1], "content": messages[-1]["content"] + observation}
+    tools = {name: getattr(env, name) for name in tool_names(type(env))}
+    prompt_ids = tok.apply_chat_template(
+        messages, tools=list(tools.values()) or None, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    episode = getattr(env, "episode", None)
+    return _Live(
+        env, tools, Trajectory(key, messages, [], prompt_ids, [], []), episode if isinstance(episode, Episode) else None
+    )
+
+
+def env_turn_ids(tok: PreTrainedTokenizerBase, messages: list[dict[str, Any]]) -> list[int]:
+    """The ids of `messages` (tool results, or a user reply) appended after an assistant turn that ended with
+    the end-of-turn token, through the next assistant header. TRL's `_get_tool_suffix_ids` (a trainer method,
+    hence rewritten here) generalized to a user reply: the template rendered after a dummy exchange with and
+    without them; raises if the template is not prefix-preserving (token concatenation would then train on ids
+    the template never renders)."""
+    if messages[0]["role"] == "tool":
+        call = {"type": "function", "function": {"name": messages[0]["name"], "arguments": {}}}
+        assistant: dict[str, Any] = {"role": "assistant", "content": "", "tool_calls": [call]}
+    else:
+        assistant = {"role": "assistant", "content": "dummy"}
+    dummy = [{"role": "user", "content": "dummy"}, assistant]
+    prefix = tok.apply_chat_template(dummy, tokenize=True, return_dict=False)
+    full = tok.apply_chat_template(dummy + messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    ends = [i for i, t in enumerate(prefix) if t == tok.eos_token_id]
+    if ends:  # the generated turn ends at its end-of-turn token: what the template writes after it is the env's
+        prefix = prefix[: ends[-1] + 1]
+    if full[: len(prefix)] != prefix:
+        raise InputError(
+            f"the chat template is not prefix-preserving: an episode cannot append turns to it; fix: {FIX}"
+        )
+    return full[len(prefix) :]
+
+
+def _call(tools: Mapping[str, Callable[..., Any]], call: Mapping[str, Any]) -> tuple[str, str, bool]:
+    """(name, result text, raised): one tool call run as TRL's `_tool_call_loop` runs it."""
+    if call.get("type") != "function":
+        return call.get("name", "unknown"), str({"error": f"Unsupported tool call type: {call.get('type')}"}), True
+    function = call["function"]
+    name = function["name"]
+    try:
+        if name not in tools:
+            raise ValueError(f"Tool {name} not found.")
+        result = tools[name](**function["arguments"])
+        if inspect.isawaitable(result):  # an async tool; TRL gathers them on its own event loop
+            result = asyncio.run(_await(result))
+    except Exception as e:  # noqa: BLE001 - a tool's exception is the model's to read, as in TRL
+        return name, str({"error": str(e)}), True
+    return name, str(result), False
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def _reward(live: _Live) -> float | None:
+    get_reward = getattr(live.env, "get_reward", None)
+    if callable(get_reward):
+        reward = get_reward()
+        return asyncio.run(_await(reward)) if inspect.isawaitable(reward) else reward
+    episode = live.episode
+    if episode is None or episode.unscored is not None or not episode.correct or episode.correct[-1] is None:
+        return None
+    return float(episode.correct[-1])
+
+
+class _Turns:
+    """Appends one generated turn to an episode and runs the environment on it."""
+
+    def __init__(self, tok: PreTrainedTokenizerBase, max_turns: int, budget: int | None) -> None:
+        self.tok, self.max_turns, self.budget = tok, max_turns, budget
+        self._replies: dict[str, list[int]] = {}  # a reply's ids: retry's feedback is the same every time
+
+    def step(self, live: _Live, ids: list[int], truncated: bool) -> None:
+        t, env, episode = live.trajectory, live.env, live.episode
+        if self.budget is not None and len(t.completion_ids) + len(ids) > self.budget:
+            ids, truncated = ids[: self.budget - len(t.completion_ids)], True
+        context = live.context
+        t.completion_ids += ids
+        t.env_mask += [1] * len(ids)
+        if live.tools:
+            message = parse(self.tok, ids, context, tools=list(live.tools.values()))
+        else:  # no tools to call: the turn is its text (TRL decodes a tool-less completion the same way)
+            message = {"role": "assistant", "content": self.tok.decode(ids, skip_special_tokens=True)}
+        t.messages.append(message)
+        graded, counted = (len(episode.answers), episode.tool_errors) if episode else (0, 0)
+        calls = list(message.get("tool_calls") or []) if live.tools else []
+        turn = Turn(
+            text=message.get("content") or "",
+            tool_calls=[dict(c.get("function", c)) for c in calls],
+            tool_results=[],
+            tool_errors=0,
+            reply=None,
+            answer=None,
+            correct=None,
+            tokens=len(ids),
+            env_tokens=0,
+            truncated=truncated,
+        )
+        t.turns.append(turn)
+        last = len(t.turns) == self.max_turns
+        env_messages: list[dict[str, Any]] = []
+        if calls:
+            if not (last or truncated):  # TRL runs no calls past max_tool_calling_iterations
+                for call in calls:
+                    name, result, raised = _call(live.tools, call)
+                    turn["tool_results"].append(result)
+                    turn["tool_errors"] += raised
+                    env_messages.append({"role": "tool", "name": name, "content": result})
+        elif callable(getattr(env, "_reply", None)):
+            turn["reply"] = env._reply(turn["text"])
+            if turn["reply"] is not None:
+                env_messages.append({"role": "user", "content": turn["reply"]})
+        if episode is not None:
+            turn["tool_errors"] += episode.tool_errors - counted
+            if len(episode.answers) > graded:  # `_reply` graded it
+                turn["answer"], turn["correct"] = episode.answers[-1], episode.correct[-1]
+        if env_messages and not (last or truncated):
+            suffix = self._suffix(env_messages)
+            if self.budget is None or len(t.completion_ids) + len(suffix) <= self.budget:
+                t.messages += env_messages
+                t.completion_ids += suffix
+                t.env_mask += [0] * len(suffix)
+                turn["env_tokens"] = len(suffix)
+                return
+            t.truncated = True  # the env turn does not fit: the episode ends here, as TRL's rollout does
+        t.cut = last and (bool(calls) or turn["reply"] is not None or self._retry_wrong(env, turn))
+        t.truncated = t.truncated or truncated
+        self._end(live, turn)
+
+    @staticmethod
+    def _retry_wrong(env: Any, turn: Turn) -> bool:
+        # an environment that replies stops replying at its own max_turns (retry): a wrong last answer was cut
+        return callable(getattr(env, "_reply", None)) and turn["correct"] is False
+
+    def _suffix(self, messages: list[dict[str, Any]]) -> list[int]:
+        if messages[0]["role"] == "tool":
+            return env_turn_ids(self.tok, messages)
+        text = messages[0]["content"]
+        if text not in self._replies:
+            self._replies[text] = env_turn_ids(self.tok, messages)
+        return self._replies[text]
+
+    @staticmethod
+    def _end(live: _Live, turn: Turn) -> None:
+        """The episode is over: an environment that never sees plain answers (no `_reply`: TRL's contract, the
+        python tool) has its final answer graded here, as rung.envs.FinalAnswer grades it in TRL's loop."""
+        episode = live.episode
+        if episode is not None and not callable(getattr(live.env, "_reply", None)):
+            turn["correct"] = episode.grade(turn["text"])
+            turn["answer"] = episode.answers[-1]
+        t = live.trajectory
+        t.reward, t.unscored, t.environment = _reward(live), episode.unscored if episode else None, live.env
+        live.done = True
+
+
+def run(
+    generate: Sample,
+    tok: PreTrainedTokenizerBase,
+    envs: Sequence[Any],
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    sampling: SamplingParams,
+    max_turns: int,
+    seed: int,
+    keys: Sequence[tuple[int, ...]] | None = None,
+    max_completion_tokens: int | None = None,
+) -> list[Trajectory]:
+    """Run one episode per (environment instance, row): `envs[i]` is reset with `rows[i]`'s columns (its
+    `prompt` the conversation) and answers it for at most `max_turns` assistant turns of at most
+    `sampling.max_new_tokens` each, `max_completion_tokens` in all (None: no total budget). `keys[i]` is
+    episode i's identity for its sampling streams (e.g. (row index, sample)); default (i,). Episodes with equal
+    keys, seed and sampling are identical whatever else shares their batch."""
+    if len(envs) != len(rows):
+        raise ValueError(f"{len(envs)} environments for {len(rows)} rows")
+    if max_turns < 1:
+        raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+    keys = [tuple(k) for k in keys] if keys is not None else [(i,) for i in range(len(rows))]
+    if len(set(keys)) != len(keys):
+        raise ValueError("two episodes share a key: they would sample the same streams")
+    if any(tool_names(type(env)) for env in envs) and (problem := tool_calling_problem(tok)):
+        raise InputError(f"the environment has tools but {problem}; fix: {FIX}")
+    live = [_start(tok, env, row, key) for env, row, key in zip(envs, rows, keys, strict=True)]
+    turns = _Turns(tok, max_turns, max_completion_tokens)
+    for turn in range(max_turns):
+        now = [e for e in live if not e.done]
+        if not now:
+            break
+        out = generate([e.context for e in now], [(*e.trajectory.key, turn) for e in now], sampling, seed)
+        for e, (ids, truncated) in zip(now, out, strict=True):
+            turns.step(e, ids, truncated)
+    return [e.trajectory for e in live]
+
+
+# --- TRL's rollout_func --------------------------------------------------------------------------------------
+
+
+def _prompt_key(prompt: Any) -> str:
+    return json.dumps(prompt, sort_keys=True, ensure_ascii=False)
+
+
+class EpisodeReward:
+    """The reward function for `rollout_func`'s episodes, TRL's signature: each episode's reward as the loop
+    gave it (`episode_reward`, a column rollout_func returns), None (NaN: unscored) where the grader failed."""
+
+    __name__ = "episode"
+
+    def __call__(self, completions: list[Any], episode_reward: list[float | None], **_: Any) -> list[float | None]:
+        return list(episode_reward)
+
+
+def rollout_func(
+    environment: Environment, fmt: FormatParams, rows: Iterable[Mapping[str, Any]]
+) -> Callable[[list[Any], Any], dict[str, Any]]:
+    """TRL 1.16's `rollout_func` (GRPOTrainer(rollout_func=..., reward_funcs=[EpisodeReward(), ...]), with no
+    `tools` or `environment_factory`: with tools TRL runs its own tool loop and drops `env_mask`): episodes of
+    `environment` through rung's loop for the prompts TRL gives (its sampler has already repeated each
+    num_generations times; one episode per prompt). `rows` are the datasets' rows (train and eval): TRL passes
+    rollout_func the prompts only, so each prompt's columns for `reset` are looked up by the prompt.
+
+    Returns TRL's keys (grpo_trainer.py `_generate`): prompt_ids, completion_ids, logprobs (None: TRL recomputes),
+    env_mask (TRL's tool mask: environment tokens get no loss), and columns for the reward functions:
+    episode_reward (EpisodeReward's input) and episode (the Trajectory). Each call draws from streams seeded by
+    (seed, step, call of the step, process) and the prompt's position, as rung's single-turn rollouts
+    (rung.rl.rollouts), so a resumed run generates the episodes an unkilled one would."""
+    by_prompt: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        key = _prompt_key(row["prompt"])
+        if by_prompt.setdefault(key, dict(row)) != dict(row):
+            raise InputError(f"two dataset rows share a prompt but not their columns: {key[:200]}")
+    factory = environment.factory(fmt)
+    calls: dict[int, int] = {}  # step -> generation calls in it so far
+
+    def rollout(prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        unsupported = {
+            "use_vllm": trainer.use_vllm,
+            "top_k": trainer.top_k,
+            "min_p": trainer.min_p is not None,
+            "repetition_penalty": trainer.repetition_penalty != 1.0,
+            "generation_kwargs": trainer.args.generation_kwargs,
+        }
+        if any(unsupported.values()):
+            raise InputError(f"episodes run on rung's sampler, which lacks {[k for k, v in unsupported.items() if v]}")
+        try:
+            columns = [by_prompt[_prompt_key(p)] for p in prompts]
+        except KeyError as e:
+            raise InputError(f"rollout_func: a prompt of no dataset row it was given: {e.args[0][:200]}") from None
+        step = trainer.state.global_step
+        calls[step] = calls.get(step, 0) + 1
+        seed = derive(
+            trainer.args.seed, "episodes", str(step), str(calls[step] - 1), str(trainer.accelerator.process_index)
+        )
+        sampling = SamplingParams(
+            temperature=trainer.temperature,
+            top_p=trainer.top_p,
+            max_new_tokens=trainer.max_completion_length,
+            batch_size=len(prompts),
+        )
+        with unwrap_model_for_generation(
+            trainer.model_wrapped,
+            trainer.accelerator,
+            gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
+            gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs,
+        ) as unwrapped:
+            # rung's RL trainers decode from a low-precision copy under bf16/fp16 (rung.rl.rollouts.generation_model)
+            model = getattr(trainer, "generation_model", lambda m: m)(unwrapped)
+            episodes = run(
+                sampler(model, trainer.eos_token_ids),
+                trainer.processing_class,
+                [factory() for _ in prompts],
+                columns,
+                sampling=sampling,
+                max_turns=environment.spec.max_turns,
+                seed=seed,
+                max_completion_tokens=trainer.max_completion_length,
+            )
+        return {
+            "prompt_ids": [e.prompt_ids for e in episodes],
+            "completion_ids": [e.completion_ids for e in episodes],
+            "logprobs": None,
+            "env_mask": [e.env_mask for e in episodes],
+            "episode_reward": [e.reward for e in episodes],
+            "episode": episodes,
+        }
+
+    return rollout
