@@ -56,6 +56,14 @@ class Scripted:
 
 
 SAMPLING = SamplingParams(temperature=0, max_new_tokens=64)
+KW = dict(sampling=SAMPLING, seed=0)
+
+
+class PythonRetry(Python):
+    """The python tool, and retry's feedback on a wrong answer: a tool environment with `_reply`."""
+
+    def _reply(self, message: str) -> str | None:
+        return "Let's try again." if self.episode.grade(message) is False else None
 
 
 def episodes(tok, spec: dict, script: dict[int, list[str]], **kwargs) -> list[Trajectory]:
@@ -174,6 +182,9 @@ def test_max_turns_cuts_an_episode_and_its_last_call_is_not_run(tok):
     assert [t["tool_results"] for t in e.turns] == [["1\n"], []]  # TRL: max_tool_calling_iterations = 1
     assert e.cut and e.reward == 0.0 and e.turns[-1]["correct"] is False  # no answer: wrong
     assert e.completion_ids[-1] == tok.eos_token_id and e.env_mask[-1] == 1  # it ends with the model's turn
+    # an environment that replies to answers but never got one: wrong, not unscored
+    (e,) = run(Scripted(tok, {0: [call("print(1)")] * 2}), tok, [PythonRetry(FMT, 2)], [ROW], **KW, max_turns=2)
+    assert e.cut and e.reward == 0.0 and e.turns[-1]["correct"] is False
 
 
 def test_the_token_budget_ends_an_episode_as_trls_rollout_does(tok):
@@ -208,13 +219,6 @@ def trained(tiny_model, tok, tmp_path_factory):
 @pytest.fixture(scope="module")
 def generator(trained):
     return api.load(trained, dtype="float32", device="cpu")
-
-
-class PythonRetry(Python):
-    """The python tool, and retry's feedback on a wrong answer: a tool environment with `_reply`."""
-
-    def _reply(self, message: str) -> str | None:
-        return "Let's try again." if self.episode.grade(message) is False else None
 
 
 def test_a_python_episode_on_the_real_generator(generator):

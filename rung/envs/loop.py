@@ -283,7 +283,7 @@ class _Turns:
             t.truncated = True  # the env turn does not fit: the episode ends here, as TRL's rollout does
         t.cut = last and (bool(calls) or turn["reply"] is not None or self._retry_wrong(env, turn))
         t.truncated = t.truncated or truncated
-        self._end(live, turn)
+        self._end(live, turn, shown=not calls and callable(getattr(env, "_reply", None)))
 
     @staticmethod
     def _retry_wrong(env: Any, turn: Turn) -> bool:
@@ -299,11 +299,12 @@ class _Turns:
         return self._replies[text]
 
     @staticmethod
-    def _end(live: _Live, turn: Turn) -> None:
-        """The episode is over: an environment that never sees plain answers (no `_reply`: TRL's contract, the
-        python tool) has its final answer graded here, as rung.envs.FinalAnswer grades it in TRL's loop."""
+    def _end(live: _Live, turn: Turn, shown: bool) -> None:
+        """The episode is over: its last turn, where `_reply` was not `shown` it (no `_reply`: TRL's contract, the
+        python tool; or a tool call cut at max_turns), is graded as its final answer, as rung.envs.FinalAnswer
+        grades it in TRL's loop (a turn without an answer: wrong)."""
         episode = live.episode
-        if episode is not None and not callable(getattr(live.env, "_reply", None)):
+        if episode is not None and not shown:
             turn["correct"] = episode.grade(turn["text"])
             turn["answer"] = episode.answers[-1]
         t = live.trajectory
