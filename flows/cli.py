@@ -14,6 +14,7 @@ from flows import credentials
 from rung import config, paths, preflight
 from rung.checks import workspace
 from rung.errors import InputError, Unavailable
+from rung.report import timings
 
 app = typer.Typer(
     add_completion=False,
@@ -45,11 +46,18 @@ def validate(params_file: Path = typer.Argument(paths.PARAMS, help="params file 
 
 @app.command(epilog="Guide: docs/results.md.")
 def table(report: Path = typer.Argument(paths.REPORT, help="report written by the report stage")) -> None:
-    """Print the results of the last pipeline run: every checkpoint, and the paired comparisons."""
+    """Print the results of the last pipeline run: every checkpoint, and the paired comparisons; then
+    the wall time of each stage in the last run (ran, or cached: not rerun)."""
     if not report.is_file():
         typer.echo(f"error: {report}: not found; run `dvc repro` first", err=True)
         raise typer.Exit(2)
     console.print(Markdown(report.read_text()))
+    # The workspace the report is in; its stage times are records beside it, not in it (rung.report.timings).
+    ws = report.parents[len(paths.REPORT.parts) - 1] if report.as_posix().endswith(paths.REPORT.as_posix()) else None
+    if ws is not None and (ws / timings.RUN).is_file():
+        from tasks.dvc import stages_in_order  # DVC only here: the other commands stay light
+
+        console.print(Markdown(timings.markdown(stages_in_order(ws), ws)))
 
 
 @app.command(epilog="Guides: docs/mlflow.md (runs and experiments in MLflow), docs/evaluation.md (checkpoints).")

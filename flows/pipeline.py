@@ -23,6 +23,7 @@ from prefect.artifacts import create_markdown_artifact
 from flows.stage import main
 from rung import config, paths, preflight, tracking
 from rung.errors import InputError
+from rung.report import timings
 from tasks import dvc
 
 # Headline keys of each metrics file (data/metrics/<stem>.json), in pipeline order.
@@ -69,11 +70,12 @@ def pipeline(params_file: str = str(paths.PARAMS)) -> list[str]:
     params = config.load(params_file)
     log = get_run_logger()
     with dvc.workspace_lock():
+        timings.begin()  # the stages below are this run's (a deployment's run has no flows.server around it)
         parent = tracking.parent_for(params, invocation="pipeline", params_file=Path(params_file))
         os.environ[tracking.PARENT_ENV] = parent  # inherited by the stage processes
-        ran, status = [], "FAILED"
+        ran, status, order = [], "FAILED", dvc.stages_in_order()
         try:
-            for stage in dvc.stages_in_order():
+            for stage in order:
                 if dvc.is_stale(stage):
                     try:
                         dvc.repro(stage)
@@ -90,8 +92,10 @@ def pipeline(params_file: str = str(paths.PARAMS)) -> list[str]:
             client = mlflow.MlflowClient()
             client.set_tag(parent, "rung.stages_run", ",".join(ran) or "none")
             client.set_terminated(parent, status)
-    summary = stage_summary()
-    create_markdown_artifact(markdown=summary, key="rung-stages", description="headline metrics of every stage")
+    summary = stage_summary() + "\n" + timings.markdown(order)
+    create_markdown_artifact(
+        markdown=summary, key="rung-stages", description="headline metrics and wall time of every stage"
+    )
     mlflow.MlflowClient().log_text(parent, summary, "stages.md")
     log.info("ran %d stage(s): %s", len(ran), ", ".join(ran) or "none")
     return ran

@@ -14,13 +14,18 @@ from pathlib import Path
 from prefect.server.api.server import SubprocessASGIServer
 from prefect.settings import get_current_settings
 
+from rung.report import timings
+
 # A new Prefect home's database is created and migrated on the first start: ~30 s on 2 cores.
 STARTUP_TIMEOUT_S = 600
 
 
 def run(cmd: list[str], cwd: Path | None = None, env: dict[str, str] | None = None) -> int:
-    """Run `cmd` (in `cwd`, with environment `env`, default this one) against a Prefect API; returns its exit code."""
+    """Run `cmd` (in `cwd`, with environment `env`, default this one) against a Prefect API; returns its exit code.
+    In a DVC workspace, this process's start is the run's for the stage wall-time table (rung.report.timings)."""
     env = env or dict(os.environ)
+    if ((cwd or Path.cwd()) / "dvc.yaml").is_file():
+        timings.begin(cwd or Path("."))
     if get_current_settings().api.url:
         return subprocess.run(cmd, cwd=cwd, env=env, check=False).returncode
     server = SubprocessASGIServer()

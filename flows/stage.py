@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import gc
+import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import mlflow
+import psutil
 from prefect import get_run_logger
 
 from flows import credentials
 from rung import config, files, paths, tracking
 from rung.config import Params
 from rung.errors import InputError, Unavailable
-from rung.report import health, keys
+from rung.report import health, keys, timings
 
 Check = Callable[[Params], None]
 
@@ -32,20 +35,41 @@ def main(flow: Callable[..., Any], *args: str, checks: Sequence[Check] = ()) -> 
     (rung.checks; the pipeline, sweep and study run all of rung.preflight), before any compute; input
     errors end with one line naming the key, file, field or server and exit code 2, a server that went
     away during the stage with one line and exit code 75 (rung.errors.Unavailable)."""
+    status: timings.Status = "failed"
     try:
         params = config.load(paths.PARAMS)
         credentials.check(params)
         preflight(params, checks)
         flow(*args)
+        status = "ran"
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     except Unavailable as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(Unavailable.exit_code) from None
+    finally:
+        record_time(status)
     # The process ends next: its objects go with it, not through a last full garbage collection
     # of every loaded library's objects at interpreter shutdown (~1 s on 2 cores). Exit handlers still run.
     gc.freeze()
+
+
+def record_time(status: timings.Status) -> None:
+    """This stage's wall time, from its process's start (imports included) to its flow's end: in
+    data/timings/ (under DVC: the table of the run, rung.report.timings, which says why it is in no
+    DVC output) and, when it ran to the end, on its MLflow run and parent (a failed stage's server may
+    be what failed: no waiting on it). A record: failing to write it neither fails the stage nor hides
+    why the stage failed."""
+    started = psutil.Process().create_time()
+    seconds = time.time() - started
+    try:
+        if stage := os.environ.get("DVC_STAGE"):  # a flow run outside DVC is no stage of a pipeline run
+            timings.record(stage, status, started, seconds, tracking.dvc_process())
+        if status == "ran":
+            tracking.log_duration(seconds)
+    except Exception as e:
+        print(f"the stage's wall time ({seconds:.1f} s) was not recorded: {str(e)[:200]}", file=sys.stderr)
 
 
 def finish(stage: str, metrics: dict[str, Any], tracked: dict[str, float] | None = None) -> None:

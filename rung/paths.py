@@ -23,6 +23,7 @@ REPORT = REPORTS / "report.md"
 HTML_REPORT = REPORTS / "report.html"
 PLOTS = Path("data/plots")
 WORK = Path("data/work")  # trainer scratch space (checkpoints in progress); not a DVC output
+TIMINGS = Path("data/timings")  # each stage's wall time in the last run: records, not DVC outputs (rung.report.timings)
 
 
 def checkpoint(name: str) -> Path:

@@ -33,7 +33,7 @@ from mlflow.entities import Metric, Param, Run
 
 from rung.config import Params
 from rung.files import flatten, md5
-from rung.report.keys import metric_keys
+from rung.report.keys import STAGE_DURATION, metric_keys, stage_duration
 
 PARENT_ENV = "RUNG_PIPELINE_RUN_ID"
 PARAMS_MD5_TAG = "rung.params_md5"
@@ -156,16 +156,22 @@ def close_orphans(experiment_id: str) -> list[str]:
     return closed
 
 
-def _dvc_invocation() -> str | None:
-    """'<pid>-<start time>' of the `dvc` process running this stage, if any."""
+def dvc_process() -> psutil.Process | None:
+    """The `dvc` process running this stage, if any."""
     try:
         for proc in psutil.Process().parents():
             cmd = proc.cmdline()
             if any(Path(a).name == "dvc" for a in cmd[:2]) or cmd[1:3] == ["-m", "dvc"]:
-                return _owner(proc)
+                return proc
     except psutil.Error:
         return None
     return None
+
+
+def _dvc_invocation() -> str | None:
+    """'<host>:<pid>-<start time>' of the `dvc` process running this stage, if any."""
+    proc = dvc_process()
+    return _owner(proc) if proc else None
 
 
 def params_md5(params: Params) -> str:
@@ -350,6 +356,18 @@ def _end(parent: str, status: str) -> None:
         if status == "FINISHED":
             raise
         print(f"MLflow: could not mark the runs {status} ({str(e)[:200]})", file=sys.stderr)
+
+
+def log_duration(seconds: float) -> None:
+    """Log a stage's wall time on the stage run this process ran (`stage/duration_s`) and on its parent
+    (`duration_s/<DVC stage>`: the experiment's time per stage); nothing when this process ran none."""
+    run = mlflow.last_active_run()  # the stage run, ended by now
+    if run is None or run.data.tags.get("rung.role") != "stage":
+        return
+    client = mlflow.MlflowClient()
+    client.log_metric(run.info.run_id, STAGE_DURATION, seconds)
+    if parent := run.data.tags.get("mlflow.parentRunId"):
+        client.log_metric(parent, stage_duration(run.data.tags["dvc.stage"]), seconds)
 
 
 def tag_placement(device: str, dtype: str) -> None:

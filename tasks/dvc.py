@@ -64,9 +64,10 @@ def workspace_lock() -> Iterator[Path]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def stages_in_order() -> list[str]:
-    """Stage addresses (e.g. 'rl@main') in an order that runs dependencies first, ties in dvc.yaml order."""
-    with Repo() as repo:
+def stages_in_order(root: Path | None = None) -> list[str]:
+    """Stage addresses (e.g. 'rl@main') of the workspace at `root` (default: the one around the current
+    directory) in an order that runs dependencies first, ties in dvc.yaml order."""
+    with Repo(root) as repo:
         position = {s.addressing: i for i, s in enumerate(repo.index.stages)}
         # DVC's graph points from a stage to the stages it depends on; reverse it to run deps first.
         graph = repo.index.graph.reverse()

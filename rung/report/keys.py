@@ -28,6 +28,15 @@ def metric_keys(metrics: dict[str, Any], prefix: str = "") -> dict[str, float]:
     }
 
 
+STAGE_DURATION = "stage/duration_s"
+"""A stage run's wall time (rung.report.timings: from its process's start to its flow's end)."""
+
+
+def stage_duration(stage: str) -> str:
+    """The same on the parent run, one key per DVC stage: `duration_s/<stage>` (rl@main: duration_s/rl_at_main)."""
+    return metric_name(f"duration_s/{stage}")
+
+
 def eval_metrics(result: EvalResult) -> dict[str, float]:
     """An eval stage's numbers as MLflow metrics under the same keys for every checkpoint,
     `<set>/<metric>` (names as SetMetrics.flat gives them); its settings are params, not metrics."""

@@ -39,6 +39,17 @@ def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
     ]
 
 
+def timing_table(rows: list[tuple[str, str, float | None]]) -> Table:
+    """A run's wall time per stage (rung.report.timings): status, seconds and share of the stages' total;
+    a cached stage has neither; the last row is the total."""
+    total = sum(s for _, _, s in rows if s is not None)
+    body = [
+        [stage, status, "" if s is None else f"{s:.1f} s", "" if s is None or not total else f"{100 * s / total:.0f}%"]
+        for stage, status, s in rows
+    ]
+    return ["stage", "status", "wall time", "share"], [*body, ["all stages", "", f"{total:.1f} s", ""]]
+
+
 def pct(v: float) -> str:
     return f"{100 * v:.1f}%"
 
