@@ -3,7 +3,8 @@
 Outputs (written by rung.eval.evaluate.run): per-sample records (data/eval/<ckpt>/), DVC plots (pass@k
 and maj@k curves, accuracy by difficulty); this flow adds the DVC metrics file
 (data/metrics/eval-<ckpt>.json) and logs its numbers to the stage's MLflow run under the same keys
-for every checkpoint (`<set>/<metric>`: `test/accuracy`, `test/pass_at_4`), the checkpoint and its
+for every checkpoint (`<set>/<metric>`: `test/accuracy`, `test/pass_at_4`; with an `environment`, its
+episodes' `test/episodes/...`), the checkpoint and its
 init as tags and the settings as params, so MLflow's compare and chart views line checkpoints up;
 with the pass@k curve of every set as an SVG artifact and the stage's generation throughput
 (tokens/s, MLflow only: it depends on the machine).
@@ -22,6 +23,7 @@ from prefect import flow, get_run_logger
 
 from flows.stage import finish, main, record_checkpoint
 from rung import config, files, paths, tracking
+from rung.checks.environments import environments
 from rung.checks.generation import backend
 from rung.checks.models import chat_template
 from rung.eval import evaluate
@@ -31,7 +33,7 @@ from rung.seeding import derive
 from tasks import evaluate as evaluate_task
 from tasks import generation
 
-CHECKS = (chat_template, backend)
+CHECKS = (chat_template, backend, environments)
 """What this stage checks of params before any compute (flows.stage.main)."""
 
 
@@ -52,6 +54,11 @@ def eval_checkpoint(checkpoint: str, params_file: str = str(paths.PARAMS)) -> No
         seed = derive(params.seed, "eval")
         gen = generation.load(model_dir, params.model, params.generation)
         tracking.tag_placement(gen.device, gen.dtype)
+        environment = None
+        if params.environment:
+            from rung import envs  # TRL's template tools: imported once the model is (tests/test_startup.py)
+
+            environment = envs.check(params.environment, gen.tok, "environment")
         record_checkpoint(params, checkpoint)
         sampled = params.eval.samples and params.eval.samples.checkpoints
         eval_params = (
@@ -60,7 +67,7 @@ def eval_checkpoint(checkpoint: str, params_file: str = str(paths.PARAMS)) -> No
         results, tokens, start = {}, 0, time.perf_counter()
         for name, path in set_paths.items():
             results[name] = evaluate_task.evaluate_set(
-                gen, name, files.read_jsonl(path), params.format, eval_params, seed
+                gen, name, files.read_jsonl(path), params.format, eval_params, seed, environment
             )
             tokens += sum(s["tokens"] for records in results[name][:2] for r in records for s in r["samples"])
         seconds = time.perf_counter() - start

@@ -10,15 +10,26 @@ from prefect.cache_policies import NO_CACHE
 from rung.config import EvalParams, FormatParams
 from rung.eval import evaluate
 
-if TYPE_CHECKING:  # a type only: torch is imported by whoever loads the model (tasks.generation), after the preflight
+if TYPE_CHECKING:  # types only: torch is imported by whoever loads the model (tasks.generation), after the preflight
+    from rung.envs.spec import Environment
     from rung.eval.results import SetMetrics
     from rung.generate.completion import Generator
 
 
 @task(cache_policy=NO_CACHE, task_run_name="eval {name}")
 def evaluate_set(
-    gen: Generator, name: str, rows: list[dict[str, Any]], fmt: FormatParams, params: EvalParams, seed: int
+    gen: Generator,
+    name: str,
+    rows: list[dict[str, Any]],
+    fmt: FormatParams,
+    params: EvalParams,
+    seed: int,
+    environment: Environment | None = None,
 ) -> tuple[list[Any], list[Any], SetMetrics]:
-    """(greedy records, sampled records, metrics) of one eval set."""
+    """(greedy records, sampled records, metrics) of one eval set: completions, or `environment`'s episodes."""
     log = get_run_logger()
-    return evaluate.evaluate(gen, rows, fmt, params, seed, progress=lambda m: log.info("%s: %s", name, m))
+
+    def progress(message: str) -> None:
+        log.info("%s: %s", name, message)
+
+    return evaluate.evaluate(gen, rows, fmt, params, seed, progress, environment)

@@ -9,7 +9,6 @@ from prefect.cache_policies import NO_CACHE
 
 from rung import models
 from rung.config import ModelParams
-from rung.envs import template
 from tasks.retry import unless_input_error
 
 
@@ -26,6 +25,8 @@ def materialize(params: ModelParams, out_dir: Path) -> int:
     count = models.materialize(params.source, out_dir, params.dtype, params.revision)
     if params.chat_template == "tools":
         from transformers import AutoTokenizer
+
+        from rung.envs import template
 
         template.apply(AutoTokenizer.from_pretrained(out_dir)).save_pretrained(out_dir)
     return count

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rung import envs, files
+from rung import files
 from rung.config import EnvironmentParams, Params
-from rung.envs import template
 from rung.errors import InputError
 from rung.models import EMBEDDED
 
@@ -30,6 +29,8 @@ def used(params: Params) -> dict[str, EnvironmentParams]:
 def environments(params: Params) -> None:
     """Every environment the experiment runs: see the module docstring."""
     for key, spec in used(params).items():
+        from rung import envs  # transformers and TRL: only for an experiment with episodes (the preflight stays light)
+
         if params.format.template != "chat":
             raise InputError(f"{key}: episodes are chats; set format.template: chat")
         env = envs.check(spec, None, key)
@@ -50,5 +51,7 @@ def _template_problem(source: str) -> str | None:
     if not (files.is_local_path(source) and path.is_dir()):
         return None
     from transformers import AutoTokenizer
+
+    from rung.envs import template
 
     return template.tool_calling_problem(AutoTokenizer.from_pretrained(path))

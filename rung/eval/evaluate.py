@@ -12,13 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 from rung import files, paths
 from rung.answers import formats
-from rung.answers.verify import answer_class, is_correct
-from rung.config import BootstrapParams, EvalParams, FormatParams
+from rung.answers.verify import GraderFailed, answer_class, is_correct
+from rung.config import BootstrapParams, EvalParams, FormatParams, SamplingParams
 from rung.data.rows import difficulty_label
 from rung.eval import metrics
 from rung.eval.results import EvalRecord, EvalResult, Graded, SetMetrics
 
-if TYPE_CHECKING:  # a type only: torch is imported by whoever loads the model (tasks.generation), after the preflight
+if TYPE_CHECKING:  # types only: torch is imported by whoever loads the model (tasks.generation), after the preflight
+    from rung.envs.loop import Trajectory
+    from rung.envs.spec import Environment
     from rung.generate.completion import Completion, Generator
 
 Record = EvalRecord
@@ -120,6 +122,30 @@ def summarize_sampled(
     }
 
 
+def grade_episodes(rows: list[dict[str, Any]], samples: list[list[Trajectory]], fmt: FormatParams) -> list[Record]:
+    """One record per row from its episodes: each graded as a completion (its last assistant turn, the final
+    answer, graded by the task's verifier as single-turn completions are) with the whole episode in `episode`.
+    A grader that failed inside an episode (the sandbox of a python tool) stops evaluation in one line, as it
+    does for single-turn code (rung.answers.verify.GraderFailed): an unscored episode is never counted wrong."""
+    from rung.eval import episodes
+
+    records = grade(rows, [[_final(t) for t in trajectories] for trajectories in samples], fmt)
+    for row, record, trajectories in zip(rows, records, samples, strict=True):
+        for graded, trajectory in zip(record["samples"], trajectories, strict=True):
+            if trajectory.unscored is not None:
+                raise GraderFailed(f"eval row {row['id']}: the environment's grader failed: {trajectory.unscored}")
+            graded["episode"] = episodes.record(trajectory)
+    return records
+
+
+def _final(trajectory: Trajectory) -> Completion:
+    """An episode as the completion it ends with: the last assistant turn, its tokens all the model generated."""
+    from rung.generate.completion import Completion
+
+    last = trajectory.turns[-1]["text"] if trajectory.turns else ""
+    return Completion(last, sum(t["tokens"] for t in trajectory.turns), trajectory.truncated)
+
+
 def evaluate(
     gen: Generator,
     rows: list[dict[str, Any]],
@@ -127,20 +153,37 @@ def evaluate(
     params: EvalParams,
     seed: int,
     progress: Callable[[str], None] = lambda _: None,
+    environment: Environment | None = None,
 ) -> tuple[list[Record], list[Record], SetMetrics]:
-    """Greedy (headline) and, when `params.samples` is set, sampled evaluation of `rows`.
+    """Greedy (headline) and, when `params.samples` is set, sampled evaluation of `rows`: single-turn
+    completions, or with `environment` its episodes (rung.eval.episodes.run), graded by their final answers and
+    summarized by their episode metrics too.
 
     Returns (greedy records, sampled records, metrics).
     """
-    prompts = gen.render([formats.prompt(r["prompt"], fmt) for r in rows])
-    greedy = grade(rows, gen.generate(prompts, params.sampling, n=1, seed=seed, desc="eval greedy"), fmt)
+    prompts = [] if environment else gen.render([formats.prompt(r["prompt"], fmt) for r in rows])
+
+    def answer(subset: list[dict[str, Any]], sampling: SamplingParams, n: int, seed: int, desc: str) -> list[Record]:
+        if environment is None:
+            return grade(subset, gen.generate(prompts[: len(subset)], sampling, n=n, seed=seed, desc=desc), fmt)
+        from rung.eval import episodes
+
+        return grade_episodes(subset, episodes.run(gen, environment, subset, fmt, sampling, n, seed), fmt)
+
+    greedy = answer(rows, params.sampling, 1, seed, "eval greedy")
     result = summarize_greedy(greedy, params, seed)
     progress(f"greedy accuracy {result.accuracy:.3f} on {len(rows)} prompts")
+    if environment is not None:
+        from rung.eval import episodes
+
+        found = episodes.metrics([r["samples"][0]["episode"] for r in greedy], environment.spec.max_turns)
+        result = SetMetrics(**result.dump(), episodes=found.model_dump())
+        progress(f"episodes: success within {found.success_within}, first answer {found.first_answer_accuracy}")
     sampled: list[Record] = []
     if params.samples is not None:
         s = params.samples
         subset = rows[: s.max_prompts]
-        sampled = grade(subset, gen.generate(prompts[: len(subset)], s, n=s.n, seed=seed + 1, desc=f"eval x{s.n}"), fmt)
+        sampled = answer(subset, s, s.n, seed + 1, f"eval x{s.n}")
         summary = summarize_sampled(sampled, params.bootstrap, seed, s.compare_k, [answer_class(r) for r in subset])
         result = SetMetrics(**result.dump(), **summary)
     return greedy, sampled, result

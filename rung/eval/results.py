@@ -36,6 +36,8 @@ class Graded(TypedDict, total=False):
     correct_lenient: bool
     tokens: int
     truncated: bool
+    episode: dict[str, Any]
+    """With an environment: the whole episode (rung.eval.episodes.EpisodeRecord); the completion is its last turn."""
 
 
 class EvalRecord(TypedDict, total=False):
@@ -75,6 +77,9 @@ class SetMetrics(Result):
     """Share of prompts solved at least once in the n samples (= pass@n)."""
     maj_at_k: dict[str, Number] = {}
     sampled_mean_tokens: Number | None = None
+    episodes: dict[str, Any] | None = None
+    """With an environment: the greedy episodes' metrics (rung.eval.episodes.EpisodeMetrics: success within t
+    turns, first-answer accuracy, mean turns, tool calls, tool error rate, cut at max_turns)."""
 
     @model_validator(mode="after")
     def _only_avg_extra(self) -> SetMetrics:
@@ -89,8 +94,13 @@ class SetMetrics(Result):
 
     def flat(self) -> dict[str, Any]:
         """The metrics with one name per number (no lists, no k-keyed dicts): `accuracy_ci_low` /
-        `_high`, `pass_at_<k>`, `maj_at_<k>`; avg@<n> and the by-source/task/difficulty dicts as they are."""
-        out = self.model_dump(exclude={"accuracy_ci", "pass_at_k", "maj_at_k"}, exclude_none=True)
+        `_high`, `pass_at_<k>`, `maj_at_<k>`, `episodes.success_within_<t>`; avg@<n> and the
+        by-source/task/difficulty dicts as they are."""
+        out = self.model_dump(exclude={"accuracy_ci", "pass_at_k", "maj_at_k", "episodes"}, exclude_none=True)
+        if self.episodes:
+            within = self.episodes.get("success_within", {})
+            rest = {k: v for k, v in self.episodes.items() if k != "success_within"}
+            out["episodes"] = rest | {f"success_within_{t}": v for t, v in within.items()}
         if self.accuracy_ci:
             out["accuracy_ci_low"], out["accuracy_ci_high"] = self.accuracy_ci
         out |= {f"pass_at_{k}": v for k, v in self.pass_at_k.items()}

@@ -1,0 +1,64 @@
+"""Episodes in the stages (issue #47): evaluation runs the experiment's environment through rung's episode loop,
+grades each episode's final answer as single-turn completions are graded, keeps the whole episode in the record,
+and summarizes the episodes (success within t turns, first answer, tool calls) in the set's metrics."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rung.config import EvalParams, FormatParams
+from rung.envs import check
+from rung.eval import evaluate
+from rung.eval.results import EvalResult
+from rung.report import keys
+from tests.test_episodes import generator, tok, trained  # noqa: F401 - the fixtures: the tiny model that calls python
+
+FMT = FormatParams()
+ROWS = [  # curated rows: the trained model calls python(print(17 * 23)), then answers 391
+    {"id": f"r{i}", "source": "s", "task": "basic_arithmetic", "prompt": "What is 17 * 23?", "answer": answer}
+    for i, answer in enumerate(["391", "390"])
+]
+for row in ROWS:
+    row["meta"] = {"difficulty": {}}
+PARAMS = EvalParams.model_validate(
+    {"sampling": {"temperature": 0.0, "max_new_tokens": 64}, "samples": {"n": 2, "max_new_tokens": 64}}
+)
+
+
+@pytest.fixture(scope="module")
+def python_eval(generator):  # noqa: F811
+    env = check({"name": "python", "max_turns": 3}, generator.tok)
+    return evaluate.evaluate(generator, ROWS, FMT, PARAMS, seed=0, environment=env)
+
+
+def test_evaluation_runs_episodes_and_grades_their_final_answers(python_eval):
+    greedy, sampled, result = python_eval
+    right, wrong = (r["samples"][0] for r in greedy)
+    assert right["episode"]["tool_calls"] == 1 and right["episode"]["turns"][0]["tool_results"] == ["391\n"]
+    assert (
+        right["correct"]
+        and right["extracted"] == "391"
+        and right["completion"] == right["episode"]["turns"][-1]["text"]
+    )
+    assert not wrong["correct"]
+    assert right["tokens"] == right["episode"]["tokens"] > 0
+    assert [len(r["samples"]) for r in sampled] == [2, 2] and all("episode" in s for r in sampled for s in r["samples"])
+    json.dumps(greedy)  # records are written as JSON lines
+
+
+def test_an_eval_set_summarizes_its_episodes(python_eval):
+    result = python_eval[2]
+    assert result.accuracy == 0.5
+    episodes = result.episodes
+    assert set(episodes["success_within"]) == {"1", "2", "3"}
+    assert episodes["success_within"]["1"] == 0.0 and episodes["success_within"]["2"] == 0.5
+    assert episodes["tool_calls_per_episode"] == 1.0 and episodes["tool_error_rate"] == 0.0
+    logged = keys.eval_metrics(EvalResult.model_validate({"sets": {"test": result.dump()}}))
+    assert logged["test/episodes/success_within_2"] == 0.5 and logged["test/episodes/mean_turns"] > 1
+
+
+def test_without_an_environment_evaluation_is_single_turn(generator):  # noqa: F811
+    greedy, _, result = evaluate.evaluate(generator, ROWS, FMT, PARAMS.model_copy(update={"samples": None}), seed=0)
+    assert "episode" not in greedy[0]["samples"][0] and result.episodes is None
