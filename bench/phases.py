@@ -1,7 +1,8 @@
 """Phase timers of an RL step, shared by bench/rl_overhead.py and bench/gpu.py: wrap a TRL trainer's
 own methods and split its training time into generation, reward scoring, the rest of the rollout
 phase (reference / old log-probs, advantages, rung's curriculum and dynamic-sampling bookkeeping),
-the loss forward (log-probs with gradients), backward, and optimizer + logging (the remainder)."""
+the loss forward (log-probs with gradients), backward, checkpoint saves, and optimizer + logging (the
+remainder). bench/stage_profile.py times a whole stage's phases with the same timers."""
 
 from __future__ import annotations
 
@@ -12,7 +13,23 @@ from typing import Any
 
 import torch
 
-PHASES = ("generation", "rewards", "rollout rest", "loss forward", "backward", "optimizer + rest")
+PHASES = (
+    "generation",
+    "rewards",
+    "rollout rest",
+    "loss forward",
+    "backward",
+    "optimizer + rest",
+    "checkpoint save",
+)
+METHODS = (  # (timer, the trainer's method it wraps)
+    ("generation", "_generate_single_turn"),
+    ("rewards", "_calculate_rewards"),
+    ("rollout", "_generate_and_score_completions"),
+    ("loss forward", "compute_loss"),
+    ("step", "training_step"),
+    ("checkpoint save", "_save_checkpoint"),
+)
 
 
 def _sync() -> None:
@@ -20,33 +37,47 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def instrument(trainer: Any) -> dict[str, float]:
+def timed(
+    spent: dict[str, float], name: str, fn: Callable[..., Any], tokens: Callable[[Any], int] | None = None
+) -> Callable[..., Any]:
+    """`fn`, adding its wall time to spent[name] (and `tokens` of its result to spent["tokens"])."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        _sync()
+        t0 = time.perf_counter()
+        out = fn(*args, **kwargs)
+        _sync()  # CUDA kernels run asynchronously: charge them to the phase that launched them
+        spent[name] += time.perf_counter() - t0
+        if tokens is not None:
+            spent["tokens"] += tokens(out)
+        return out
+
+    return wrapper
+
+
+def instrument(trainer: Any, spent: dict[str, float] | None = None) -> dict[str, float]:
     """Wrap the trainer's phase methods (instance attributes shadow the class's, so calls through
-    `self.` are timed once, at the outermost level) and count generated completion tokens."""
-    spent: dict[str, float] = defaultdict(float)
-
-    def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            _sync()
-            t0 = time.perf_counter()
-            out = fn(*args, **kwargs)
-            _sync()  # CUDA kernels run asynchronously: charge them to the phase that launched them
-            spent[name] += time.perf_counter() - t0
-            if name == "generation":
-                spent["tokens"] += sum(len(ids) for ids in out[0])
-            return out
-
-        return wrapper
-
-    for name, method in (
-        ("generation", "_generate_single_turn"),
-        ("rewards", "_calculate_rewards"),
-        ("rollout", "_generate_and_score_completions"),
-        ("loss forward", "compute_loss"),
-        ("step", "training_step"),
-    ):
-        setattr(trainer, method, timed(name, getattr(trainer, method)))
+    `self.` are timed once, at the outermost level; a method the trainer lacks, SFT's rollouts, is
+    skipped) and count generated completion tokens; returns `spent` (default: a new one)."""
+    spent = defaultdict(float) if spent is None else spent
+    for name, method in METHODS:
+        if hasattr(trainer, method):
+            count = (lambda out: sum(len(ids) for ids in out[0])) if name == "generation" else None
+            setattr(trainer, method, timed(spent, name, getattr(trainer, method), count))
     return spent
+
+
+def split(spent: dict[str, float], total: float) -> dict[str, float]:
+    """A training run's `total` seconds by phase (PHASES) from the timers of `instrument`."""
+    return {
+        "generation": spent["generation"],
+        "rewards": spent["rewards"],
+        "rollout rest": spent["rollout"] - spent["generation"] - spent["rewards"],
+        "loss forward": spent["loss forward"],
+        "backward": spent["step"] - spent["rollout"] - spent["loss forward"],
+        "optimizer + rest": total - spent["step"] - spent["checkpoint save"],
+        "checkpoint save": spent["checkpoint save"],
+    }
 
 
 def run(name: str, trainer: Any) -> dict[str, Any]:
@@ -55,21 +86,13 @@ def run(name: str, trainer: Any) -> dict[str, Any]:
     t0 = time.perf_counter()
     trainer.train()
     total = time.perf_counter() - t0
-    phases = {
-        "generation": spent["generation"],
-        "rewards": spent["rewards"],
-        "rollout rest": spent["rollout"] - spent["generation"] - spent["rewards"],
-        "loss forward": spent["loss forward"],
-        "backward": spent["step"] - spent["rollout"] - spent["loss forward"],
-        "optimizer + rest": total - spent["step"],
-    }
     reward = [h["reward"] for h in trainer.state.log_history if "reward" in h]
     return {
         "contender": name,
         "seconds": total,
         "tokens": int(spent["tokens"]),
         "ms_per_token": 1000 * total / spent["tokens"],
-        "phases": phases,
+        "phases": split(spent, total),
         "steps": trainer.state.global_step,
         "mean_reward": sum(reward) / len(reward),
     }
