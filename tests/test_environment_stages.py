@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from rung.config import EvalParams, FormatParams
 from rung.envs import check
@@ -62,3 +63,70 @@ def test_an_eval_set_summarizes_its_episodes(python_eval):
 def test_without_an_environment_evaluation_is_single_turn(generator):  # noqa: F811
     greedy, _, result = evaluate.evaluate(generator, ROWS, FMT, PARAMS.model_copy(update={"samples": None}), seed=0)
     assert "episode" not in greedy[0]["samples"][0] and result.episodes is None
+
+
+def _arithmetic_rows(n: int) -> list[dict]:
+    import reasoning_gym
+
+    return [
+        {
+            "id": f"a{i}",
+            "source": "s",
+            "task": "basic_arithmetic",
+            "prompt": x["question"],
+            "answer": x["answer"],
+            "meta": x["metadata"],
+        }
+        for i, x in enumerate(
+            reasoning_gym.create_dataset(
+                "basic_arithmetic", size=n, seed=3, min_terms=2, max_terms=3, min_digits=1, max_digits=1
+            )
+        )
+    ]
+
+
+def test_tool_call_traces_run_the_tool_and_sft_trains_only_the_assistants_tokens(tiny_model, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    from rung.config import ToolTraces
+    from rung.data.traces import from_tool_calls
+    from rung.envs import template
+    from rung.train.sft import examples
+
+    rows = _arithmetic_rows(4)
+    traces = from_tool_calls(rows, ToolTraces(type="tool_calls"), FMT)
+    # a row whose printed value is not its answer (Python's 6 / 3 prints 2.0) is skipped, never trained on
+    assert 2 <= len(traces) <= 4 and all(t["messages"][1]["content"].strip() == t["target"].split()[-1] for t in traces)
+    call, tool, final = traces[0]["messages"]
+    first = next(r for r in rows if r["id"] == traces[0]["id"])
+    assert call["tool_calls"][0]["function"]["arguments"]["code"] == f"print({first['meta']['expression']})"
+    assert tool["content"] == f"{first['answer']}\n"  # the sandbox's real output
+    assert final["content"] == f"Answer: {first['answer']}"
+
+    tools_tok = template.apply(AutoTokenizer.from_pretrained(tiny_model))
+    args = SFTConfig(
+        output_dir=str(tmp_path),
+        max_steps=3,
+        learning_rate=1e-2,
+        per_device_train_batch_size=4,
+        report_to=[],
+        use_cpu=True,
+        completion_only_loss=True,
+        assistant_only_loss=True,
+        seed=0,
+    )
+    trainer = SFTTrainer(
+        model=AutoModelForCausalLM.from_pretrained(tiny_model),
+        args=args,
+        train_dataset=examples(traces, FMT),
+        processing_class=tools_tok,
+    )
+    example = trainer.train_dataset[0]
+    learned = [i for i, m in zip(example["input_ids"], example["labels"], strict=True) if m != -100]
+    text = tools_tok.decode(learned)
+    assert "<tool_call>" in text and f"Answer: {first['answer']}" in text  # the assistant's turns are trained
+    assert "<tool_response>" not in text and "user" not in text  # the tool's output and the prompt are not
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    trainer.train()
+    assert any(not torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())

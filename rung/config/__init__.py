@@ -52,6 +52,7 @@ from rung.config.data import (
     SampledTraces,
     SolutionTraces,
     Source,
+    ToolTraces,
     TraceSource,
     _TabularSource,
 )
@@ -123,6 +124,7 @@ __all__ = [
     "SolutionTraces",
     "Source",
     "StagedCurriculum",
+    "ToolTraces",
     "TraceSource",
     "TrackingParams",
     "VllmParams",
@@ -194,6 +196,16 @@ class Params(Section):
                         f"rl.stages.{name}.rewards.{reward}: grades {task} rows, and curate.sources has none "
                         f"(tasks: {', '.join(sorted(tasks))}); use accuracy"
                     )
+        return self
+
+    @model_validator(mode="after")
+    def _tool_traces_have_their_tool(self) -> Params:
+        """Tool-call traces call the python environment's tool: the experiment must run it."""
+        for i, trace in enumerate(self.sft.traces):
+            if isinstance(trace, ToolTraces) and (self.environment is None or self.environment.name != "python"):
+                raise ValueError(
+                    f"sft.traces.{i}: tool_calls traces call the python tool; set environment: {{name: python}}"
+                )
         return self
 
     @model_validator(mode="after")

@@ -297,4 +297,16 @@ class SampledTraces(Section):
         return self
 
 
-TraceSource = Annotated[SolutionTraces | SampledTraces, Field(discriminator="type")]
+class ToolTraces(Section):
+    """Tool-call episodes built from the data, for `environment: {name: python}`: each row's arithmetic
+    expression (reasoning-gym's `expression`) called as `python(code="print(<expression>)")`, the sandbox's
+    real output as the tool's turn, then the answer in the style. Rows without an expression, or whose tool
+    output is not their answer, are skipped. SFT then trains on the assistant's turns only."""
+
+    type: Literal["tool_calls"]
+    """Selects tool-call episodes."""
+    max_prompts: int | None = Field(256, gt=0)
+    """Build episodes for the first N train rows (each runs the sandbox once); None: all."""
+
+
+TraceSource = Annotated[SolutionTraces | SampledTraces | ToolTraces, Field(discriminator="type")]

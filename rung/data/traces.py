@@ -2,7 +2,9 @@
 (rejection sampling / STaR from the base model; distillation from a teacher).
 
 Every target goes through rung.answers.formats, so SFT teaches exactly the format that the rewards
-and the evaluation read.
+and the evaluation read. A tool-call trace (`tool_calls`) is an episode: its `messages` (the assistant's call,
+the tool's real output, the assistant's answer) and the tools' JSON schemas, which SFT trains on the
+assistant's turns only.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from rung import files, paths
 from rung.answers import formats
 from rung.answers.verify import is_correct
-from rung.config import FormatParams, SampledTraces, SFTParams, SolutionTraces, TraceSource
+from rung.config import FormatParams, SampledTraces, SFTParams, SolutionTraces, ToolTraces, TraceSource
 from rung.errors import InputError
 
 if TYPE_CHECKING:  # solution traces need no model: torch is imported by whoever loads one
@@ -47,6 +49,50 @@ def from_solutions(
         {"id": r["id"], "prompt": r["prompt"], "target": t, "origin": "solutions"}
         for r, t in zip(used, targets, strict=True)
     ]
+
+
+def from_tool_calls(rows: list[dict[str, Any]], src: ToolTraces, fmt: FormatParams) -> list[Trace]:
+    """An episode per row with an arithmetic expression: `python(code="print(<expression>)")` run in the
+    sandbox by the python environment's own tool (the text the model will read in RL and evaluation), then
+    the answer in the style; kept only when the tool printed the row's answer and the target is graded right."""
+    import json
+
+    from transformers.utils import get_json_schema
+
+    from rung.envs import Python
+
+    env = Python(fmt, max_turns=2)
+    schema = json.dumps([get_json_schema(env.python)])
+    traces = []
+    for row in rows[: src.max_prompts]:
+        expression = (row.get("meta") or {}).get("expression")
+        if not expression:
+            continue
+        env.reset(**row)
+        code = f"print({expression})"
+        output = env.python(code)
+        target = formats.target(row["answer"], None, fmt)
+        if env.episode.unscored is not None:
+            raise InputError(f"sft.traces: the python tool's sandbox failed on row {row['id']}: {env.episode.unscored}")
+        if not is_correct(output.strip(), row) or not is_correct(formats.extract(target, fmt), row):
+            continue
+        call = {"type": "function", "function": {"name": "python", "arguments": {"code": code}}}
+        messages = [
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "name": "python", "content": output},
+            {"role": "assistant", "content": target},
+        ]
+        traces.append(
+            {
+                "id": row["id"],
+                "prompt": row["prompt"],
+                "target": target,
+                "messages": messages,
+                "tools": schema,
+                "origin": "tool_calls",
+            }
+        )
+    return traces
 
 
 def in_format(text: str, row: dict[str, Any], fmt: FormatParams) -> str | None:
@@ -118,6 +164,12 @@ def build(
         if i in solved:
             got = solved[i]
             stats[name] = {"kept": len(got), "with_solution": sum(bool(r.get("solution")) for r in rows)}
+        elif isinstance(src, ToolTraces):
+            got = from_tool_calls(rows, src, fmt)
+            stats[name] = {
+                "kept": len(got),
+                "with_expression": sum(bool((r.get("meta") or {}).get("expression")) for r in rows),
+            }
         else:
             got, stats[name] = sampled(load(src.model), rows, src, fmt, seed + i)
         traces += got

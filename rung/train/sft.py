@@ -18,10 +18,28 @@ from rung.train.jobs import JobResult, SFTJob, main
 
 def examples(traces: list[dict[str, Any]], fmt: FormatParams) -> Dataset:
     """Prompt/completion pairs, conversations for a chat template or plain text (TRL appends EOS):
-    TRL masks the prompt, so only the response is learned."""
+    TRL masks the prompt, so only the response is learned. An episode's completion is its messages, with its
+    tools' schemas in a `tools` column (TRL renders them into the prompt); see `episodes`."""
+    if not episodes(traces):
+        return Dataset.from_list(
+            [{"prompt": formats.prompt(t["prompt"], fmt), "completion": _completion(t["target"], fmt)} for t in traces]
+        )
     return Dataset.from_list(
-        [{"prompt": formats.prompt(t["prompt"], fmt), "completion": _completion(t["target"], fmt)} for t in traces]
+        [
+            {
+                "prompt": formats.prompt(t["prompt"], fmt),
+                "completion": t.get("messages") or _completion(t["target"], fmt),
+                "tools": t.get("tools"),
+            }
+            for t in traces
+        ]
     )
+
+
+def episodes(traces: list[dict[str, Any]]) -> bool:
+    """Whether some trace is an episode (tool calls and their results): then SFT trains on the assistant's turns
+    only (TRL's assistant_only_loss, by the chat template's generation markers), never on what a tool wrote."""
+    return any("messages" in t for t in traces)
 
 
 def _completion(target: str, fmt: FormatParams) -> list[dict[str, str]] | str:
@@ -45,6 +63,7 @@ def train(job: SFTJob) -> JobResult:
         lr_scheduler_type="cosine",
         max_length=params.max_length,
         completion_only_loss=True,
+        assistant_only_loss=episodes(traces),
         packing=params.packing,
     )
     trainer = SFTTrainer(
