@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,26 +15,79 @@ import pytest
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 
+# The suite runs on two xdist workers (pyproject.toml's addopts; docs/architecture.md, Tests). Each gets a Prefect
+# home of its own inside the one it was given (CI's fresh one, or ~/.prefect), so that the ephemeral servers of two
+# workers never create or migrate one database at once. Servers started by tests take free ports and temp dirs.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if WORKER:
+    _home = Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser() / "xdist" / WORKER
+    _home.mkdir(parents=True, exist_ok=True)  # Prefect creates its home's last level only
+    os.environ["PREFECT_HOME"] = str(_home)
+
 from tests.tiny_model import build  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# Longest first: the order in which xdist hands out units of work (a group, or a test of no group) when
+# distributing (--no-loadscope-reorder: a unit sits where its first test is), so that no long unit starts while
+# the other worker is nearly done. Seconds per unit on 2 busy cores (--durations, set-up included); units not
+# named here follow in file order. A rough order is enough: re-rank when --durations shows a new long one.
+LONGEST_FIRST = {
+    "pipeline": 600,  # tests/test_pipeline.py: one workspace through `dvc repro`, the flow, kills, LoRA
+    "orchestration": 420,  # tests/test_orchestration.py: the team's servers, deployed runs, the secret scans
+    "tests/test_study.py::test_rung_study_runs_two_arms_by_two_seeds": 212,
+    "vllm": 160,  # tests/test_vllm.py: one vLLM CPU engine at a time
+    "kill": 150,  # tests/test_kill.py: a workspace and a forkserver, stages killed and rerun
+    "tests/test_recipes.py::test_rung_run_end_to_end": 102,
+}
+
+
+def _unit(item: pytest.Item) -> str:
+    mark = item.get_closest_marker("xdist_group")
+    return (mark.args[0] if mark.args else mark.kwargs.get("name", "default")) if mark else item.nodeid
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under xdist, the units of LONGEST_FIRST first, longest first; the others keep their file order, as do the
+    tests of a group (a stable sort). Without xdist (-n 0), the file order."""
+    if config.pluginmanager.hasplugin("xdist") and config.getoption("dist", "no") != "no":
+        ranks = {unit: rank for rank, unit in enumerate(sorted(LONGEST_FIRST, key=lambda u: -LONGEST_FIRST[u]))}
+        items.sort(key=lambda item: ranks.get(_unit(item), len(ranks)))
+
+
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], Path]) -> Path:
+    """`make(directory)`, which returns what it built, run once for the whole run: under xdist the first worker
+    to ask builds it in the run's shared temp dir while the other waits (an flock), then both read it."""
+    if not WORKER:
+        return make(tmp_path_factory.mktemp(name))
+    root = tmp_path_factory.getbasetemp().parent  # pytest-of-<user>/pytest-<n>, the workers' common parent
+    done = root / f"{name}.built"
+    with (root / f"{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.is_file():
+            done.write_text(str(make(root / name)))
+    return Path(done.read_text())
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 1.6M-parameter random Llama with the SmolLM2 tokenizer, built once per session."""
-    return build(tmp_path_factory.mktemp("tiny") / "model")
+    """A 1.6M-parameter random Llama with the SmolLM2 tokenizer, built once per run."""
+    return built_once(tmp_path_factory, "tiny", lambda d: build(d / "model"))
 
 
 @pytest.fixture(scope="session")
 def smollm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The pipeline's base model (the embedded SmolLM2-135M-Instruct, float32), as the model stage
-    writes it: converted once per session (~20 s on 2 cores)."""
+    writes it: converted once per run (~20 s on 2 cores)."""
     from rung import models
 
-    out = tmp_path_factory.mktemp("smollm") / "base"
-    models.materialize(models.EMBEDDED, out)
-    return out
+    def convert(d: Path) -> Path:
+        models.materialize(models.EMBEDDED, d / "base")
+        return d / "base"
+
+    return built_once(tmp_path_factory, "smollm", convert)
 
 
 @pytest.fixture

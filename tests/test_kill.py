@@ -41,6 +41,9 @@ from tests.rows import sums
 from tests.test_pipeline import tiny_params
 from tests.workspace import make_workspace
 
+# One workspace, forkserver and MLflow server (the module's fixtures), in file order: on one xdist worker.
+pytestmark = pytest.mark.xdist_group("kill")
+
 
 def parity(completion_ids, **_):
     """A reward with variance inside the groups of a random model (its completions all run to the

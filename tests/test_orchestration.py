@@ -39,11 +39,15 @@ from typer.testing import CliRunner
 from flows import credentials, sweep
 from flows import serve as team
 from flows.cli import app
+from flows.run import commit
 from rung.errors import InputError
 from tasks import dvc
 from tests.conftest import free_port
 from tests.test_pipeline import tiny_params
-from tests.workspace import make_workspace
+from tests.workspace import keep_stages, make_workspace
+
+# The servers and workspace (the module's fixtures, which set os.environ), in file order: on one xdist worker.
+pytestmark = pytest.mark.xdist_group("orchestration")
 
 STAGES = ["model", "curate"]
 TRAINING = ["model", "curate", "traces", "sft", "difficulty", "rl"]  # up to the RL stage, no evaluation
@@ -512,14 +516,16 @@ def test_sweep_queues_a_grid_of_dvc_experiments(workspace):
         ]
 
 
-def test_training_stages_leak_no_secret(servers, tiny_model, tmp_path_factory):
+def test_training_stages_leak_no_secret(workspace, servers):
     """The secret scan over the SFT and RL stages too (the deployed run above has model and curate only):
     the trainers hand their whole config to MLflow, and TRL and transformers read the environment. The
     pipeline flow runs them, on the tiny model for 2 steps each, in a node's environment holding the
-    planted secrets; nothing of them, nor of the servers' credentials, may reach a record."""
-    ws = tmp_path_factory.mktemp("ws-train").resolve()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "MLFLOW_"))}
-    make_workspace(ws, tiny_params(tiny_model), {**env, **servers["prefect"]}, stages=TRAINING)
+    planted secrets; nothing of them, nor of the servers' credentials, may reach a record. In the module's
+    workspace, its DAG grown to the training stages: the model stage the deployed run ran is up to date (curate's
+    outputs come back from DVC's run cache), and the scan covers what every test above wrote there too."""
+    ws, run = workspace
+    keep_stages(ws, TRAINING)
+    commit(ws, "the training stages", run.env)
     res = subprocess.run(
         [sys.executable, "-m", "flows.pipeline"],
         cwd=ws,

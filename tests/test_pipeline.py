@@ -24,6 +24,9 @@ from tests.conftest import ROOT, free_port, serve, wait_healthy
 from tests.test_html_report import CHROMIUM, chromium
 from tests.workspace import make_workspace
 
+# One workspace (the module's fixture), its tests in file order: on one xdist worker (tests/conftest.py).
+pytestmark = pytest.mark.xdist_group("pipeline")
+
 STAGES = {
     "model",
     "curate",

@@ -33,6 +33,8 @@ from rung.generate.completion import Generator
 from tests.tiny_model import build as build_tiny
 
 ROOT = Path(__file__).resolve().parents[1]
+# One vLLM engine at a time (the session's `engines`), started once: these tests on one xdist worker.
+pytestmark = pytest.mark.xdist_group("vllm")
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 FMT = FormatParams()
 

@@ -23,9 +23,7 @@ def make_workspace(ws: Path, params: dict, env: dict[str, str], stages: list[str
     copy_project(ROOT, ws)
     (ws / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     if stages:
-        dag = yaml.safe_load((ROOT / "dvc.yaml").read_text())
-        dag["stages"] = {k: v for k, v in dag["stages"].items() if k in stages}
-        (ws / "dvc.yaml").write_text(yaml.safe_dump(dag, sort_keys=False))
+        keep_stages(ws, stages)
     env = {**env, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
 
     def run(*cmd: str, **kw: object) -> subprocess.CompletedProcess:
@@ -34,3 +32,10 @@ def make_workspace(ws: Path, params: dict, env: dict[str, str], stages: list[str
     run.env = env  # type: ignore[attr-defined]  # for commands started with Popen
     commit(ws, "project", env)
     return run
+
+
+def keep_stages(ws: Path, stages: list[str]) -> None:
+    """Write `ws`'s dvc.yaml as the project's with only `stages` (names of dvc.yaml, a foreach as one)."""
+    dag = yaml.safe_load((ROOT / "dvc.yaml").read_text())
+    dag["stages"] = {k: v for k, v in dag["stages"].items() if k in stages}
+    (ws / "dvc.yaml").write_text(yaml.safe_dump(dag, sort_keys=False))
