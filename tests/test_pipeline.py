@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from flows.run import commit
+from rung.report import keys
 from rung.train.checkpoints import CURRICULUM_STATE, complete_checkpoints
 from tests.conftest import ROOT, free_port, serve, wait_healthy
 from tests.test_html_report import CHROMIUM, chromium
@@ -72,6 +73,13 @@ def workspace(tmp_path_factory, tiny_model, prefect_server):
     env = {**os.environ, **prefect_server}
     env.pop("MLFLOW_TRACKING_URI", None)  # the default store: sqlite at <repo>/mlflow.db
     return ws, make_workspace(ws, tiny_params(tiny_model), env)
+
+
+def run_order(ws: Path) -> list[str]:
+    """The workspace's DVC stages in the order they run."""
+    from tasks.dvc import stages_in_order
+
+    return stages_in_order(ws)
 
 
 def _runs(ws: Path) -> list:
@@ -162,6 +170,11 @@ def test_dvc_repro_runs_every_stage(workspace, tmp_path):
     assert shown.returncode == 0 and "data/reports/comparisons.json" in shown.stdout and "mcnemar_p" in shown.stdout
     table = run("rung", "table")
     assert table.returncode == 0 and "Paired comparisons" in table.stdout and "McNemar" in table.stdout
+    # then where the time went: every stage ran in this run (a plain `dvc repro`, marked by its first stage)
+    timed = table.stdout[table.stdout.index("Wall time per stage") :]
+    assert [line.split()[:2] for line in timed.splitlines() if line.split()[1:2] in (["ran"], ["cached"])] == [
+        [stage, "ran"] for stage in run_order(ws)
+    ]
 
     shown = run("dvc", "metrics", "show", "--json")
     assert shown.returncode == 0 and "eval-rl-main.json" in shown.stdout
@@ -180,6 +193,11 @@ def test_dvc_repro_runs_every_stage(workspace, tmp_path):
     )  # the UI opens on training runs
     assert {r.info.run_name for r in children} == STAGES and len(children) == len(STAGES)
     assert all(r.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for r in children)
+    # each stage's wall time on its run and, one key per stage, on the parent: as data/timings/ has it
+    for r in children:
+        timing = json.loads((ws / f"data/timings/{r.data.tags['dvc.stage']}.json").read_text())
+        assert r.data.metrics[keys.STAGE_DURATION] == timing["seconds"] > 0
+        assert parents[0].data.metrics[keys.stage_duration(timing["stage"])] == timing["seconds"]
     by_name = {r.info.run_name: r for r in children}
     sft, rl = by_name["sft"], by_name["rl@main"]
     assert sft.data.tags["dvc.stage"] == "sft" and len(sft.data.tags["git.commit"]) == 40
@@ -378,10 +396,12 @@ def test_a_remote_round_trip_reruns_nothing(workspace, tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     assert "Running stage" not in res.stdout and "is cached" not in res.stdout
     assert json.loads(there("dvc", "status", "--json").stdout) == {}
-    assert there("rung", "table").stdout == run("rung", "table").stdout != ""
+    # the same results; the stage times are the workspace's records of its runs, which a clone has none of
+    here, cloned = run("rung", "table").stdout, there("rung", "table").stdout
+    assert cloned != "" and here.startswith(cloned) and "Wall time per stage" in here[len(cloned) :]
 
 
-def test_pipeline_flow_runs_only_stale_stages(workspace):
+def test_pipeline_flow_runs_only_stale_stages(workspace, tmp_path):
     ws, run = workspace
     params = yaml.safe_load((ws / "params.yaml").read_text())
     params["eval"]["sampling"]["max_new_tokens"] = 6
@@ -402,6 +422,12 @@ def test_pipeline_flow_runs_only_stale_stages(workspace):
     assert parent[0].data.tags["rung.stages_run"] == "eval_base,eval_sft,eval_rl@main,report"
     kids = [r for r in _runs(ws) if r.data.tags.get("mlflow.parentRunId") == parent[0].info.run_id]
     assert {r.info.run_name for r in kids} == {"eval@base", "eval@sft", "eval@rl-main", "report"}
+    # the parent's per-stage summary: the stages this run reran with their wall time, the others cached
+    summary = Path(mlflow.MlflowClient().download_artifacts(parent[0].info.run_id, "stages.md", str(tmp_path)))
+    ran = {"eval_base", "eval_sft", "eval_rl@main", "report"}
+    for stage in run_order(ws):
+        status = "ran" if stage in ran else "cached"
+        assert re.search(rf"^\| {re.escape(stage)} \| {status} \|", summary.read_text(), re.M), stage
 
     # Two experiments (the first `dvc repro`, this one) compare in MLflow's runs table on one row each:
     # their parents, with the headline metrics as columns and the params that differ side by side.

@@ -78,6 +78,14 @@ def test_a_plain_dvc_repro_is_marked_by_its_first_stage(tmp_path):
     assert timings.summary(["model", "curate"], tmp_path).rows == [("model", "ran", 2.0), ("curate", "ran", 4.0)]
 
 
+def test_a_run_begun_inside_another_is_part_of_it(tmp_path):
+    """The pipeline flow under `make pipeline`'s flows.server: the outer run stays the run."""
+    outer = psutil.Process().parent()
+    timings.begin(tmp_path, outer)
+    timings.begin(tmp_path)  # this process, started by `outer`
+    assert files.read_json(tmp_path / timings.RUN)["started"] == outer.create_time()
+
+
 def test_no_table_where_no_run_was_recorded(tmp_path):
     assert timings.markdown(["model"], tmp_path) == ""
 

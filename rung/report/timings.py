@@ -63,11 +63,18 @@ def _path(stage: str, root: Path) -> Path:
     return root / paths.TIMINGS / f"{stage}.json"
 
 
+def _lineage(proc: psutil.Process) -> set[str]:
+    return {_ident(p) for p in (proc, *proc.parents())}
+
+
 def begin(root: Path = Path("."), proc: psutil.Process | None = None) -> None:
     """Mark the start of a run in workspace `root`: the stages that `proc` (default: this process)
-    starts, directly or not, belong to it; it started when `proc` did."""
+    starts, directly or not, belong to it; it started when `proc` did. Inside a run already marked
+    (the pipeline flow under `make pipeline`'s flows.server), that outer run stays the run."""
     proc = proc or psutil.Process()
-    files.write_json(root / RUN, {"run": _ident(proc), "started": proc.create_time()})
+    marked = _run(root)
+    if not marked or marked["run"] not in _lineage(proc):
+        files.write_json(root / RUN, {"run": _ident(proc), "started": proc.create_time()})
 
 
 def _run(root: Path) -> dict[str, Any] | None:
@@ -89,7 +96,7 @@ def record(
     run of `invocation` (the dvc process that started this one, or this process), which it marks."""
     me = psutil.Process()
     marked = _run(root)
-    if not marked or marked["run"] not in {_ident(p) for p in (me, *me.parents())}:
+    if not marked or marked["run"] not in _lineage(me):
         begin(root, invocation or me)
         marked = _run(root)
     assert marked is not None
