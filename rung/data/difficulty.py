@@ -3,7 +3,9 @@
 Prompts whose N rewards are all equal give GRPO a zero gradient ("Vanishing Gradients in RFT");
 open-r1 keeps pass rates in [0.1, 0.6] from 8 generations. The pass rate is graded as the RL
 accuracy reward grades (the formatted answer, rung.rl.rewards.Accuracy), so that a prompt's offline rate and the rewards
-its RL groups get measure the same thing (the pools curriculum mixes the two).
+its RL groups get measure the same thing (the pools curriculum mixes the two). With an environment the N samples
+are episodes run through rung's one episode loop (rung.envs.loop.per_row, as evaluation runs them), each graded
+by its final answer, so the pass rate measures what multi-turn RL trains.
 """
 
 from __future__ import annotations
@@ -14,26 +16,57 @@ from typing import TYPE_CHECKING, Any
 
 from rung import files, paths
 from rung.answers import formats
-from rung.answers.verify import is_correct
+from rung.answers.verify import GraderFailed, is_correct
 from rung.config import DifficultyParams, FormatParams
 from rung.errors import InputError
 
-if TYPE_CHECKING:  # a type only: torch is imported by whoever loads the model (tasks.generation), after the preflight
+if TYPE_CHECKING:  # types only: torch is imported by whoever loads the model (tasks.generation), after the preflight
+    from rung.envs.spec import Environment
     from rung.generate.completion import Generator
 
 
+def episode_texts(
+    gen: Generator,
+    environment: Environment,
+    rows: list[dict[str, Any]],
+    fmt: FormatParams,
+    params: DifficultyParams,
+    seed: int,
+) -> list[list[str]]:
+    """Each row's `num_generations` episodes as their final answers' texts (the last assistant turn, as
+    evaluation grades an episode). A grader that failed inside an episode stops the stage in one line, as in
+    evaluation: an unscored episode is never counted wrong."""
+    from rung.envs import loop  # the episode loop imports TRL's tool parsing: after the preflight
+
+    samples = loop.per_row(gen, environment, rows, fmt, params.sampling, params.num_generations, seed)
+    for row, trajectories in zip(rows, samples, strict=True):
+        for t in trajectories:
+            if t.unscored is not None:
+                raise GraderFailed(f"difficulty row {row['id']}: the environment's grader failed: {t.unscored}")
+    return [[t.turns[-1]["text"] if t.turns else "" for t in trajectories] for trajectories in samples]
+
+
 def pass_rates(
-    gen: Generator, rows: list[dict[str, Any]], fmt: FormatParams, params: DifficultyParams, seed: int
+    gen: Generator,
+    rows: list[dict[str, Any]],
+    fmt: FormatParams,
+    params: DifficultyParams,
+    seed: int,
+    environment: Environment | None = None,
 ) -> list[dict[str, Any]]:
-    """One score record per row: pass rate over `num_generations` samples, graded as the accuracy
-    reward grades (the answer where the format puts it); and beside it the lenient pass rate (the
-    last number counts), which says how much of a low rate is the format rather than the problem.
+    """One score record per row: pass rate over `num_generations` samples (with `environment`: episodes, by
+    their final answers), graded as the accuracy reward grades (the answer where the format puts it); and
+    beside it the lenient pass rate (the last number counts), which says how much of a low rate is the format
+    rather than the problem.
     """
-    prompts = gen.render([formats.prompt(r["prompt"], fmt) for r in rows])
-    samples = gen.generate(prompts, params.sampling, n=params.num_generations, seed=seed, desc="difficulty")
+    if environment is None:
+        prompts = gen.render([formats.prompt(r["prompt"], fmt) for r in rows])
+        samples = gen.generate(prompts, params.sampling, n=params.num_generations, seed=seed, desc="difficulty")
+        all_texts = [[c.text for c in completions] for completions in samples]
+    else:
+        all_texts = episode_texts(gen, environment, rows, fmt, params, seed)
     out = []
-    for row, completions in zip(rows, samples, strict=True):
-        texts = [c.text for c in completions]
+    for row, texts in zip(rows, all_texts, strict=True):
         scores = [float(is_correct(formats.extract(t, fmt), row)) for t in texts]  # as rung.rl.rewards.Accuracy
         rate = mean(scores)
         out.append(
@@ -80,12 +113,17 @@ def histogram(scores: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def run(
-    gen: Generator, rows: list[dict[str, Any]], fmt: FormatParams, params: DifficultyParams, seed: int
+    gen: Generator,
+    rows: list[dict[str, Any]],
+    fmt: FormatParams,
+    params: DifficultyParams,
+    seed: int,
+    environment: Environment | None = None,
 ) -> dict[str, Any]:
-    """The difficulty stage: score `rows`, write the scores, the filtered train set (rows carry
-    their pass rate and bucket, which curricula and per-bucket RL metrics read) and the pass-rate
-    histogram at their layout paths; returns the summary."""
-    scores = pass_rates(gen, rows, fmt, params, seed)
+    """The difficulty stage: score `rows` (single-turn, or episodes of `environment`), write the scores, the
+    filtered train set (rows carry their pass rate and bucket, which curricula and per-bucket RL metrics read)
+    and the pass-rate histogram at their layout paths; returns the summary."""
+    scores = pass_rates(gen, rows, fmt, params, seed, environment)
     kept = keep(scores, params)
     if not kept:
         raise InputError(

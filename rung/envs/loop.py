@@ -35,6 +35,7 @@ from typing import Any, TypedDict
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from trl.models import unwrap_model_for_generation
 
+from rung.answers import formats
 from rung.config import FormatParams, SamplingParams
 from rung.envs.episode import Episode
 from rung.envs.spec import Environment, tool_names
@@ -351,6 +352,35 @@ def run(
 
 
 # --- TRL's rollout_func --------------------------------------------------------------------------------------
+
+
+def per_row(
+    gen: Generator,
+    environment: Environment,
+    rows: Sequence[Mapping[str, Any]],
+    fmt: FormatParams,
+    sampling: SamplingParams,
+    n: int,
+    seed: int,
+) -> list[list[Trajectory]]:
+    """`n` episodes of `environment` per row, as difficulty scoring and evaluation run them: each row's prompt put
+    to the model as single-turn rollouts put it (rung.answers.formats.prompt), episode (i, j) on the sampling
+    streams of row i's sample j, so a row's episodes do not depend on what else is evaluated with it. Here,
+    below rung.data and rung.eval, so that difficulty scoring and evaluation share it (tests/test_layers.py)."""
+    factory = environment.factory(fmt)
+    columns = [{**row, "prompt": formats.prompt(row["prompt"], fmt)} for row in rows]
+    keys = [(i, j) for i in range(len(rows)) for j in range(n)]
+    trajectories = run(
+        sampler(gen),
+        gen.tok,
+        [factory() for _ in keys],
+        [columns[i] for i, _ in keys],
+        sampling=sampling,
+        max_turns=environment.spec.max_turns,
+        seed=seed,
+        keys=keys,
+    )
+    return [trajectories[i * n : (i + 1) * n] for i in range(len(rows))]
 
 
 def _prompt_key(prompt: Any) -> str:

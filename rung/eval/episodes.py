@@ -8,17 +8,13 @@ depend on max_turns only, so runs with the same environment have the same keys.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, TypedDict
 
 from pydantic import BaseModel, ConfigDict
 
-from rung.answers import formats
-from rung.config import FormatParams, SamplingParams
 from rung.envs import loop
 from rung.envs.loop import Trajectory, Turn
-from rung.envs.spec import Environment
-from rung.generate.completion import Generator
 
 
 class EpisodeRecord(TypedDict):
@@ -129,29 +125,5 @@ def metrics(episodes: Sequence[EpisodeRecord], max_turns: int) -> EpisodeMetrics
     )
 
 
-def run(
-    gen: Generator,
-    environment: Environment,
-    rows: Sequence[Mapping[str, Any]],
-    fmt: FormatParams,
-    sampling: SamplingParams,
-    n: int,
-    seed: int,
-) -> list[list[Trajectory]]:
-    """`n` episodes of `environment` per row, as difficulty scoring and evaluation run them: each row's prompt put
-    to the model as single-turn rollouts put it (rung.answers.formats.prompt), episode (i, j) on the sampling
-    streams of row i's sample j, so a row's episodes do not depend on what else is evaluated with it."""
-    factory = environment.factory(fmt)
-    columns = [{**row, "prompt": formats.prompt(row["prompt"], fmt)} for row in rows]
-    keys = [(i, j) for i in range(len(rows)) for j in range(n)]
-    trajectories = loop.run(
-        loop.sampler(gen),
-        gen.tok,
-        [factory() for _ in keys],
-        [columns[i] for i, _ in keys],
-        sampling=sampling,
-        max_turns=environment.spec.max_turns,
-        seed=seed,
-        keys=keys,
-    )
-    return [trajectories[i * n : (i + 1) * n] for i in range(len(rows))]
+run = loop.per_row
+"""`n` episodes of an environment per row (rung.envs.loop.per_row): evaluation's and difficulty scoring's loop."""
