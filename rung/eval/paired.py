@@ -255,9 +255,31 @@ def greedy_test(
 ) -> GreedyTest:
     """Greedy accuracy of `new` against `old` (records of one eval set, the first sample graded):
     difference with its paired interval, flips each way, exact McNemar p and verdict."""
+    return _outcome_test(old, new, confidence, resamples, seed, what, lambda s: bool(s["correct"]))
+
+
+def first_answer_test(
+    old: Sequence[Record], new: Sequence[Record], confidence: float, resamples: int, seed: int, what: str
+) -> GreedyTest:
+    """As greedy_test on the greedy episodes' FIRST answers (`episode["first_correct"]`: retry's first turn, the
+    single-turn answer): whether training moved what the model answers before any feedback."""
+    return _outcome_test(old, new, confidence, resamples, seed, what, lambda s: bool(s["episode"]["first_correct"]))
+
+
+def _outcome_test(
+    old: Sequence[Record],
+    new: Sequence[Record],
+    confidence: float,
+    resamples: int,
+    seed: int,
+    what: str,
+    outcome: Callable[[Mapping[str, Any]], bool],
+) -> GreedyTest:
+    """A paired right/wrong outcome of each record's first sample: difference with its paired interval, flips
+    each way, exact McNemar p and verdict."""
     pairs = align(old, new, what)
-    a = [bool(o["samples"][0]["correct"]) for o, _ in pairs]
-    b = [bool(n["samples"][0]["correct"]) for _, n in pairs]
+    a = [outcome(o["samples"][0]) for o, _ in pairs]
+    b = [outcome(n["samples"][0]) for _, n in pairs]
     diff, lo, hi = paired_bootstrap(a, b, confidence, resamples, seed)
     test = mcnemar(a, b)
     alpha = level(confidence)

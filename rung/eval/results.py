@@ -205,6 +205,8 @@ class GreedyTest(Result):
     prompts_needed: int | None = None
     """Post-hoc: prompts at which these flip rates would reach 80% power."""
     sampled: SampledTest | None = None
+    first_answer: GreedyTest | None = None
+    """With episodes: the same test on the first answers (rung.eval.paired.first_answer_test)."""
 
 
 class ArmsTest(Result):

@@ -324,6 +324,7 @@ def render(
     settings: Mapping[str, Any] | None = None,
     extra: Sequence[Extra] = (),
     warnings: Sequence[str] = (),
+    sections: Sequence[str] = (),
 ) -> str:
     """The whole HTML document.
 
@@ -332,7 +333,7 @@ def render(
     accuracy_by_source {source: v}, sampling {name: value}), in the order the rows should have;
     reward_curves maps RL stage name to (step, mean reward) points; settings is shown as a table;
     extra tables (e.g. the paired comparisons) follow the headline table; warnings (rung.report.health)
-    are listed above everything else.
+    are listed above everything else; sections (HTML, e.g. `episodes_section`) follow the extra tables.
     """
     colors = {name: f"C{i % 10}" for i, name in enumerate(evals)}  # one colour per checkpoint in every plot
     figures_html = figures(
@@ -358,12 +359,23 @@ def render(
             ),
         ]
     )
-    tables = [_headline(evals), *(extra_table(t) for t in extra)]
+    tables = [_headline(evals), *(extra_table(t) for t in extra), *sections]
     if _sources(evals):
         tables.append(_by_source(evals))
     if settings:
         tables.append(settings_table(settings))
     return page(title, tables, figures_html, warnings)
+
+
+def episodes_section(episodes: Sequence[tuple[str, Sequence[tuple[str, str]]]], note: str) -> str:
+    """Whole episodes, each a (title, [(role, text)]) pair: one block per message, every text escaped (a model's
+    output and a tool's are untrusted)."""
+    parts = ['<section id="episodes">', "<h2>Episodes</h2>", f'<p class="note">{_e(note)}</p>']
+    for title, messages in episodes:
+        parts += [f"<h3>{_e(title)}</h3>", "<dl>"]
+        parts += [f"<dt>{_e(role)}</dt><dd><pre>{_e(text)}</pre></dd>" for role, text in messages]
+        parts.append("</dl>")
+    return "\n".join([*parts, "</section>"])
 
 
 def write(path: str | Path, html: str) -> Path:

@@ -45,7 +45,8 @@ def eval_metrics(result: EvalResult) -> dict[str, float]:
 
 def headline_metrics(evals: dict[str, EvalResult], compared: Comparisons, rl_inits: dict[str, str]) -> dict[str, float]:
     """The parent run's metrics, so that experiments compare on one row each: per checkpoint the
-    held-out accuracy, avg@n and pass@k at the largest k (`eval/<ckpt>/test/...`); per RL stage the
+    held-out accuracy, avg@n and pass@k at the largest k (`eval/<ckpt>/test/...`), with episodes also
+    `episodes/success_within_<max_turns>` and `episodes/first_answer_accuracy`; per RL stage the
     paired difference against its init with its interval and McNemar p (`paired/<rl>-vs-<init>/test/...`)."""
     out = {}
     for checkpoint, result in evals.items():
@@ -53,7 +54,13 @@ def headline_metrics(evals: dict[str, EvalResult], compared: Comparisons, rl_ini
         keep = ["accuracy", *test.avg_at_n()]
         keep += [f"pass_at_{max(test.pass_at_k, key=int)}"] if test.pass_at_k else []
         flat = test.flat()
-        out |= metric_keys({k: flat[k] for k in keep}, f"eval/{checkpoint.replace('/', '-')}/test")
+        if test.episodes:  # with an environment: success within max_turns and the first answer's accuracy
+            within = max(test.episodes["success_within"], key=int)
+            keep += [f"episodes.success_within_{within}", "episodes.first_answer_accuracy"]
+            flat = flatten(flat)
+        out |= metric_keys(
+            {k: flat[k] for k in keep if flat[k] is not None}, f"eval/{checkpoint.replace('/', '-')}/test"
+        )
     rl_vs_init = {(f"rl/{name}", init) for name, init in rl_inits.items()}
     for key, c in compared.comparisons.items():
         if (c.new, c.old) in rl_vs_init and "test" in c.sets:

@@ -4,6 +4,7 @@ tables themselves come from rung.report.tables."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,10 @@ def paired_markdown(result: Comparisons) -> str:
             "",
             *tables.md_table(sampled_header, sampled),
         ]
+    first_answers = tables.first_answer_rows(result)
+    if first_answers:
+        lines += ["", "First answers (episodes):", "", tables.FIRST_ANSWER_NOTE, ""]
+        lines += tables.md_table(greedy_header, first_answers)
     boundary_header, boundary = tables.boundary_table(result)
     if boundary:
         lines += ["", BOUNDARY_NOTE, "", *tables.md_table(boundary_header, boundary)]
@@ -124,11 +129,59 @@ def spectrum_markdown(evals: Mapping[str, EvalResult]) -> list[str]:
     return ["", _spectrum_note(evals), *lines] if lines else []
 
 
+Episode = tuple[str, list[tuple[str, str]]]
+"""A whole episode as the report shows it: its title and (role, text) messages (tables.episode_messages)."""
+
+EPISODES_NOTE = (
+    "Greedy episodes of each checkpoint in the environment (rung.eval.episodes): success within t turns is the "
+    "share of episodes right by turn t (the multi-turn pass@k), the first answer the one given before any "
+    "feedback or tool result; tool error rate per call; cut: stopped at max_turns while the environment would "
+    "have gone on."
+)
+TRANSCRIPTS_NOTE = "Whole greedy episodes of the first held-out prompts, for each checkpoint."
+
+
+def shown_episodes(checkpoints: list[str], count: int = tables.EPISODE_PROMPTS) -> list[Episode]:
+    """The greedy episodes of the first `count` held-out prompts of every checkpoint whose eval records carry
+    episodes (data/eval/<ckpt>/test.jsonl), checkpoint by checkpoint; none without episodes."""
+    out: list[Episode] = []
+    for checkpoint in checkpoints:
+        path = paths.EVAL / paths.checkpoint_slug(checkpoint) / "test.jsonl"
+        if not path.is_file():
+            continue
+        for record in files.read_jsonl(path)[:count]:
+            episode = record["samples"][0].get("episode")
+            if episode is not None:
+                title = f"{checkpoint}, prompt {record['id']}: " + (
+                    "right" if record["samples"][0]["correct"] else "wrong"
+                )
+                out.append((title, tables.episode_messages(episode)))
+    return out
+
+
+def episodes_markdown(evals: Mapping[str, EvalResult], shown: list[Episode]) -> list[str]:
+    """The episode metrics per eval set and the whole episodes shown, each message fenced (its text raw)."""
+    lines: list[str] = []
+    for name in next(iter(evals.values())).sets:
+        header, rows = tables.episode_table(evals, name)
+        if rows:
+            lines += ["", f"Episodes on {name}:", "", *tables.md_table(header, rows)]
+    if shown:
+        lines += ["", TRANSCRIPTS_NOTE]
+    for title, messages in shown:
+        lines += ["", f"### {title}"]
+        for role, text in messages:
+            fence = "`" * max(3, 1 + max((len(r) for r in re.findall(r"`+", text)), default=0))
+            lines += ["", f"{role}:", "", f"{fence}text", text, fence]
+    return ["", "## Episodes", "", EPISODES_NOTE, *lines] if lines else []
+
+
 def markdown(
     evals: Mapping[str, EvalResult],
     rl: Mapping[str, Mapping[str, str]] | None = None,
     compared: Comparisons | None = None,
     warnings: list[str] | None = None,
+    shown: list[Episode] | None = None,
 ) -> str:
     """A markdown table (checkpoints in pipeline order) plus the settings every number depends on."""
     views = {name: tables.headline(m) for name, m in evals.items()}
@@ -165,6 +218,7 @@ def markdown(
             "",
             *tables.md_table(*tables.checkpoint_table(views)),
             *spectrum_markdown(evals),
+            *episodes_markdown(evals, shown or []),
             *paired_lines,
             *rl_lines,
             *warning_lines,
@@ -180,6 +234,7 @@ def html(
     path: Path,
     compared: Comparisons | None = None,
     warnings: list[str] | None = None,
+    shown: list[Episode] | None = None,
 ) -> None:
     """The self-contained HTML report (tables and inline SVG plots)."""
     curves = {name: [(int(c["step"]), c["reward"]) for c in points] for name, points in reward_curves.items()}
@@ -193,6 +248,11 @@ def html(
         for name in next(iter(evals.values())).sets
         if (table := tables.spectrum_table(evals, name))[1]
     ]
+    extra += [
+        htmlpage.Extra(f"episodes-{name}", f"Episodes on {name}", *table, [EPISODES_NOTE])
+        for name in next(iter(evals.values())).sets
+        if (table := tables.episode_table(evals, name))[1]
+    ]
     if compared and compared.comparisons:
         greedy, sampled = tables.paired_rows(compared)
         greedy_header, sampled_header = tables.paired_headers(compared)
@@ -205,6 +265,17 @@ def html(
                 tables.paired_explanation(compared),
             )
         )
+        first_answers = tables.first_answer_rows(compared)
+        if first_answers:
+            extra.append(
+                htmlpage.Extra(
+                    "paired-first-answer",
+                    "Paired comparisons: first answers of the episodes (same prompts)",
+                    greedy_header,
+                    first_answers,
+                    [tables.FIRST_ANSWER_NOTE],
+                )
+            )
         if sampled:
             extra.append(
                 htmlpage.Extra(
@@ -227,6 +298,7 @@ def html(
             settings=settings,
             extra=extra,
             warnings=warnings or (),
+            sections=[htmlpage.episodes_section(shown, TRANSCRIPTS_NOTE)] if shown else [],
         ),
     )
 
@@ -243,10 +315,11 @@ def run(
     report at their layout paths; returns the markdown."""
     if compared is not None:
         files.write_json(COMPARISONS, compared.dump())
-    text = markdown(evals, rl, compared, warnings)
+    shown = shown_episodes(list(evals))
+    text = markdown(evals, rl, compared, warnings, shown)
     settings = {**settings, **{f"rl/{name}": "; ".join(row.values()) for name, row in rl.items()}}
     with files.atomic_path(paths.REPORT) as tmp:
         tmp.write_text(text)
     with files.atomic_path(paths.HTML_REPORT) as tmp:
-        html(evals, curves, settings, tmp, compared, warnings)
+        html(evals, curves, settings, tmp, compared, warnings, shown)
     return text

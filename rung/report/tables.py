@@ -6,6 +6,7 @@ markdown and HTML (rung.report.htmlpage); the numbers come typed from rung.eval.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -416,3 +417,80 @@ def spectrum_explanation(result: StudyResult) -> list[str]:
         "from the sd of the per-prompt and per-seed differences (rung.eval.paired.units_needed): a planning "
         "figure, not post-hoc power.",
     ]
+
+
+# ---- episodes (an experiment with an environment: rung.eval.episodes) ----
+
+EPISODE_PROMPTS = 3
+"""Whole episodes the report shows: the first prompts of the held-out split, for each checkpoint."""
+
+
+def episode_table(evals: Mapping[str, EvalResult], set_name: str) -> Table:
+    """The greedy episodes' metrics of each checkpoint evaluated on `set_name` with episodes (SetMetrics.episodes):
+    success within t turns for t = 1..max_turns, first-answer accuracy, mean turns, tool calls per episode, tool
+    error rate, cut at max_turns. No rows without episodes."""
+    found = {c: m.sets[set_name].episodes for c, m in evals.items() if set_name in m.sets and m.sets[set_name].episodes}
+    if not found:
+        return [], []
+    turns = sorted({t for e in found.values() for t in e["success_within"]}, key=int)
+    header = ["checkpoint", "episodes", *(f"success within {t}" for t in turns), "first answer", "mean turns"]
+    header += ["tool calls / episode", "tool error rate", "cut at max_turns"]
+
+    def share(v: float | None) -> str:
+        return "—" if v is None else pct(v)
+
+    rows = [
+        [
+            checkpoint,
+            str(e["episodes"]),
+            *(share(e["success_within"].get(t)) for t in turns),
+            share(e["first_answer_accuracy"]),
+            f"{e['mean_turns']:.2f}",
+            f"{e['tool_calls_per_episode']:.2f}",
+            share(e["tool_error_rate"]),
+            pct(e["cut_at_max_turns"]),
+        ]
+        for checkpoint, e in found.items()
+    ]
+    return header, rows
+
+
+FIRST_ANSWER_NOTE = (
+    "With episodes the greedy table above compares the final answers; this one the first answers (before any "
+    "feedback or tool result), with the same exact McNemar test on the prompts whose first answer flipped."
+)
+
+
+def first_answer_rows(result: Comparisons) -> list[list[str]]:
+    """The paired comparisons' first-answer tests (GreedyTest.first_answer), as the greedy table's rows."""
+    return [
+        [
+            label,
+            name,
+            str(f.n),
+            f"{pct(f.accuracy_old)} → {pct(f.accuracy_new)}",
+            interval(f.difference, f.ci_low, f.ci_high),
+            str(f.right_to_wrong),
+            str(f.wrong_to_right),
+            p_text(f.mcnemar_p),
+            verdict(f),
+        ]
+        for label, name, g in per_set(result.comparisons)
+        if (f := g.first_answer) is not None
+    ]
+
+
+def episode_messages(episode: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """An episode's conversation as (role, text) pairs: each message's content and, for an assistant's tool
+    calls, `name(arguments as JSON)`; the text is raw (the caller escapes or fences it)."""
+    out = []
+    for m in episode["messages"]:
+        calls = [c.get("function", c) for c in m.get("tool_calls") or []]
+        text = "\n".join(
+            [
+                *([str(m["content"])] if m.get("content") else []),
+                *(f"→ {c['name']}({json.dumps(c.get('arguments'), ensure_ascii=False)})" for c in calls),
+            ]
+        )
+        out.append((str(m["role"]), text))
+    return out
