@@ -13,6 +13,7 @@ from rung import files, paths
 from rung.eval import comparisons, episodes
 from rung.eval.results import EvalResult
 from rung.report import keys, pipeline
+from tests.test_episodes import generator, tok, trained  # noqa: F401 - the fixtures: the tiny model that calls python
 
 N = 30
 MAX_TURNS = 2
@@ -141,3 +142,21 @@ def test_without_episodes_the_report_has_no_episode_sections(tmp_path, monkeypat
     assert set(keys.headline_metrics({"base": plain}, comparisons.comparisons([], 0.95, 10, 0), {})) == {
         "eval/base/test/accuracy"
     }
+
+
+def test_a_real_episode_renders_with_its_tool_call_and_result(generator):  # noqa: F811
+    from rung.config import EvalParams, FormatParams
+    from rung.envs import check
+    from rung.eval import evaluate
+    from rung.report import tables
+
+    row = {"id": "r0", "source": "s", "task": "basic_arithmetic", "prompt": "What is 17 * 23?", "answer": "391"}
+    params = EvalParams.model_validate({"sampling": {"temperature": 0.0, "max_new_tokens": 64}})
+    env = check({"name": "python", "max_turns": 3}, generator.tok)
+    greedy, _, _ = evaluate.evaluate(
+        generator, [row | {"meta": {"difficulty": {}}}], FormatParams(), params, 0, environment=env
+    )
+    messages = tables.episode_messages(greedy[0]["samples"][0]["episode"])
+    assert [role for role, _ in messages] == ["system", "user", "assistant", "tool", "assistant"]
+    assert messages[2][1] == '→ python({"code": "print(17 * 23)"})' and messages[3][1] == "391\n"
+    assert "391" in messages[4][1]
