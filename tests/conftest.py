@@ -29,17 +29,22 @@ from tests.tiny_model import build  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
-# Longest first: the order in which xdist hands out units of work (a group, or a test of no group) when
-# distributing (--no-loadscope-reorder: a unit sits where its first test is), so that no long unit starts while
-# the other worker is nearly done. Seconds per unit on 2 busy cores (--durations, set-up included); units not
-# named here follow in file order. A rough order is enough: re-rank when --durations shows a new long one.
+# Longest first: the order in which xdist hands out units of work (a group, or a test of no group), so that no
+# long unit starts while the other worker is nearly done (--no-loadscope-reorder: a unit sits where its first test
+# is). Seconds per unit from --durations (set-up included) of a one-process run on 2 cores under a load of 4-13
+# (2026-11-26); units not named here follow in file order. A rough order is enough: add a unit when --durations
+# shows a new long one.
 LONGEST_FIRST = {
     "pipeline": 600,  # tests/test_pipeline.py: one workspace through `dvc repro`, the flow, kills, LoRA
-    "orchestration": 420,  # tests/test_orchestration.py: the team's servers, deployed runs, the secret scans
-    "tests/test_study.py::test_rung_study_runs_two_arms_by_two_seeds": 212,
+    "kill": 580,  # tests/test_kill.py: a workspace, a forkserver and an MLflow server; stages killed and rerun
+    "tests/test_generation.py::test_greedy_on_the_default_heldout_is_model_generate": 576,
+    "orchestration": 400,  # tests/test_orchestration.py: the team's servers, deployed runs, the secret scans
+    "tests/test_study.py::test_rung_study_runs_two_arms_by_two_seeds": 217,
     "vllm": 160,  # tests/test_vllm.py: one vLLM CPU engine at a time
-    "kill": 150,  # tests/test_kill.py: a workspace and a forkserver, stages killed and rerun
-    "tests/test_recipes.py::test_rung_run_end_to_end": 102,
+    "tests/test_recipes.py::test_rung_run_end_to_end": 104,
+    "tests/test_device.py::test_gpu_bench_smoke_runs_on_the_cpu_with_only_its_dependencies": 81,
+    "tests/test_first_use.py::test_flows_server_runs_a_command_against_one_new_server": 70,
+    "tests/test_device.py::test_gpu_learning_bench_smoke_runs_on_the_cpu_with_only_its_dependencies": 61,
 }
 
 
@@ -50,9 +55,10 @@ def _unit(item: pytest.Item) -> str:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under xdist, the units of LONGEST_FIRST first, longest first; the others keep their file order, as do the
-    tests of a group (a stable sort). Without xdist (-n 0), the file order."""
-    if config.pluginmanager.hasplugin("xdist") and config.getoption("dist", "no") != "no":
+    """On an xdist worker (whose collection order is the order work is handed out in), the units of LONGEST_FIRST
+    first, longest first; the others keep their file order, as do the tests of a group (a stable sort). Without
+    xdist (-n 0), the file order."""
+    if hasattr(config, "workerinput"):
         ranks = {unit: rank for rank, unit in enumerate(sorted(LONGEST_FIRST, key=lambda u: -LONGEST_FIRST[u]))}
         items.sort(key=lambda item: ranks.get(_unit(item), len(ranks)))
 
