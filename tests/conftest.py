@@ -63,6 +63,38 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items.sort(key=lambda item: ranks.get(_unit(item), len(ranks)))
 
 
+class _GroupIds:
+    """xdist 3.8's loadgroup tells the scheduler a test's group by renaming it `<nodeid>@<group>` through
+    `item._nodeid`, which pytest 9.2's items no longer read (their id is `item._id`): the groups are then
+    silently ignored (pytest-xdist#1386). Until an xdist that sets the structured id (pytest-xdist#1388), this
+    sets it, after xdist's own hook, on a grouped test whose id lacks its group."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        try:
+            from _pytest.nodeid import NodeId  # pytest >= 9.2
+        except ImportError:
+            return
+        for item in items:
+            marks = sorted(
+                {
+                    str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                    for m in item.iter_markers("xdist_group")
+                }
+            )
+            if (
+                marks
+                and not item.nodeid.endswith("@" + "_".join(marks))
+                and isinstance(getattr(item, "_id", None), NodeId)
+            ):
+                item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(marks)}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput") and config.getoption("loadgroup", False):
+        config.pluginmanager.register(_GroupIds(), "rung-xdist-group-ids")
+
+
 def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], Path]) -> Path:
     """`make(directory)`, which returns what it built, run once for the whole run: under xdist the first worker
     to ask builds it in the run's shared temp dir while the other waits (an flock), then both read it."""
