@@ -109,6 +109,37 @@ def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callab
     return Path(done.read_text())
 
 
+# tests/test_sandbox.py counts the sandbox's processes machine-wide (by uid, in /proc), so no test of the other
+# worker may run sandboxed code (code rewards, tools) meanwhile: that module (one xdist group) holds an exclusive
+# lock for as long as it runs, every other test a shared one for its own run.
+ALONE = {"tests/test_sandbox.py"}
+
+
+def _alone_lock(request: pytest.FixtureRequest, mode: int):
+    root = request.getfixturevalue("tmp_path_factory").getbasetemp().parent  # the workers' common parent
+    lock = (root / "alone.lock").open("w")
+    fcntl.flock(lock, mode)
+    return lock
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _alone_module(request: pytest.FixtureRequest):
+    if not WORKER or request.node.nodeid.split("::")[0] not in ALONE:
+        yield
+        return
+    with _alone_lock(request, fcntl.LOCK_EX):
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _alone_test(request: pytest.FixtureRequest):
+    if not WORKER or request.node.nodeid.split("::")[0] in ALONE:
+        yield
+        return
+    with _alone_lock(request, fcntl.LOCK_SH):
+        yield
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 1.6M-parameter random Llama with the SmolLM2 tokenizer, built once per run."""

@@ -58,6 +58,10 @@ def _kernel_objects() -> list[str]:
     return found + [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if mine in line]
 
 
+# Its tests in file order on one xdist worker, with no other test running meanwhile (tests/conftest.py, ALONE).
+pytestmark = pytest.mark.xdist_group("sandbox")
+
+
 @pytest.fixture(autouse=True)
 def no_process_left():
     """After every test no process of the sandbox's is left (the namespace's init took them all), and neither
