@@ -8,6 +8,7 @@ from prefect import flow
 
 from flows.stage import finish, main, record_checkpoint
 from rung import config, paths, tracking
+from rung.checks.environments import environments
 from rung.checks.models import chat_template
 from rung.checks.rl import rl_stages
 from rung.errors import InputError
@@ -17,7 +18,7 @@ from rung.train import launch
 from rung.train.checkpoints import discard
 from rung.train.jobs import RLJob
 
-CHECKS = (chat_template, rl_stages)
+CHECKS = (chat_template, rl_stages, environments)
 """What this stage checks of params before any compute (flows.stage.main)."""
 
 
@@ -43,6 +44,7 @@ def rl(stage_name: str, params_file: str = str(paths.PARAMS)) -> None:
         heldout=paths.TEST if stage.eval_every else None,
         heldout_sampling=params.eval.sampling,
         outage_wait=params.tracking.outage_wait,
+        environment=params.environment_of(stage_name),
     )
     # "seed" is the trainer's own (TRL logs it too; MLflow refuses a second value for a param).
     logged = {
@@ -51,6 +53,8 @@ def rl(stage_name: str, params_file: str = str(paths.PARAMS)) -> None:
         "rl": {stage_name: stage.model_dump()},
         "format": params.format.model_dump(),
     }
+    if job.environment:  # logged only with one: a single-turn stage's params stay as they were
+        logged["environment"] = job.environment.model_dump()
     inputs = {"model": job.init, "train": job.data}
     with tracking.stage_run(f"rl@{stage_name}", params, logged, inputs=inputs, resumable=True):
         metrics = launch.train(job, stage.launch, paths.checkpoint(f"rl/{stage_name}"))

@@ -423,13 +423,15 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def _memorize(model_dir: Path, tok, out: Path) -> Path:
+def _memorize(model_dir: Path, tok, out: Path, episode: list[dict] | None = None) -> Path:
     """The tiny model trained to say EPISODE's assistant turns (the tool's real output in between) after its
-    prompt, so that its rollouts call the python tool and TRL's loop runs it in the sandbox. The loss is on
-    the assistant tokens only (the template's generation markers), computing logits only there: ~4 s."""
-    episode = [*EPISODE[:2], {**EPISODE[2], "content": "391\n"}, EPISODE[3]]
+    prompt, so that its rollouts call the python tool and TRL's loop runs it in the sandbox; or, given another
+    `episode` (no tool), its assistant turns, prompted without tools. The loss is on the assistant tokens only
+    (the template's generation markers), computing logits only there: ~4 s."""
+    tools = None if episode else [_python_tool()]
+    episode = episode or [*EPISODE[:2], {**EPISODE[2], "content": "391\n"}, EPISODE[3]]
     enc = tok.apply_chat_template(
-        episode, tools=[_python_tool()], return_dict=True, return_assistant_tokens_mask=True, tokenize=True
+        episode, tools=tools, return_dict=True, return_assistant_tokens_mask=True, tokenize=True
     )
     ids = torch.tensor(enc["input_ids"])
     targets = torch.tensor([i for i, m in enumerate(enc["assistant_masks"]) if m])

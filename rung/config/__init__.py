@@ -137,6 +137,10 @@ __all__ = [
 ]
 
 
+_TRL_SAMPLING = ("top_k", "min_p", "repetition_penalty", "generation_kwargs", "use_transformers_continuous_batching")
+"""GRPOConfig's sampling settings beyond temperature and top_p, which an episode's sampler lacks."""
+
+
 class Params(Section):
     seed: int = Field(42, ge=0)
     """One seed; each stage derives its own from it (rung.seeding)."""
@@ -210,10 +214,18 @@ class Params(Section):
 
     @model_validator(mode="after")
     def _episodes_train_with_grpo(self) -> Params:
-        """Episodes reach the trainer through GRPOTrainer's rollout_func, which TRL's RLOOTrainer lacks."""
+        """Episodes reach the trainer through GRPOTrainer's rollout_func, which TRL's RLOOTrainer lacks, and are
+        sampled by rung's decode loop (rung.envs.loop), which has neither vLLM nor TRL's other samplers."""
         for name, stage in self.rl.stages.items():
-            if stage.algorithm == "rloo" and self.environment_of(name):
+            if not self.environment_of(name):
+                continue
+            if stage.algorithm == "rloo":
                 raise ValueError(f"rl.stages.{name}.algorithm: rloo cannot train episodes (an environment); use grpo")
+            if stage.use_vllm:
+                raise ValueError(f"rl.stages.{name}.use_vllm: episodes are sampled by rung's decode loop, not vLLM")
+            sampler = sorted(k for k in _TRL_SAMPLING if stage.trl.get(k) not in (None, False, 1.0, {}))
+            if sampler:
+                raise ValueError(f"rl.stages.{name}.trl: {sampler} are not sampled by rung's decode loop (episodes)")
         return self
 
     @property

@@ -398,13 +398,15 @@ class EpisodeReward:
 
 
 def rollout_func(
-    environment: Environment, fmt: FormatParams, rows: Iterable[Mapping[str, Any]]
+    environment: Environment, fmt: FormatParams, rows: Iterable[Mapping[str, Any]], turn_tokens: int | None = None
 ) -> Callable[[list[Any], Any], dict[str, Any]]:
     """TRL 1.16's `rollout_func` (GRPOTrainer(rollout_func=..., reward_funcs=[EpisodeReward(), ...]), with no
     `tools` or `environment_factory`: with tools TRL runs its own tool loop and drops `env_mask`): episodes of
     `environment` through rung's loop for the prompts TRL gives (its sampler has already repeated each
     num_generations times; one episode per prompt). `rows` are the datasets' rows (train and eval): TRL passes
-    rollout_func the prompts only, so each prompt's columns for `reset` are looked up by the prompt.
+    rollout_func the prompts only, so each prompt's columns for `reset` are looked up by the prompt. An episode
+    generates at most `turn_tokens` tokens per assistant turn (None: the trainer's max_completion_length) and
+    holds at most the trainer's max_completion_length tokens in all, its environment's included.
 
     Returns TRL's keys (grpo_trainer.py `_generate`): prompt_ids, completion_ids, logprobs (None: TRL recomputes),
     env_mask (TRL's tool mask: environment tokens get no loss), and columns for the reward functions:
@@ -441,7 +443,7 @@ def rollout_func(
         sampling = SamplingParams(
             temperature=trainer.temperature,
             top_p=trainer.top_p,
-            max_new_tokens=trainer.max_completion_length,
+            max_new_tokens=turn_tokens or trainer.max_completion_length,
             batch_size=len(prompts),
         )
         with unwrap_model_for_generation(

@@ -53,6 +53,12 @@ class Environment:
         return self.spec.max_turns - 1
 
     @property
+    def scores(self) -> bool:
+        """Whether its episodes carry their own reward (rung.envs.loop.Trajectory.reward): a built-in grades the
+        final answer with the task's verifier, any other class needs a `get_reward()`."""
+        return self.builtin or callable(getattr(self.cls, "get_reward", None))
+
+    @property
     def needs_episode_loop(self) -> bool:
         """Whether it replies to plain answers (`_reply`), which only rung's episode loop calls (TRL's does not)."""
         return callable(getattr(self.cls, "_reply", None))

@@ -10,6 +10,9 @@ SFT_TRUNCATED = 0.2  # share of SFT examples cut by max_length (the answer line 
 DIFFICULTY_ONE_SIDED = 0.9  # share of prompts solved by every rollout, or by none: no signal for RL
 RL_ZERO_VARIANCE = 0.5  # mean share of generated groups whose rewards were all equal: no gradient from them
 TRAINING_MOVED = 0.5  # share of the weights in the tensors training touched that changed since init
+# RAGEN / StarPO's echo trap (multi-turn RL): the within-group reward std and the policy's entropy both fall, the
+# policy repeating one pattern; flagged when both end at most this share of their level in the run's first third
+ECHO_TRAP_DROP = 0.5
 
 
 def warnings(stage: str, metrics: dict[str, Any]) -> list[str]:
@@ -33,6 +36,8 @@ def warnings(stage: str, metrics: dict[str, Any]) -> list[str]:
         out.append(
             f"{stage}: {metrics['frac_reward_zero_std']:.0%} of generated groups had zero reward variance (no gradient)"
         )
+    if fnmatch.fnmatch(stage, "rl-*") and "entropy_first" in metrics:
+        out += _echo_trap(stage, metrics)
     if fnmatch.fnmatch(stage, "eval-*"):
         for name, m in metrics.get("sets", {}).items():
             if m.get("format_rate") == 0:
@@ -55,4 +60,21 @@ def _barely_moved(stage: str, metrics: dict[str, Any]) -> list[str]:
         f"{stage}: only {touched:.1%} of the weights in the trained tensors changed since init "
         f"(‖Δw‖/‖w‖ = {metrics['weights_relative_change']:.1e}): updates below the weights' precision "
         "(bf16 weights) or a learning rate too small"
+    ]
+
+
+def _echo_trap(stage: str, metrics: dict[str, Any]) -> list[str]:
+    """An RL stage on episodes whose reward variance within groups and policy entropy collapsed together
+    (rung.rl.episodes.summary: each curve's mean over the first and the last third of the steps)."""
+    std = metrics.get("reward_std_within_first"), metrics.get("reward_std_within_last")
+    entropy = metrics["entropy_first"], metrics.get("entropy_last")
+    if None in std or None in entropy or not (std[0] > 0 and entropy[0] > 0):
+        return []
+    if std[1] > ECHO_TRAP_DROP * std[0] or entropy[1] > ECHO_TRAP_DROP * entropy[0]:
+        return []
+    return [
+        f"{stage}: echo trap: the reward's std within groups fell from {std[0]:.3f} to {std[1]:.3f} and the "
+        f"policy's entropy from {entropy[0]:.3f} to {entropy[1]:.3f} (first to last third of the steps): the "
+        "policy is collapsing onto repeated episodes (RAGEN's echo trap); fewer steps, a lower learning rate or "
+        "a higher temperature, or dynamic_sampling to drop the groups without variance"
     ]

@@ -246,11 +246,18 @@ def load_custom(path: str, key: str) -> Callable[..., Any]:
     return obj
 
 
-def build(stage: RLStageParams, fmt: FormatParams, key: str) -> tuple[list[Guarded], list[float]]:
-    """Reward functions in params order and their weights (for GRPOConfig.reward_weights)."""
+def build(
+    stage: RLStageParams,
+    fmt: FormatParams,
+    key: str,
+    wrap: Callable[[str, RewardFunc], RewardFunc] | None = None,
+) -> tuple[list[Guarded], list[float]]:
+    """Reward functions in params order and their weights (for GRPOConfig.reward_weights); `wrap(name, func)`
+    replaces each function before it is guarded (episodes: rung.rl.episodes.rewards)."""
     funcs = []
     for name, spec in stage.rewards.items():
-        funcs.append(Guarded(_one(name, spec, fmt, stage, f"{key}.{name}"), name, stage.num_generations))
+        func = _one(name, spec, fmt, stage, f"{key}.{name}")
+        funcs.append(Guarded(wrap(name, func) if wrap else func, name, stage.num_generations))
     return funcs, [spec.weight for spec in stage.rewards.values()]
 
 

@@ -16,14 +16,14 @@ from datasets import Dataset
 from transformers import AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, RLOOConfig
 
-from rung import compat, files, models, placement
+from rung import compat, envs, files, models, placement
 from rung.answers import formats
 from rung.config import FormatParams, RLStageParams, SamplingParams
 from rung.errors import InputError
 from rung.eval.evaluate import grade
 from rung.generate.api import generate
 from rung.generate.completion import encode
-from rung.rl import curricula, rewards, vllm_rollouts
+from rung.rl import curricula, episodes, rewards, vllm_rollouts
 from rung.rl.reward_logs import RewardLogs
 from rung.rl.rollouts import Rollouts
 from rung.rl.sampling import CurriculumSampling
@@ -84,8 +84,11 @@ def trl_config(
     dtype: str = "float32",
     key: str = "rl.stages.main",
     device: str = "auto",
+    max_turns: int = 1,
 ) -> GRPOConfig | RLOOConfig:
-    """TRL's GRPOConfig (or RLOOConfig) from a stage's params; TRL's own names pass straight through."""
+    """TRL's GRPOConfig (or RLOOConfig) from a stage's params; TRL's own names pass straight through, but
+    max_completion_length, which is per assistant turn: an episode of `max_turns` turns may hold that many times
+    it (rung.rl.episodes)."""
     cls = RLOOConfig if stage.algorithm == "rloo" else GRPOConfig
     fields = {f.name for f in dataclasses.fields(cls)}
     explicit = stage.model_fields_set
@@ -101,9 +104,11 @@ def trl_config(
             f"{key}.trl.use_transformers_continuous_batching: TRL casts the trained weights to the compute dtype "
             "for it, which drops their updates; use model.dtype: float32 or rung's rollouts"
         )
+    passed = {k: getattr(stage, k) for k in _PASSTHROUGH if k in fields}
+    passed["max_completion_length"] = stage.max_completion_length * max_turns
     return cls(
         **common_args(seed, work_dir, dtype, stage.save_steps, device),
-        **{k: getattr(stage, k) for k in _PASSTHROUGH if k in fields},
+        **passed,
         # prompts_per_step counts over all processes (torchrun and accelerate set WORLD_SIZE)
         per_device_train_batch_size=stage.prompts_per_step
         // int(os.environ.get("WORLD_SIZE", "1"))
@@ -187,8 +192,8 @@ CURVES = {
     "heldout_accuracy": "heldout/accuracy",  # only at the steps of eval_every
 }
 
-# rung's own per-step state, kept under its log keys.
-TRACKED_PREFIXES = ("curriculum/", "accuracy_by_bucket/")
+# rung's own per-step state, kept under its log keys (episodes/: only a stage with an environment logs them).
+TRACKED_PREFIXES = ("curriculum/", "accuracy_by_bucket/", episodes.PREFIX)
 
 
 def select(rows: list[dict[str, Any]], stage: RLStageParams, key: str = "rl.stages.main") -> list[dict[str, Any]]:
@@ -211,13 +216,23 @@ def trainer_for(job: RLJob, callbacks: list[Any] | None = None) -> GRPO | RLOO:
     rows = select(files.read_jsonl(job.data), stage, job.key)
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = trainable(model_dir)
-    funcs, weights = rewards.build(stage, job.format, f"{job.key}.rewards")
+    dataset = prompts(rows, job.format)
+    max_turns = 1
+    episodic: dict[str, Any] = {}  # GRPOTrainer's rollout_func, for episodes
+    if job.environment is None:
+        funcs, weights = rewards.build(stage, job.format, f"{job.key}.rewards")
+    else:  # episodes: rung's loop is the rollout, the rewards score episodes (rung.rl.episodes)
+        key = f"{job.key}.environment" if stage.environment else "environment"
+        environment = envs.check(job.environment, tok, key)
+        funcs, weights = episodes.rewards(stage, job.format, environment, f"{job.key}.rewards")
+        max_turns = environment.spec.max_turns
+        episodic = {"rollout_func": episodes.rollouts(environment, job.format, dataset.to_list(), stage)}
     cls = RLOO if stage.algorithm == "rloo" else GRPO
     trainer = cls(
         model=model,
         reward_funcs=funcs,
-        args=trl_config(stage, weights, job.seed, job.work_dir, job.dtype, job.key, job.device),
-        train_dataset=prompts(rows, job.format),
+        args=trl_config(stage, weights, job.seed, job.work_dir, job.dtype, job.key, job.device, max_turns),
+        train_dataset=dataset,
         processing_class=tok,
         peft_config=peft_config(stage.lora),
         callbacks=[*job.trainer_callbacks(), *(callbacks or [])],
@@ -228,6 +243,7 @@ def trainer_for(job: RLJob, callbacks: list[Any] | None = None) -> GRPO | RLOO:
         dynamic_sampling=stage.dynamic_sampling,
         objective=stage.objective,
         positive_weight=stage.positive_weight,
+        **episodic,
     )
     if stage.eval_every is not None and job.heldout is not None:
         trainer.add_callback(
@@ -269,6 +285,8 @@ def train(job: RLJob, callbacks: list[Any] | None = None) -> JobResult:
         for key in ("frac_reward_zero_std", "frac_zero_std_trained", "dropped_share"):
             summary[key] = mean(c.get(key, 0.0) for c in curves)
         summary["extra_generations"] = sum(c.get("extra_generations", 0.0) for c in curves)
+    if job.environment is not None:
+        summary.update(episodes.summary(curves))
     summary.update(finalize(trainer, tok, job.work_dir, job.init))
     if trainer.args.should_save:
         files.write_json(job.curves, curves)

@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from rung.config import FormatParams, RLStageParams, SamplingParams, SFTParams
+from rung.config import EnvironmentParams, FormatParams, RLStageParams, SamplingParams, SFTParams
 
 RESULT = "result.json"  # written by the main process into the work directory
 
@@ -71,6 +71,14 @@ class RLJob(TrainJob):
     heldout: Path | None = None
     """The held-out split, graded every `params.eval_every` steps with `heldout_sampling`."""
     heldout_sampling: SamplingParams | None = None
+    environment: EnvironmentParams | None = None
+    """The environment the stage trains episodes in (params.environment_of(stage)); None: single-turn."""
+
+    def fingerprint(self) -> dict[str, Any]:
+        out = super().fingerprint()
+        if self.environment is None:  # a single-turn job's fingerprint (and published model) as before episodes
+            del out["environment"]
+        return out
 
 
 class JobResult(BaseModel):

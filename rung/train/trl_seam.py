@@ -54,8 +54,9 @@ Public but undocumented trainer attributes rung's mixins read: `num_generations`
 `use_transformers_continuous_batching` and `tools` (GRPO only), `model_wrapped`; and
 `trl.models.unwrap_model_for_generation`, `trl.trainer.utils.nanstd`.
 
-Multi-turn episodes (EPISODE_HOOKS; nothing of them is overridden yet). In TRL 1.16's GRPOTrainer
-(grpo_trainer.py) `_generate_and_score_completions` draws one environment per rollout from
+Multi-turn episodes (EPISODE_HOOKS; nothing of them is overridden: rung's RL stages train episodes through
+GRPOTrainer's public `rollout_func`, rung.rl.episodes, whose `env_mask` TRL takes as its `tool_mask`).
+In TRL 1.16's GRPOTrainer (grpo_trainer.py) `_generate_and_score_completions` draws one environment per rollout from
 `environment_factory` and calls its `reset` (`environments`, `_batch_environments`,
 `_sync_tool_dicts`), then `_generate(prompts)` generates the first turn through `_generate_single_turn`
 and, where `tools` is set, runs `_tool_call_loop`: tool calls parsed from each completion are executed,
