@@ -14,6 +14,7 @@ the per-token ratio. This machine is noisy (shared cores): compare the ratios of
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -38,6 +39,7 @@ def main() -> None:
     ap.add_argument("--max-completion", type=int, default=96, help="completion budget (TRL's max_completion_length)")
     ap.add_argument("--max-turns", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--repeats", type=int, default=3, help="rounds of TRL then rung; the median ratio is printed")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -83,32 +85,36 @@ def main() -> None:
         return out
 
     trainer._generate = timed_generate  # TRL's generation and tool loop only, not its rewards and log-probs
-    trainer._generate_and_score_completions(batch)
-
     sampling = SamplingParams(temperature=1.0, max_new_tokens=args.max_completion, batch_size=len(batch))
-    t0 = time.perf_counter()
-    episodes = run(
-        sampler(trainer.model, trainer.eos_token_ids),
-        tok,
-        [env.factory(fmt)() for _ in batch],
-        batch,
-        sampling=sampling,
-        max_turns=args.max_turns,
-        seed=0,
-        keys=[(i // args.generations, i % args.generations) for i in range(len(batch))],
-        max_completion_tokens=args.max_completion,
-    )
-    timed["rung"] = time.perf_counter() - t0
-    timed["rung_tokens"] = sum(sum(e.env_mask) for e in episodes)
-    turns = sum(len(e.turns) for e in episodes) / len(episodes)
-    calls = sum(len(t["tool_calls"]) for e in episodes for t in e.turns) / len(episodes)
-
     print(f"{len(batch)} episodes ({args.prompts} prompts x {args.generations}), {torch.get_num_threads()} threads")
-    print(f"{'contender':12}{'tokens':>8}{'seconds':>9}{'tokens/s':>10}")
-    for name in ("trl", "rung"):
-        print(f"{name:12}{timed[name + '_tokens']:>8}{timed[name]:>9.1f}{timed[name + '_tokens'] / timed[name]:>10.1f}")
-    speedup = (timed["rung_tokens"] / timed["rung"]) / (timed["trl_tokens"] / timed["trl"])
-    print(f"per generated token: rung {speedup:.2f}x TRL's loop (rung: {turns:.2f} turns, {calls:.2f} calls/episode)")
+    print(f"{'round':6}{'contender':11}{'tokens':>8}{'seconds':>9}{'tokens/s':>10}{'turns':>7}{'calls':>7}")
+    ratios = []
+    for r in range(args.repeats):  # alternating, so that the machine's load falls on both alike
+        torch.manual_seed(r)
+        trainer._generate_and_score_completions(batch)
+        t0 = time.perf_counter()
+        episodes = run(
+            sampler(trainer.model, trainer.eos_token_ids),
+            tok,
+            [env.factory(fmt)() for _ in batch],
+            batch,
+            sampling=sampling,
+            max_turns=args.max_turns,
+            seed=r,
+            keys=[(i // args.generations, i % args.generations) for i in range(len(batch))],
+            max_completion_tokens=args.max_completion,
+        )
+        timed["rung"] = time.perf_counter() - t0
+        timed["rung_tokens"] = sum(sum(e.env_mask) for e in episodes)
+        turns = sum(len(e.turns) for e in episodes) / len(episodes)
+        calls = sum(len(t["tool_calls"]) for e in episodes for t in e.turns) / len(episodes)
+        for name in ("trl", "rung"):
+            rate = timed[name + "_tokens"] / timed[name]
+            shape = f"{turns:>7.2f}{calls:>7.2f}" if name == "rung" else ""
+            print(f"{r:<6}{name:11}{timed[name + '_tokens']:>8}{timed[name]:>9.1f}{rate:>10.1f}{shape}")
+        ratios.append((timed["rung_tokens"] / timed["rung"]) / (timed["trl_tokens"] / timed["trl"]))
+    spread = ", ".join(f"{x:.2f}" for x in ratios)
+    print(f"per generated token: rung {statistics.median(ratios):.2f}x TRL's loop (median of {spread})")
 
 
 if __name__ == "__main__":

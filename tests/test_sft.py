@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -159,3 +160,34 @@ def test_warmup_ratio_is_a_ratio_of_the_steps_in_transformers(tmp_path):
     assert warmup(SFTParams().warmup_ratio, 40) == 4
     assert warmup(0.99, 40) == 40 and warmup(0.0, 40) == 0
     assert not hasattr(SFTConfig, "warmup_ratio")
+
+
+def test_episode_traces_cut_to_nothing_are_refused_by_the_key(tiny_model, tmp_path):
+    """An episode's prompt carries its tools' schemas (~300 tokens for python): a max_length that cuts every
+    assistant token gets one line naming sft.max_length, not TRL's empty-sampler error; the truncated share
+    counts the whole episode."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rung.answers import formats
+    from rung.config import ToolTraces
+    from rung.envs import template
+    from rung.train import sft
+
+    init = tmp_path / "tools-model"
+    AutoModelForCausalLM.from_pretrained(tiny_model).save_pretrained(init)
+    tok = template.apply(AutoTokenizer.from_pretrained(tiny_model))
+    tok.save_pretrained(init)
+    rows = [{**r, "task": "basic_arithmetic", "meta": {"expression": f"{i} + 2"}} for i, r in enumerate(ROWS[:4])]
+    episodes = traces.from_tool_calls(rows, ToolTraces(type="tool_calls"), FMT)
+    data = tmp_path / "traces.jsonl"
+    files.write_jsonl(data, episodes)
+    rendered = [  # the format's messages, then the episode's
+        tok.apply_chat_template([*formats.prompt(t["prompt"], FMT), *t["messages"]], tools=json.loads(t["tools"]))
+        for t in episodes
+    ]
+    longest = max(len(r["input_ids"]) for r in rendered)
+    assert sft.truncated_fraction(episodes, FMT, tok, longest) == 0.0
+    assert sft.truncated_fraction(episodes, FMT, tok, longest - 20) > 0.0
+    params = SFTParams(max_steps=1, per_device_train_batch_size=4, max_length=64)
+    with pytest.raises(InputError, match=r"^sft.max_length: 64 tokens cut all trained tokens of every one of the 4"):
+        sft.train(job(SFTJob, init, data, tmp_path / "work", key="sft", params=params, seed=3))

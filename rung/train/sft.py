@@ -3,6 +3,7 @@ LoRA (peft) and packing."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from datasets import Dataset
@@ -12,6 +13,7 @@ from trl import SFTConfig, SFTTrainer
 from rung import files
 from rung.answers import formats
 from rung.config import FormatParams
+from rung.errors import InputError
 from rung.train.harness import common_args, finalize, fit, peft_config, train_loss, trainable
 from rung.train.jobs import JobResult, SFTJob, main
 
@@ -74,6 +76,11 @@ def train(job: SFTJob) -> JobResult:
         peft_config=peft_config(params.lora),
         callbacks=job.trainer_callbacks(),
     )
+    if not len(trainer.train_dataset):  # TRL drops an example whose trained tokens were all cut
+        raise InputError(
+            f"sft.max_length: {params.max_length} tokens cut all trained tokens of every one of the {len(traces)} "
+            "traces (the chat template's prompt counts, an episode's tool schemas too): raise it"
+        )
     fit(trainer, job.resume, job.outage_wait)
     moved = finalize(trainer, tok, job.work_dir, job.init)
     return JobResult(
@@ -88,14 +95,19 @@ def train(job: SFTJob) -> JobResult:
 
 
 def truncated_fraction(traces: list[dict[str, Any]], fmt: FormatParams, tok: Any, max_length: int) -> float:
-    """Share of examples (templated prompt and target) longer than max_length tokens: the trainer cuts their ends."""
+    """Share of examples (templated prompt and target, or episode with its tools) longer than max_length tokens:
+    the trainer cuts their ends."""
     if not traces:
         return 0.0
     plain = fmt.template == "plain"  # TRL tokenizes a plain text with the tokenizer's special tokens (BOS)
     texts = [
         f"{p}{t['target']}{tok.eos_token}"
         if isinstance(p := formats.prompt(t["prompt"], fmt), str)
-        else tok.apply_chat_template([*p, {"role": "assistant", "content": t["target"]}], tokenize=False)
+        else tok.apply_chat_template(
+            [*p, *(t.get("messages") or [{"role": "assistant", "content": t["target"]}])],
+            tools=json.loads(t["tools"]) if t.get("tools") else None,
+            tokenize=False,
+        )
         for t in traces
     ]
     return sum(len(ids) > max_length for ids in tok(texts, add_special_tokens=plain)["input_ids"]) / len(traces)
