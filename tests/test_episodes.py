@@ -278,41 +278,34 @@ def test_episodes_are_seeded_per_row_sample_and_turn(generator):
 # --- TRL's rollout_func ----------------------------------------------------------------------------------
 
 
-def test_rollout_func_feeds_a_trl_grpo_step(trained, tmp_path):
+def _one_grpo_step(model: Path, tok, rows: list[dict], rollout, tmp_path: Path, **args):
+    """One step of TRL's GRPOTrainer on `rows`, its generation through `rollout`: 2 prompts x 2 samples, fp32."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
-
-    tok = AutoTokenizer.from_pretrained(trained)
-    env = check({"name": "python", "max_turns": 3}, tok)
-    rows = [ROW, {**ROW, "prompt": [{"role": "user", "content": "What is 17 * 23 ?"}], "answer": "390"}]
-    inner = rollout_func(env, FMT, rows)
-    seen = []
-
-    def rollout(prompts, trainer):
-        out = inner(prompts, trainer)
-        seen.append((prompts, out))
-        return out
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         trainer = GRPOTrainer(
-            model=str(trained),
+            model=str(model),
             reward_funcs=[EpisodeReward()],
             args=GRPOConfig(
-                output_dir=str(tmp_path),
-                max_steps=1,
-                per_device_train_batch_size=4,
-                num_generations=2,
-                max_completion_length=96,
-                temperature=0.1,
-                learning_rate=1e-5,
-                use_cpu=True,
-                bf16=False,  # fp32 compute, as rung's stages on the CPU (rung.train.harness)
-                report_to=[],
-                logging_steps=1,
-                save_strategy="no",
-                seed=0,
+                **{
+                    "output_dir": str(tmp_path),
+                    "max_steps": 1,
+                    "per_device_train_batch_size": 4,
+                    "num_generations": 2,
+                    "max_completion_length": 96,
+                    "temperature": 0.1,
+                    "learning_rate": 1e-5,
+                    "use_cpu": True,
+                    "bf16": False,  # fp32 compute, as rung's stages on the CPU (rung.train.harness)
+                    "report_to": [],
+                    "logging_steps": 1,
+                    "save_strategy": "no",
+                    "seed": 0,
+                    **args,
+                }
             ),
             train_dataset=Dataset.from_list(rows),
             processing_class=tok,
@@ -321,6 +314,26 @@ def test_rollout_func_feeds_a_trl_grpo_step(trained, tmp_path):
         trainer.train()
     finally:
         torch.set_num_threads(threads)
+    return trainer
+
+
+def _recording(inner):
+    seen = []
+
+    def rollout(prompts, trainer):
+        out = inner(prompts, trainer)
+        seen.append((prompts, out))
+        return out
+
+    return rollout, seen
+
+
+def test_rollout_func_feeds_a_trl_grpo_step(trained, tmp_path):
+    tok = AutoTokenizer.from_pretrained(trained)
+    env = check({"name": "python", "max_turns": 3}, tok)
+    rows = [ROW, {**ROW, "prompt": [{"role": "user", "content": "What is 17 * 23 ?"}], "answer": "390"}]
+    rollout, seen = _recording(rollout_func(env, FMT, rows))
+    trainer = _one_grpo_step(trained, tok, rows, rollout, tmp_path)
     ((prompts, out),) = seen
     assert len(prompts) == 4 and set(out) >= {"prompt_ids", "completion_ids", "logprobs", "env_mask"}
     assert out["logprobs"] is None
@@ -335,6 +348,36 @@ def test_rollout_func_feeds_a_trl_grpo_step(trained, tmp_path):
     assert logged["completions/mean_length"] == pytest.approx(sum(map(sum, out["env_mask"])) / 4)
     assert logged["completions/mean_length"] < sum(map(len, out["completion_ids"])) / 4
     assert logged["rewards/episode/mean"] == pytest.approx(0.5)
+
+
+def test_an_rl_step_draws_the_episodes_evaluation_draws_with_its_seed(trained, generator, tmp_path):
+    """One implementation: the episodes of an RL step (rung's loop as TRL's rollout_func, on the RL stage's own
+    dataset rows) are, token for token, those evaluation draws (per_row, on the curated rows) with that call's
+    seed, (prompt, sample) for (row, sample)."""
+    from rung.config import SamplingParams
+    from rung.envs.loop import per_row
+    from rung.rl.trainers import prompts as rl_rows
+    from rung.seeding import derive
+
+    curated = [
+        {"id": f"r{i}", "source": "s", "task": "basic_arithmetic", "prompt": "What is 17 * 23?", "answer": answer}
+        for i, answer in enumerate(["391", "390"])
+    ]
+    curated[1]["prompt"] = "What is 17 * 23 ?"
+    for row in curated:
+        row["meta"] = {"difficulty": {}}
+    dataset = rl_rows(curated, FMT).to_list()
+    env = check({"name": "python", "max_turns": 3}, generator.tok)
+    rollout, seen = _recording(rollout_func(env, FMT, dataset))
+    _one_grpo_step(trained, generator.tok, dataset, rollout, tmp_path, temperature=1.0, top_p=1.0)
+    ((prompts, out),) = seen
+    order = [curated[[r["prompt"] for r in dataset].index(p)] for p in prompts[::2]]  # TRL's prompt order
+    seed = derive(0, "episodes", "0", "0", "0")  # the step's first generation call, process 0
+    sampling = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=96)
+    evaluated = [e for row in per_row(generator, env, order, FMT, sampling, n=2, seed=seed) for e in row]
+    assert [e.completion_ids for e in evaluated] == out["completion_ids"]
+    assert [e.prompt_ids for e in evaluated] == out["prompt_ids"]
+    assert len({json.dumps(c) for c in out["completion_ids"]}) > 1  # sampled, not one greedy episode
 
 
 # --- metrics ----------------------------------------------------------------------------------------------

@@ -412,7 +412,9 @@ def rollout_func(
     env_mask (TRL's tool mask: environment tokens get no loss), and columns for the reward functions:
     episode_reward (EpisodeReward's input) and episode (the Trajectory). Each call draws from streams seeded by
     (seed, step, call of the step, process) and the prompt's position, as rung's single-turn rollouts
-    (rung.rl.rollouts), so a resumed run generates the episodes an unkilled one would."""
+    (rung.rl.rollouts), so a resumed run generates the episodes an unkilled one would; a position is keyed
+    (prompt of the call, sample) as `per_row` keys (row, sample), so that evaluation with the call's seed draws
+    the same episodes."""
     by_prompt: dict[str, dict[str, Any]] = {}
     for row in rows:
         key = _prompt_key(row["prompt"])
@@ -462,6 +464,8 @@ def rollout_func(
                 sampling=sampling,
                 max_turns=environment.spec.max_turns,
                 seed=seed,
+                # TRL's sampler puts a prompt's num_generations copies side by side: (prompt, sample) as per_row keys
+                keys=[divmod(i, trainer.num_generations) for i in range(len(prompts))],
                 max_completion_tokens=trainer.max_completion_length,
             )
         return {
