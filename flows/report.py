@@ -46,7 +46,8 @@ def report(params_file: str = str(paths.PARAMS)) -> str:
         settings = {"seed": params.seed, "model": params.model.source}
         boot = params.eval.bootstrap
         inits = {n: s.init for n, s in params.rl.stages.items()}
-        pairs = comparisons.pairs(inits)
+        episodic = comparisons.episode_trained(params)
+        pairs = comparisons.pairs(inits, episodic)
         compare_k = params.eval.samples.compare_k if params.eval.samples else []
         compared = comparisons.comparisons(pairs, boot.confidence, boot.resamples, params.seed, compare_k)
         warnings = [
@@ -56,7 +57,7 @@ def report(params_file: str = str(paths.PARAMS)) -> str:
             for w in health.warnings(path.stem, m)
         ]
         text = rep.run(evals, curves, rl, settings, compared, warnings)
-        headline = keys.headline_metrics(evals, compared, inits)
+        headline = keys.headline_metrics(evals, compared, inits, comparisons.single_turn_controls(inits, episodic))
         files.write_json(rep.HEADLINE, headline)
         # The comparisons file is the stage's DVC metrics; the same numbers (significance as 0/1) on its MLflow run.
         tracking.log_metrics({k: _numeric(c.dump()["sets"]) for k, c in compared.comparisons.items()}, prefix="paired")

@@ -28,6 +28,7 @@ def used(params: Params) -> dict[str, EnvironmentParams]:
 
 def environments(params: Params) -> None:
     """Every environment the experiment runs: see the module docstring."""
+    _opt_out_needs_an_environment(params)
     for key, spec in used(params).items():
         from rung import envs  # transformers and TRL: only for an experiment with episodes (the preflight stays light)
 
@@ -40,6 +41,17 @@ def environments(params: Params) -> None:
                 raise InputError(
                     f"{key}: {env.cls.__name__} has tools ({', '.join(env.tools)}) but {problem}; fix: {_FIX}"
                 )
+
+
+def _opt_out_needs_an_environment(params: Params) -> None:
+    """`rl.stages.<name>.environment: false` opts a stage out of the experiment's environment (the single-turn
+    control): without one there is nothing to opt out of, and no episodes to compare the control in."""
+    for name, stage in params.rl.stages.items():
+        if stage.environment is False and params.environment is None:
+            raise InputError(
+                f"rl.stages.{name}.environment: false opts out of the experiment's environment, and it has none "
+                "(the stage is single-turn anyway); remove the key or set environment"
+            )
 
 
 def _template_problem(source: str) -> str | None:

@@ -234,9 +234,12 @@ class Params(Section):
         return ["base", "sft", *(f"rl/{name}" for name in self.rl.stages)]
 
     def environment_of(self, stage: str | None = None) -> EnvironmentParams | None:
-        """The environment RL stage `stage` trains in (its own, else the experiment's); with no stage, the
-        experiment's, which difficulty, traces and evaluation run."""
+        """The environment RL stage `stage` trains in (its own, else the experiment's; None for a stage that sets
+        `environment: false`, which trains single-turn); with no stage, the experiment's, which difficulty,
+        traces and evaluation run."""
         own = self.rl.stages[stage].environment if stage is not None else None
+        if own is False:
+            return None
         return own or self.environment
 
     def init_of(self, checkpoint: str) -> str:

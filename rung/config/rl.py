@@ -312,9 +312,11 @@ class RLStageParams(Section):
     """Upper bound C of the importance ratio (TRL's default 3.0)."""
     launch: LaunchParams = LaunchParams()
     """Processes and engine of the training job (one process by default)."""
-    environment: EnvironmentParams | None = None
-    """This stage's episodes, when they differ from the experiment's `environment` (e.g. `retry` before
-    `python`); null: the experiment's. Evaluation runs the experiment's environment."""
+    environment: EnvironmentParams | Literal[False] | None = None
+    """This stage's episodes. null: the experiment's `environment` (none: single-turn); a mapping: its own, when it
+    differs from the experiment's (e.g. `retry` before `python`); false: single-turn although the experiment has
+    an environment, the single-turn control that the report compares with each episode-trained stage of the same
+    init (docs/rl.md, Episodes). Evaluation runs the experiment's environment either way."""
     lora: LoraParams | None = None
     """null: full fine-tuning; a mapping trains LoRA adapters (fp32) on the frozen base instead, TRL's
     peft_config. The checkpoint is saved merged, a plain model for eval and later stages. With a KL term
@@ -352,6 +354,18 @@ class RLStageParams(Section):
                 "the held-out curve and eval without it, so training and evaluation prompts would differ"
             )
         return trl
+
+    @field_validator("environment", mode="before")
+    @classmethod
+    def _environment_or_none(cls, value: Any) -> Any:
+        """`true`, a name, a number: not one of the three (pydantic would word it as a failed union)."""
+        if value is not None and value is not False and not isinstance(value, (dict, EnvironmentParams)):
+            shown = "true" if value is True else repr(value)
+            raise ValueError(
+                f"{shown} is not an environment: null runs the experiment's, a mapping names this stage's own, "
+                "false trains it single-turn"
+            )
+        return value
 
     @model_validator(mode="before")
     @classmethod

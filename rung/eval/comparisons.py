@@ -1,23 +1,48 @@
 """The pipeline's comparisons of checkpoints: which pairs are compared (sft against base, each RL
-stage against its init and against base) and their paired tests (rung.eval.paired) on the
-per-prompt eval records under data/eval. The report stage writes and renders the result
-(rung.report.pipeline); nothing here formats text."""
+stage against its init and against base, each episode-trained RL stage against its single-turn
+control) and their paired tests (rung.eval.paired) on the per-prompt eval records under data/eval.
+The report stage writes and renders the result (rung.report.pipeline); nothing here formats text."""
 
 from __future__ import annotations
 
-from typing import cast
+from collections.abc import Collection
+from typing import TYPE_CHECKING, cast
 
 from rung import files, paths
 from rung.eval import paired
 from rung.eval.results import Comparison, Comparisons, EvalRecord, GreedyTest
 
+if TYPE_CHECKING:
+    from rung.config import Params
 
-def pairs(rl_inits: dict[str, str]) -> list[tuple[str, str]]:
+
+def episode_trained(params: Params) -> list[str]:
+    """The RL stages that trained episodes (params.environment_of(stage) is set), in params order."""
+    return [name for name in params.rl.stages if params.environment_of(name)]
+
+
+def single_turn_controls(rl_inits: dict[str, str], episodic: Collection[str]) -> list[tuple[str, str]]:
+    """(episode-trained, single-turn) RL checkpoints with the same init: each RL stage that trained episodes
+    (`episodic`: episode_trained) against every stage that trained single-turn from the same checkpoint, its
+    control (in an experiment with an environment, a stage with `rl.stages.<name>.environment: false`); in
+    params order."""
+    return [
+        (f"rl/{name}", f"rl/{other}")
+        for name, init in rl_inits.items()
+        if name in episodic
+        for other, other_init in rl_inits.items()
+        if other not in episodic and other_init == init
+    ]
+
+
+def pairs(rl_inits: dict[str, str], episodic: Collection[str] = ()) -> list[tuple[str, str]]:
     """(new, old) checkpoints to compare: sft against base, every RL stage against the checkpoint it
-    started from and against base; each pair once, in pipeline order."""
+    started from and against base, and each episode-trained RL stage (`episodic`) against its single-turn
+    controls (single_turn_controls); each pair once, in pipeline order."""
     out = [("sft", "base")]
     for name, init in rl_inits.items():
         out += [(f"rl/{name}", init), (f"rl/{name}", "base")]
+    out += single_turn_controls(rl_inits, episodic)
     return list(dict.fromkeys(out))
 
 

@@ -1,14 +1,15 @@
 """The names rung's numbers go under in MLflow. One key per quantity: every checkpoint's eval run logs
 `<set>/<metric>`, every RL stage `rl/<metric>`, so MLflow's compare and chart views line them up;
 the parent run of an experiment holds the headline numbers, one key per checkpoint
-(`eval/<ckpt>/test/...`, `paired/<rl>-vs-<init>/test/...`)."""
+(`eval/<ckpt>/test/...`, `paired/<rl>-vs-<init>/test/...`, `paired/<rl>-vs-<control>/test/...`)."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from typing import Any
 
-from rung.eval.results import Comparisons, EvalResult
+from rung.eval.results import Comparisons, EvalResult, GreedyTest
 from rung.files import flatten
 
 
@@ -43,11 +44,19 @@ def eval_metrics(result: EvalResult) -> dict[str, float]:
     return {k: v for name, m in result.sets.items() for k, v in metric_keys(m.flat(), name).items()}
 
 
-def headline_metrics(evals: dict[str, EvalResult], compared: Comparisons, rl_inits: dict[str, str]) -> dict[str, float]:
+def headline_metrics(
+    evals: dict[str, EvalResult],
+    compared: Comparisons,
+    rl_inits: dict[str, str],
+    controls: Collection[tuple[str, str]] = (),
+) -> dict[str, float]:
     """The parent run's metrics, so that experiments compare on one row each: per checkpoint the
     held-out accuracy, avg@n and pass@k at the largest k (`eval/<ckpt>/test/...`), with episodes also
     `episodes/success_within_<max_turns>` and `episodes/first_answer_accuracy`; per RL stage the
-    paired difference against its init with its interval and McNemar p (`paired/<rl>-vs-<init>/test/...`)."""
+    paired difference against its init with its interval and McNemar p (`paired/<rl>-vs-<init>/test/...`),
+    and the same for each episode-trained stage against its single-turn control (`controls`:
+    rung.eval.comparisons.single_turn_controls; `paired/<rl>-vs-<control>/test/...`); with episodes each pair
+    also the first answers' difference and McNemar p (`.../test/first_answer/...`)."""
     out = {}
     for checkpoint, result in evals.items():
         test = result.sets["test"]
@@ -61,12 +70,17 @@ def headline_metrics(evals: dict[str, EvalResult], compared: Comparisons, rl_ini
         out |= metric_keys(
             {k: flat[k] for k in keep if flat[k] is not None}, f"eval/{checkpoint.replace('/', '-')}/test"
         )
-    rl_vs_init = {(f"rl/{name}", init) for name, init in rl_inits.items()}
+    headlined = {(f"rl/{name}", init) for name, init in rl_inits.items()} | set(controls)
     for key, c in compared.comparisons.items():
-        if (c.new, c.old) in rl_vs_init and "test" in c.sets:
-            test = c.sets["test"]
-            out |= {
-                f"paired/{key}/test/{k}": float(getattr(test, k))
-                for k in ("difference", "ci_low", "ci_high", "mcnemar_p")
-            }
+        if (c.new, c.old) in headlined and "test" in c.sets:
+            out |= paired_headline(f"paired/{key}/test", c.sets["test"])
+    return out
+
+
+def paired_headline(prefix: str, test: GreedyTest) -> dict[str, float]:
+    """A headline pair's numbers on one eval set: the difference with its interval and the exact McNemar p
+    of the final answers, and with episodes the first answers' difference and p (`<prefix>/first_answer/...`)."""
+    out = {f"{prefix}/{k}": float(getattr(test, k)) for k in ("difference", "ci_low", "ci_high", "mcnemar_p")}
+    if test.first_answer is not None:
+        out |= {f"{prefix}/first_answer/{k}": float(getattr(test.first_answer, k)) for k in ("difference", "mcnemar_p")}
     return out
