@@ -23,7 +23,7 @@ TRL 1.16's contract (trl/trainer/grpo_trainer.py; GRPOTrainer(environment_factor
 The gap: an environment never sees a plain answer, so feedback after one (`retry`) cannot run in TRL's loop,
 and an environment cannot grade the final answer (rung.envs.FinalAnswer grades it as a reward function).
 TRL's way in for such loops is `rollout_func` (returns prompt_ids, completion_ids, logprobs and an
-`env_mask` that becomes the tool mask). rung's episode loop (to be built: one loop for difficulty, RL
+`env_mask` that becomes the tool mask). rung's episode loop (rung.envs.loop: one loop for difficulty, RL
 rollouts and eval) extends the contract by one hook, invisible to TRL because its name starts with `_`:
 
     _reply(self, message: str) -> str | None
