@@ -1,5 +1,6 @@
 """Stage `traces`: the SFT targets — worked solutions from the data and/or verified samples of
-the base model (rejection sampling / STaR) or of a teacher (distillation)."""
+the base model (rejection sampling / STaR) or of a teacher (distillation), tool-call episodes, or
+wrong-then-right episodes of the retry environment."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from prefect import flow, get_run_logger
 
 from flows.stage import finish, main
 from rung import config, files, paths, tracking
+from rung.checks.environments import episode_traces
 from rung.checks.generation import backend
 from rung.checks.models import chat_template, trace_models
 from rung.config import Params
@@ -19,7 +21,7 @@ from tasks import generation
 if TYPE_CHECKING:  # solution traces load no model, so this stage imports torch only when it samples
     from rung.generate.completion import Generator
 
-CHECKS = (chat_template, trace_models, backend)
+CHECKS = (chat_template, trace_models, backend, episode_traces)
 """What this stage checks of params before any compute (flows.stage.main)."""
 
 
@@ -43,7 +45,12 @@ def traces(params_file: str = str(paths.PARAMS)) -> None:
 
     with tracking.stage_run("traces", params, logged, inputs={"train": paths.TRAIN}):
         stats = trace_sources.run(
-            files.read_jsonl(paths.TRAIN), params.sft, params.format, derive(params.seed, "traces"), load
+            files.read_jsonl(paths.TRAIN),
+            params.sft,
+            params.format,
+            derive(params.seed, "traces"),
+            load,
+            params.environment,
         )
         get_run_logger().info("SFT traces: %s", stats)
         tracking.log_dataset(paths.TRACES, "sft_traces", context="training")

@@ -271,7 +271,23 @@ class SolutionTraces(Section):
     """Rows without a solution train on the bare answer line; False skips them."""
 
 
-class SampledTraces(Section):
+class ModelTraces(Section):
+    """What every source sampled from a model shares: the model, the prompts, the samples and their decoding
+    (rung.data.traces samples them all through one path)."""
+
+    type: str
+    """The source's type."""
+    model: str = "base"
+    """'base' (self-improvement) or a teacher: a local HF model directory or hub id."""
+    num_samples: int = Field(4, gt=0)
+    """Completions sampled per prompt (B-STaR and ReST-EM use 4-32)."""
+    max_prompts: int | None = Field(None, gt=0)
+    """Sample for the first N train prompts (id order) only; None: all."""
+    sampling: SamplingParams = SamplingParams(temperature=0.8, max_new_tokens=96)
+    """Decoding of the sampled traces."""
+
+
+class SampledTraces(ModelTraces):
     """Traces sampled from a model and kept only when verified correct: rejection sampling / STaR
     (Zelikman et al. 2022) from 'base', or distillation from a teacher (a local model directory,
     or an HF id with network). Correct answers outside the response format get the answer line
@@ -279,22 +295,31 @@ class SampledTraces(Section):
 
     type: Literal["rejection", "distill"]
     """rejection: sampled from the base model (STaR); distill: sampled from a teacher `model`."""
-    model: str = "base"
-    """'base' (self-improvement) or a teacher: a local HF model directory or hub id."""
-    num_samples: int = Field(4, gt=0)
-    """Completions sampled per prompt (B-STaR and ReST-EM use 4-32)."""
     max_per_prompt: int = Field(1, gt=0)
     """Distinct correct traces kept per prompt at most."""
-    max_prompts: int | None = Field(None, gt=0)
-    """Sample for the first N train prompts (id order) only; None: all."""
-    sampling: SamplingParams = SamplingParams(temperature=0.8, max_new_tokens=96)
-    """Decoding of the sampled traces."""
 
     @model_validator(mode="after")
     def _teacher(self) -> SampledTraces:
         if self.type == "distill" and self.model == "base":
             raise ValueError("model: distill needs a teacher model path or hub id (rejection samples from base)")
         return self
+
+
+class RetryTraces(ModelTraces):
+    """Wrong-then-right episodes for `environment: {name: retry}` (UFO), by rejection sampling: completions
+    sampled and graded as `rejection` samples and grades them; a prompt with a wrong and a right sample gives
+    one conversation: the prompt, its first wrong sample, the retry environment's feedback
+    (`environment.settings.feedback`) as the user's turn, its first right sample. A sample that states no
+    answer counts as neither (it would teach rambling, not retrying); an answer outside the format gets the
+    answer line appended, as in `rejection`. SFT trains both assistant turns, never the feedback, which needs a
+    chat template that marks the assistant's tokens (SmolLM2: `model.chat_template: tools`)."""
+
+    type: Literal["retry"]
+    """Selects wrong-then-right retry episodes."""
+    first_try: float = Field(0.5, ge=0, le=1)
+    """Share of the prompts with a right sample that also give a first-try-right trace (that sample alone,
+    as `rejection` keeps it), picked seeded; without them SFT would show only wrong first answers. 0: the
+    episodes only."""
 
 
 class ToolTraces(Section):
@@ -309,4 +334,4 @@ class ToolTraces(Section):
     """Build episodes for the first N train rows (each runs the sandbox once); None: all."""
 
 
-TraceSource = Annotated[SolutionTraces | SampledTraces | ToolTraces, Field(discriminator="type")]
+TraceSource = Annotated[SolutionTraces | SampledTraces | ToolTraces | RetryTraces, Field(discriminator="type")]

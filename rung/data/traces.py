@@ -9,6 +9,7 @@ assistant's turns only.
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -16,11 +17,21 @@ from typing import TYPE_CHECKING, Any
 from rung import files, paths
 from rung.answers import formats
 from rung.answers.verify import is_correct
-from rung.config import FormatParams, SampledTraces, SFTParams, SolutionTraces, ToolTraces, TraceSource
+from rung.config import (
+    EnvironmentParams,
+    FormatParams,
+    SampledTraces,
+    SFTParams,
+    SolutionTraces,
+    ToolTraces,
+    TraceSource,
+)
+from rung.config.data import ModelTraces, RetryTraces
 from rung.errors import InputError
+from rung.seeding import derive
 
 if TYPE_CHECKING:  # solution traces need no model: torch is imported by whoever loads one
-    from rung.generate.completion import Generator
+    from rung.generate.completion import Completion, Generator
 
 Trace = dict[str, Any]  # id, prompt, target, origin
 
@@ -95,17 +106,33 @@ def from_tool_calls(rows: list[dict[str, Any]], src: ToolTraces, fmt: FormatPara
     return traces
 
 
-def in_format(text: str, row: dict[str, Any], fmt: FormatParams) -> str | None:
-    """The completion as a target if its answer is correct: unchanged when it already follows the
-    format, else with the answer added in the format; None when it is wrong."""
+def graded(text: str, row: dict[str, Any], fmt: FormatParams) -> tuple[str, bool] | None:
+    """The completion as a target and whether the task's verifier accepts its answer: unchanged when it
+    follows the format, else with its answer (read leniently) added in the format; None when it states
+    no answer, or the added answer line would not follow the format (e.g. stray tags of its own)."""
     text = text.strip()
     if formats.follows_format(text, fmt):
-        return text if is_correct(formats.extract(text, fmt), row) else None
+        return text, is_correct(formats.extract(text, fmt), row)
     answer = formats.extract_lenient(text, fmt)
-    if answer is None or not is_correct(answer, row):
+    if answer is None:
         return None
     fixed = formats.style(fmt).appended(text, answer)
-    return fixed if formats.follows_format(fixed, fmt) else None  # e.g. stray tags of its own
+    return (fixed, is_correct(answer, row)) if formats.follows_format(fixed, fmt) else None
+
+
+def in_format(text: str, row: dict[str, Any], fmt: FormatParams) -> str | None:
+    """The completion as a target if its answer is correct (see `graded`); None when it is wrong or states none."""
+    got = graded(text, row, fmt)
+    return got[0] if got is not None and got[1] else None
+
+
+def samples(
+    gen: Generator, rows: list[dict[str, Any]], src: ModelTraces, fmt: FormatParams, seed: int
+) -> list[list[Completion]]:
+    """`src.num_samples` completions of each row's prompt, in row order: the one sampling path of every source
+    sampled from a model (rejection, distill, retry)."""
+    prompts = gen.render([formats.prompt(r["prompt"], fmt) for r in rows])
+    return gen.generate(prompts, src.sampling, n=src.num_samples, seed=seed, desc=f"{src.type} traces")
 
 
 def sampled(
@@ -113,11 +140,9 @@ def sampled(
 ) -> tuple[list[Trace], dict[str, Any]]:
     """Verified-correct samples, at most `max_per_prompt` distinct ones per prompt; with counts."""
     rows = rows[: src.max_prompts]
-    prompts = gen.render([formats.prompt(r["prompt"], fmt) for r in rows])
-    samples = gen.generate(prompts, src.sampling, n=src.num_samples, seed=seed, desc=f"{src.type} traces")
     traces, kept_per_prompt = [], Counter()
     correct = 0
-    for row, completions in zip(rows, samples, strict=True):
+    for row, completions in zip(rows, samples(gen, rows, src, fmt, seed), strict=True):
         seen: set[str] = set()
         for c in completions:
             target = in_format(c.text, row, fmt)
@@ -142,15 +167,69 @@ def sampled(
     return traces, stats
 
 
+def retry_feedback(environment: EnvironmentParams | None) -> str:
+    """The user's reply to a wrong answer in the experiment's retry environment (its `settings.feedback`, else
+    the retry environment's default)."""
+    from rung.envs.retry import RetrySettings  # transformers: only for an experiment with retry traces
+
+    settings = environment.settings if environment is not None and environment.name == "retry" else {}
+    return RetrySettings.model_validate(settings).feedback
+
+
+def retry_episodes(
+    gen: Generator, rows: list[dict[str, Any]], src: RetryTraces, fmt: FormatParams, seed: int, feedback: str
+) -> tuple[list[Trace], dict[str, Any]]:
+    """Wrong-then-right episodes (see RetryTraces): for each prompt with a wrong and a right sample, its first
+    wrong one, `feedback` as the user's turn, its first right one; and, for a seeded `first_try` share of the
+    prompts with a right sample, that sample alone. With counts."""
+    rows = rows[: src.max_prompts]
+    answered = [
+        [g for c in completions if (g := graded(c.text, row, fmt)) is not None]
+        for row, completions in zip(rows, samples(gen, rows, src, fmt, seed), strict=True)
+    ]
+    solved = [i for i, got in enumerate(answered) if any(ok for _, ok in got)]
+    first_try = set(random.Random(derive(seed, "first_try")).sample(solved, round(src.first_try * len(solved))))
+    traces: list[Trace] = []
+    for i in solved:
+        row, got = rows[i], answered[i]
+        right = next(text for text, ok in got if ok)
+        wrong = next((text for text, ok in got if not ok), None)
+        if wrong is not None:
+            messages = [
+                {"role": "assistant", "content": wrong},
+                {"role": "user", "content": feedback},
+                {"role": "assistant", "content": right},
+            ]
+            trace = {"id": row["id"], "prompt": row["prompt"], "target": right, "messages": messages}
+            traces.append({**trace, "origin": f"retry:{src.model}"})
+        if i in first_try:
+            trace = {"id": row["id"], "prompt": row["prompt"], "target": right}
+            traces.append({**trace, "origin": f"retry:{src.model}:first_try"})
+    episodes = sum("messages" in t for t in traces)
+    stats = {
+        "prompts": len(rows),
+        "samples": len(rows) * src.num_samples,
+        "correct_samples": sum(ok for got in answered for _, ok in got),
+        "wrong_samples": sum(not ok for got in answered for _, ok in got),
+        "wrong_then_right": episodes,
+        "first_try_right": len(traces) - episodes,
+        "kept": len(traces),
+        "prompts_with_trace": len({t["id"] for t in traces}),
+    }
+    return traces, stats
+
+
 def build(
     rows: list[dict[str, Any]],
     sources: list[TraceSource],
     fmt: FormatParams,
     seed: int,
     load: Callable[[str], Generator],
+    environment: EnvironmentParams | None = None,
 ) -> tuple[list[Trace], dict[str, Any]]:
     """Traces of every source in params order, and per-source counts. `load(model)` returns the
-    generator for a sampled source's model ('base' or a teacher)."""
+    generator for a sampled source's model ('base' or a teacher); `environment` is the experiment's (a
+    retry source's feedback)."""
     # Solution targets first, whatever their place: a refused one stops the stage before any sampling.
     solved = {
         i: from_solutions(rows, src, fmt, f"sft.traces[{i}]")
@@ -170,6 +249,9 @@ def build(
                 "kept": len(got),
                 "with_expression": sum(bool((r.get("meta") or {}).get("expression")) for r in rows),
             }
+        elif isinstance(src, RetryTraces):
+            feedback = retry_feedback(environment)
+            got, stats[name] = retry_episodes(load(src.model), rows, src, fmt, seed + i, feedback)
         else:
             got, stats[name] = sampled(load(src.model), rows, src, fmt, seed + i)
         traces += got
@@ -178,7 +260,12 @@ def build(
 
 
 def run(
-    rows: list[dict[str, Any]], sft: SFTParams, fmt: FormatParams, seed: int, load: Callable[[str], Generator]
+    rows: list[dict[str, Any]],
+    sft: SFTParams,
+    fmt: FormatParams,
+    seed: int,
+    load: Callable[[str], Generator],
+    environment: EnvironmentParams | None = None,
 ) -> dict[str, Any]:
     """The traces stage: write the SFT targets of every source in `sft.traces` at their layout
     path; returns the counts. With SFT disabled (zero-RL) nothing is built or sampled and the file
@@ -187,7 +274,7 @@ def run(
     if not sft.enabled:
         files.write_jsonl(paths.TRACES, [])
         return {"skipped": 1}
-    traces, stats = build(rows, sft.traces, fmt, seed, load)
+    traces, stats = build(rows, sft.traces, fmt, seed, load, environment)
     if not traces:
         raise InputError(
             f"sft.traces: no SFT target from any source ({stats}); add a `solutions` source, "
