@@ -1,6 +1,6 @@
 """SFT traces for the `retry` environment (issue #47): wrong-then-right episodes by rejection sampling, their
 feedback turn, first-try-right traces beside them, the seeded sampling path they share with `rejection`, the
-refusal without the retry environment, and SFT's loss on the assistant's turns only."""
+refusals, and SFT's loss on the right answer only."""
 
 from __future__ import annotations
 
@@ -44,10 +44,9 @@ def test_an_episode_is_a_wrong_sample_the_feedback_and_a_right_sample_graded_as_
     out, stats = traces.retry_episodes(scripted(tiny_model), ROWS, src, FMT, seed=0, feedback="Let's try again.")
     [episode] = out  # row 0 only: rows 1 and 2 have only right or only wrong samples, row 3 states no answer
     assert episode["id"] == "0" and episode["origin"] == "retry:base"
-    assert [m["role"] for m in episode["messages"]] == ["assistant", "user", "assistant"]
-    wrong, feedback, right = (m["content"] for m in episode["messages"])
+    assert [m["role"] for m in episode["history"]] == ["assistant", "user"]
+    (wrong, feedback), right = (m["content"] for m in episode["history"]), episode["target"]
     assert (wrong, feedback, right) == ("Answer: 5", "Let's try again.", "0 + 2 = 2\nAnswer: 2")
-    assert episode["target"] == right
     env = Retry(FMT, max_turns=3)  # the retry environment grades the episode's answers as its traces were picked
     env.reset(**ROWS[0])
     assert env._reply(wrong) == feedback and env._reply(right) is None
@@ -68,7 +67,7 @@ def test_first_try_right_traces_are_a_seeded_share_of_the_solved_prompts(tiny_mo
     gen = scripted(tiny_model)
     every = RetryTraces(type="retry", first_try=1.0)
     out, stats = traces.retry_episodes(gen, ROWS, every, FMT, seed=0, feedback="Again.")
-    assert [(t["id"], "messages" in t) for t in out] == [("0", True), ("0", False), ("1", False)]
+    assert [(t["id"], "history" in t) for t in out] == [("0", True), ("0", False), ("1", False)]
     assert out[2] == {"id": "1", "prompt": ROWS[1]["prompt"], "target": "Answer: 3", "origin": "retry:base:first_try"}
     assert (stats["wrong_then_right"], stats["first_try_right"], stats["prompts_with_trace"]) == (1, 2, 2)
 
@@ -111,7 +110,7 @@ def test_the_stage_writes_them_with_the_experiment_s_feedback_and_counts_them_as
     stats = traces.run(ROWS, sft, FMT, 0, lambda model: scripted(tiny_model), env)
     written = files.read_jsonl(paths.TRACES)
     assert [t["origin"] for t in written] == ["solutions"] * 4 + ["retry:base"]
-    assert written[-1]["messages"][1] == {"role": "user", "content": "Wrong, once more."}
+    assert written[-1]["history"][1] == {"role": "user", "content": "Wrong, once more."}
     logged = keys.metric_keys(stats, prefix="traces")  # what flows.stage.finish logs to MLflow
     assert logged["traces/1_retry/wrong_then_right"] == 1.0 and logged["traces/total"] == 5.0
 
@@ -122,11 +121,10 @@ def test_the_stage_writes_them_with_the_experiment_s_feedback_and_counts_them_as
         ({}, "error: sft.traces.0: retry traces are episodes of the retry environment; set environment: {name: retry}"),
         ({"environment": {"name": "python"}, "model.chat_template": "tools"}, "error: sft.traces.0: retry traces are"),
         (
-            {"environment": {"name": "retry"}},
-            "error: sft.traces.0: retry traces train the assistant's turns only, but SmolLM2-135M-Instruct's chat "
-            "template does not mark them; fix: set model.chat_template: tools",
+            {"environment": {"name": "retry"}, "format.template": "plain"},
+            "error: sft.traces.0: retry traces hold turns, which format.template: plain cannot; use chat",
         ),
-        ({"environment": {"name": "retry"}, "model.chat_template": "tools"}, None),
+        ({"environment": {"name": "retry"}}, None),  # the model's own template: the right answer is the completion
     ],
 )
 def test_validate_refuses_retry_traces_without_the_retry_environment(edits, refusal, default_params, tmp_path,
@@ -144,19 +142,15 @@ def test_validate_refuses_retry_traces_without_the_retry_environment(edits, refu
         assert res.output.strip().startswith(refusal), res.output
 
 
-def test_sft_trains_both_answers_and_never_the_feedback(tiny_model, tmp_path, monkeypatch):
-    """The SFT stage's own trainer (rung.train.sft) on retry traces, with rung's template (generation markers)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def test_sft_trains_the_right_answer_never_the_wrong_one_or_the_feedback(tiny_model, tmp_path, monkeypatch):
+    """The SFT stage's own trainer (rung.train.sft) on retry traces, with the model's own chat template."""
+    from transformers import AutoTokenizer
 
-    from rung.envs import template
     from rung.train import sft
     from rung.train.jobs import SFTJob
     from tests.tiny_model import job
 
-    init = tmp_path / "init"
-    AutoModelForCausalLM.from_pretrained(tiny_model).save_pretrained(init)
-    tok = template.apply(AutoTokenizer.from_pretrained(tiny_model))
-    tok.save_pretrained(init)
+    init, tok = tiny_model, AutoTokenizer.from_pretrained(tiny_model)
     src = RetryTraces(type="retry", first_try=1.0)
     out, _ = traces.retry_episodes(scripted(tiny_model), ROWS, src, FMT, seed=0, feedback="Let's try again.")
     data = tmp_path / "traces.jsonl"
@@ -175,9 +169,9 @@ def test_sft_trains_both_answers_and_never_the_feedback(tiny_model, tmp_path, mo
     episode, first_try, _ = captured["rows"]
     learned = tok.decode([i for i, m in zip(episode["input_ids"], episode["labels"], strict=True) if m != -100])
     everything = tok.decode(episode["input_ids"])
-    assert "Let's try again." in everything and "Calculate 0 + 2." in everything
-    # both assistant turns, each with its end of turn, are trained; the prompt and the feedback user turn are not
-    assert learned == "Answer: 5<|im_end|>" + "0 + 2 = 2\nAnswer: 2<|im_end|>"
+    assert "Let's try again." in everything and "Answer: 5" in everything and "Calculate 0 + 2." in everything
+    # the right answer is trained; the prompt, the wrong answer and the feedback user turn are its context
+    assert learned == "0 + 2 = 2\nAnswer: 2<|im_end|>\n"  # as single-turn SFT on this template
     assert tok.decode([i for i, m in zip(first_try["input_ids"], first_try["labels"], strict=True) if m != -100]) == (
-        "0 + 2 = 2\nAnswer: 2<|im_end|>"
+        "0 + 2 = 2\nAnswer: 2<|im_end|>\n"
     )

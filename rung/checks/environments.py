@@ -64,15 +64,20 @@ _MARKS_FIX = (
 
 
 def episode_traces(params: Params) -> None:
-    """`retry` traces are episodes of the experiment's retry environment (its feedback is their user turn); SFT
-    trains an episode's assistant turns only (TRL's assistant_only_loss), by the chat template's generation
-    markers, which the model's own template must have (or TRL a training template for it) unless rung's is set."""
-    episodes = [(i, t) for i, t in enumerate(params.sft.traces) if isinstance(t, RetryTraces | ToolTraces)]
-    for i, trace in episodes:
-        if isinstance(trace, RetryTraces) and (params.environment is None or params.environment.name != "retry"):
+    """`retry` traces are episodes of the experiment's retry environment (its feedback is their user turn), with
+    their wrong answer and feedback in a chat prompt; SFT trains a tool episode's assistant turns only (TRL's
+    assistant_only_loss), by the chat template's generation markers, which the model's own template must have (or
+    TRL a training template for it) unless rung's is set."""
+    for i, trace in enumerate(params.sft.traces):
+        if not isinstance(trace, RetryTraces):
+            continue
+        if params.environment is None or params.environment.name != "retry":
             raise InputError(
                 f"sft.traces.{i}: retry traces are episodes of the retry environment; set environment: {{name: retry}}"
             )
+        if params.format.template == "plain":
+            raise InputError(f"sft.traces.{i}: retry traces hold turns, which format.template: plain cannot; use chat")
+    episodes = [(i, t) for i, t in enumerate(params.sft.traces) if isinstance(t, ToolTraces)]
     if episodes and params.model.chat_template == "model":
         problem = _marks_problem(params.model.source)
         if problem:

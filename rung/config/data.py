@@ -311,8 +311,8 @@ class RetryTraces(ModelTraces):
     one conversation: the prompt, its first wrong sample, the retry environment's feedback
     (`environment.settings.feedback`) as the user's turn, its first right sample. A sample that states no
     answer counts as neither (it would teach rambling, not retrying); an answer outside the format gets the
-    answer line appended, as in `rejection`. SFT trains both assistant turns, never the feedback, which needs a
-    chat template that marks the assistant's tokens (SmolLM2: `model.chat_template: tools`)."""
+    answer line appended, as in `rejection`. SFT trains the right answer only: the wrong one and the feedback
+    are its prompt's history (a chat format; any chat template)."""
 
     type: Literal["retry"]
     """Selects wrong-then-right retry episodes."""

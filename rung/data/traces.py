@@ -4,7 +4,8 @@
 Every target goes through rung.answers.formats, so SFT teaches exactly the format that the rewards
 and the evaluation read. A tool-call trace (`tool_calls`) is an episode: its `messages` (the assistant's call,
 the tool's real output, the assistant's answer) and the tools' JSON schemas, which SFT trains on the
-assistant's turns only.
+assistant's turns only. A retry trace (`retry`) puts a wrong answer and the feedback in its prompt's `history`:
+SFT trains the right answer after them.
 """
 
 from __future__ import annotations
@@ -180,8 +181,9 @@ def retry_episodes(
     gen: Generator, rows: list[dict[str, Any]], src: RetryTraces, fmt: FormatParams, seed: int, feedback: str
 ) -> tuple[list[Trace], dict[str, Any]]:
     """Wrong-then-right episodes (see RetryTraces): for each prompt with a wrong and a right sample, its first
-    wrong one, `feedback` as the user's turn, its first right one; and, for a seeded `first_try` share of the
-    prompts with a right sample, that sample alone. With counts."""
+    wrong one, `feedback` as the user's turn, its first right one (the wrong one and the feedback as the
+    trace's `history`, the right one its target); and, for a seeded `first_try` share of the prompts with a
+    right sample, that sample alone. With counts."""
     rows = rows[: src.max_prompts]
     answered = [
         [g for c in completions if (g := graded(c.text, row, fmt)) is not None]
@@ -195,17 +197,14 @@ def retry_episodes(
         right = next(text for text, ok in got if ok)
         wrong = next((text for text, ok in got if not ok), None)
         if wrong is not None:
-            messages = [
-                {"role": "assistant", "content": wrong},
-                {"role": "user", "content": feedback},
-                {"role": "assistant", "content": right},
-            ]
-            trace = {"id": row["id"], "prompt": row["prompt"], "target": right, "messages": messages}
+            # the wrong answer and the feedback are the prompt's history: SFT never trains the wrong answer
+            history = [{"role": "assistant", "content": wrong}, {"role": "user", "content": feedback}]
+            trace = {"id": row["id"], "prompt": row["prompt"], "history": history, "target": right}
             traces.append({**trace, "origin": f"retry:{src.model}"})
         if i in first_try:
             trace = {"id": row["id"], "prompt": row["prompt"], "target": right}
             traces.append({**trace, "origin": f"retry:{src.model}:first_try"})
-    episodes = sum("messages" in t for t in traces)
+    episodes = sum("history" in t for t in traces)
     stats = {
         "prompts": len(rows),
         "samples": len(rows) * src.num_samples,

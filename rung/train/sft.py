@@ -20,22 +20,27 @@ from rung.train.jobs import JobResult, SFTJob, main
 
 def examples(traces: list[dict[str, Any]], fmt: FormatParams) -> Dataset:
     """Prompt/completion pairs, conversations for a chat template or plain text (TRL appends EOS):
-    TRL masks the prompt, so only the response is learned. An episode's completion is its messages, with its
-    tools' schemas in a `tools` column (TRL renders them into the prompt); see `episodes`."""
+    TRL masks the prompt, so only the response is learned. A retry trace's `history` (a wrong answer, the
+    feedback) ends its prompt. An episode's completion is its messages, with its tools' schemas in a `tools`
+    column (TRL renders them into the prompt); see `episodes`."""
+    rows = [{"prompt": _prompt(t, fmt), "completion": _completion(t["target"], fmt)} for t in traces]
     if not episodes(traces):
-        return Dataset.from_list(
-            [{"prompt": formats.prompt(t["prompt"], fmt), "completion": _completion(t["target"], fmt)} for t in traces]
-        )
+        return Dataset.from_list(rows)
     return Dataset.from_list(
         [
-            {
-                "prompt": formats.prompt(t["prompt"], fmt),
-                "completion": t.get("messages") or _completion(t["target"], fmt),
-                "tools": t.get("tools"),
-            }
-            for t in traces
+            {**row, "completion": t.get("messages") or row["completion"], "tools": t.get("tools")}
+            for row, t in zip(rows, traces, strict=True)
         ]
     )
+
+
+def _prompt(trace: dict[str, Any], fmt: FormatParams) -> list[dict[str, str]] | str:
+    prompt = formats.prompt(trace["prompt"], fmt)
+    if not trace.get("history"):
+        return prompt
+    if isinstance(prompt, str):
+        raise InputError("format.template: plain cannot hold a retry trace's turns; retry traces need a chat template")
+    return [*prompt, *trace["history"]]
 
 
 def episodes(traces: list[dict[str, Any]]) -> bool:
@@ -102,7 +107,7 @@ def truncated_fraction(traces: list[dict[str, Any]], fmt: FormatParams, tok: Any
     plain = fmt.template == "plain"  # TRL tokenizes a plain text with the tokenizer's special tokens (BOS)
     texts = [
         f"{p}{t['target']}{tok.eos_token}"
-        if isinstance(p := formats.prompt(t["prompt"], fmt), str)
+        if isinstance(p := _prompt(t, fmt), str)
         else tok.apply_chat_template(
             [*p, *(t.get("messages") or [{"role": "assistant", "content": t["target"]}])],
             tools=json.loads(t["tools"]) if t.get("tools") else None,
