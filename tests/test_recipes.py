@@ -73,7 +73,7 @@ def small(recipe: Path, model: Path) -> list[str]:
                 "max_prompts": 4,
                 "sampling": {"temperature": 1.0, "max_new_tokens": 8, "batch_size": 8},
             }
-            if t["type"] in ("rejection", "distill")
+            if t["type"] in ("rejection", "distill", "retry")
             else t
             for t in data["sft"].get("traces", [{"type": "solutions"}])
         ]
