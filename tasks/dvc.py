@@ -65,14 +65,15 @@ def workspace_lock() -> Iterator[Path]:
 
 
 def stages_in_order(root: Path | None = None) -> list[str]:
-    """Stage addresses (e.g. 'rl@main') of the workspace at `root` (default: the one around the current
-    directory) in an order that runs dependencies first, ties in dvc.yaml order."""
+    """Stage names (e.g. 'rl@main') of the workspace at `root` (default: the one around the current
+    directory) in an order that runs dependencies first, ties in dvc.yaml order. Names, not DVC's addresses,
+    which carry the dvc.yaml's path from the current directory (runs/tools/dvc.yaml:model under `rung run`)."""
     with Repo(root) as repo:
         position = {s.addressing: i for i, s in enumerate(repo.index.stages)}
         # DVC's graph points from a stage to the stages it depends on; reverse it to run deps first.
         graph = repo.index.graph.reverse()
         ordered = nx.lexicographical_topological_sort(graph, key=lambda s: position.get(s.addressing, len(position)))
-        return [s.addressing for s in ordered if s.addressing in position]
+        return [s.name for s in ordered if s.addressing in position]
 
 
 @task(cache_policy=NO_CACHE, task_run_name="is_stale[{stage}]")  # the UI's timeline reads as the DAG

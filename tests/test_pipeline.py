@@ -76,11 +76,11 @@ def workspace(tmp_path_factory, tiny_model, prefect_server):
 
 
 def run_order(ws: Path) -> list[str]:
-    """The workspace's DVC stages in the order they run, by name (DVC prefixes a stage's address with the path
-    of its dvc.yaml when the workspace is not the current directory: `../ws/dvc.yaml:model`)."""
+    """The workspace's DVC stages in the order they run, by name, from outside it (DVC's addresses would carry
+    the path of its dvc.yaml from here: `../ws/dvc.yaml:model`)."""
     from tasks.dvc import stages_in_order
 
-    return [stage.rsplit(":", 1)[-1] for stage in stages_in_order(ws)]
+    return stages_in_order(ws)
 
 
 def _runs(ws: Path) -> list:
@@ -176,11 +176,16 @@ def test_dvc_repro_runs_every_stage(workspace, tmp_path):
     assert shown.returncode == 0 and "data/reports/comparisons.json" in shown.stdout and "mcnemar_p" in shown.stdout
     table = run("rung", "table")
     assert table.returncode == 0 and "Paired comparisons" in table.stdout and "McNemar" in table.stdout
+
     # then where the time went: every stage ran in this run (a plain `dvc repro`, marked by its first stage)
-    timed = table.stdout[table.stdout.index("Wall time per stage") :]
-    assert [line.split()[:2] for line in timed.splitlines() if line.split()[1:2] in (["ran"], ["cached"])] == [
-        [stage, "ran"] for stage in run_order(ws)
-    ]
+    def timed(output: str) -> list[list[str]]:
+        rows = output[output.index("Wall time per stage") :].splitlines()
+        return [line.split()[:2] for line in rows if line.split()[1:2] in (["ran"], ["cached"])]
+
+    assert timed(table.stdout) == [[stage, "ran"] for stage in run_order(ws)]
+    # as `rung run` prints it, from outside the workspace: the same rows (not "runs/x/dvc.yaml:model  cached")
+    outside = CliRunner().invoke(app, ["table", str(ws / "data/reports/report.md")])
+    assert outside.exit_code == 0 and timed(outside.output) == timed(table.stdout), outside.output
 
     shown = run("dvc", "metrics", "show", "--json")
     assert shown.returncode == 0 and "eval-rl-main.json" in shown.stdout
