@@ -134,9 +134,9 @@ Episode = tuple[str, list[tuple[str, str]]]
 
 EPISODES_NOTE = (
     "Greedy episodes of each checkpoint in the environment (rung.eval.episodes): success within t turns is the "
-    "share of episodes right by turn t (the multi-turn pass@k), the first answer the one given before any "
-    "feedback or tool result; tool error rate per call; cut: stopped at max_turns while the environment would "
-    "have gone on."
+    "share of episodes right by turn t (the multi-turn pass@k), the first answer the first one the episode "
+    "states (retry: before any feedback; a tool environment: after the tool results it asked for); tool error "
+    "rate per call; cut: stopped at max_turns while the environment would have gone on."
 )
 TRANSCRIPTS_NOTE = "Whole greedy episodes of the first held-out prompts, for each checkpoint."
 

@@ -456,10 +456,10 @@ def episode_table(evals: Mapping[str, EvalResult], set_name: str) -> Table:
 
 
 FIRST_ANSWER_NOTE = (
-    "With episodes the greedy table compares the final answers; this one the first answers (before any "
-    "feedback or tool result), with the same exact McNemar test on the prompts whose first answer flipped. "
-    "Each row is a test of its own, as a greedy row is (a family of one: not corrected for the final-answer "
-    "test beside it); each verdict names its test."
+    "With episodes the greedy table compares the final answers; this one the first answers (the first one each "
+    "episode states: retry's before any feedback), with the same exact McNemar test on the prompts whose first "
+    "answer flipped. Each row is a test of its own, as a greedy row is (a family of one: not corrected for the "
+    "final-answer test beside it); each verdict names its test."
 )
 
 
