@@ -122,6 +122,15 @@ def test_paired_bootstrap_of_a_constant_difference_is_that_difference():
     assert paired.paired_bootstrap([0.1, 0.5, 0.2], [0.3, 0.7, 0.4]) == pytest.approx((0.2, 0.2, 0.2))
 
 
+def test_an_interval_stays_inside_what_the_metric_can_take():
+    """49 of 50 prompts gained, 1 unchanged (the tools recipe's avg@4 over base): the widened interval reached
+    +101.2 points; a difference of shares is cut to -1..1, a share to 0..1, and both still hold the estimate."""
+    diff, lo, hi = paired.paired_bootstrap([0.0] * 50, [1.0] * 49 + [0.0])
+    assert lo < diff == 0.98 and hi == 1.0
+    est, low, high = paired.intervals(np.array([[1.0] * 49 + [0.0]]), np.ones(50), 0.95, 1000, 0, bounds=(0.0, 1.0))
+    assert low[0] < est[0] == 0.98 and high[0] == 1.0
+
+
 def test_a_prompt_answered_by_several_seeds_is_one_cluster():
     # seed 1 answers a, b; seed 2 answers a, c: a is one cluster of two rows
     clusters = paired.unit_values({1: {"a": 1.0, "b": 0.0}, 2: {"a": 1.0, "c": 1.0}})

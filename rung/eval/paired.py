@@ -98,7 +98,12 @@ def _widening(clusters: int, confidence: float) -> float:
 
 
 def intervals(
-    sums: np.ndarray, sizes: np.ndarray | Sequence[float], confidence: float, resamples: int, seed: int
+    sums: np.ndarray,
+    sizes: np.ndarray | Sequence[float],
+    confidence: float,
+    resamples: int,
+    seed: int,
+    bounds: tuple[float, float] = (-1.0, 1.0),
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(estimate, low, high) of each metric's mean over rows, from per-cluster sums `sums` of shape
     (..., metrics, clusters) over `sizes` rows per cluster: the bootstrap resamples clusters with
@@ -109,8 +114,10 @@ def intervals(
     times sqrt(m / (m - 1)), which removes the percentile interval's narrowness with few clusters.
     Several metrics: the sup-t band (Montiel Olea and Plagborg-Moller 2019), the observed difference
     +- the `confidence` quantile of the largest |resampled - observed| / se over the metrics times
-    each se, widened by the same factor: it covers all metrics at once. Written out: no library gives
-    a clustered, widened or simultaneous bootstrap interval."""
+    each se, widened by the same factor: it covers all metrics at once. Either is cut to `bounds`, the
+    values the metric can take (a difference of shares: -1..1; a share: 0..1), which the true value is in,
+    so that cutting keeps the coverage. Written out: no library gives a clustered, widened or simultaneous
+    bootstrap interval."""
     metrics.check_bootstrap(confidence, resamples)
     x, w = np.asarray(sums, dtype=float), np.asarray(sizes, dtype=float)
     if x.ndim < 2 or x.shape[-1] != len(w) or len(w) == 0:
@@ -123,7 +130,8 @@ def intervals(
     # a metric that never varies (every cluster the same difference) has no spread to reach: distance 0
     scaled = np.divide(np.abs(means - estimate[..., None]), se, out=np.zeros_like(means), where=se > 0)
     reach = np.quantile(scaled.max(axis=-2), confidence, axis=-1)[..., None] * min(widen, 1e6)
-    return estimate, estimate - reach * se[..., 0], estimate + reach * se[..., 0]
+    low, high = np.clip(estimate - reach * se[..., 0], *bounds), np.clip(estimate + reach * se[..., 0], *bounds)
+    return estimate, low, high
 
 
 def flip_test(sums: np.ndarray, resamples: int, seed: int) -> tuple[np.ndarray, bool]:

@@ -91,7 +91,7 @@ def curves(
             ks = metrics.spectrum_ks(n)
             clusters = [paired.unit_values(_values(by_seed, k, n)) for k in ks]
             sums = np.array([c[0] for c in clusters])[:, None, :]  # (k, one metric each, clusters)
-            est, low, high = paired.intervals(sums, clusters[0][1], confidence, resamples, seed)
+            est, low, high = paired.intervals(sums, clusters[0][1], confidence, resamples, seed, bounds=(0.0, 1.0))
             spectrum.setdefault(name, {})[arm] = [
                 (k, float(e), float(lo), float(hi))
                 for k, e, lo, hi in zip(ks, est[:, 0], low[:, 0], high[:, 0], strict=True)
