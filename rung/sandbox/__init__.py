@@ -91,7 +91,7 @@ class SandboxUnavailable(InputError):
 
 @dataclass(frozen=True)
 class Limits:
-    wall: float = 10.0  # seconds from bwrap's start to the verdict
+    wall: float = 10.0  # seconds to the verdict, from bwrap's start (run) or the program's delivery (run_many)
     cpu: int = 10  # CPU seconds per process
     memory: int = 1 << 30  # address space per process, bytes; with a cgroup, memory + disk for the whole sandbox
     processes: int = 16  # processes and threads of the sandbox, the runner's two included
