@@ -17,8 +17,8 @@ tmpfs each execution makes, and a whole sandboxed execution of a one-line progra
 from __future__ import annotations
 
 import argparse
-import os
 import contextlib
+import os
 import platform
 import statistics
 import subprocess
@@ -132,7 +132,9 @@ def bench(args: argparse.Namespace, cpu_seconds: Callable[[], float]) -> None:
     print(
         f"\n{cpu()}, {os.cpu_count()} cores, python {platform.python_version()}, {n} programs, {args.repeats} repeats"
     )
-    print("| arm | executions/s (median) | range | ms per execution | sandbox time / peer time | CPU ms per execution |")
+    print(
+        "| arm | executions/s (median) | range | ms per execution | sandbox time / peer time | CPU ms per execution |"
+    )
     print("|---|---|---|---|---|---|")
     for name, times in seconds.items():
         rates = sorted(n / t for t in times)

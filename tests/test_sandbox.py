@@ -186,7 +186,9 @@ def test_an_interrupted_run_many_leaves_no_started_sandbox(monkeypatch):
 
 
 def test_preloaded_modules_are_the_programs_standard_library_imports():
-    program = Program("import os, math\nfrom re import sub\nimport numpy\n", "import json\n", "f", "from typing import List\n")
+    program = Program(
+        "import os, math\nfrom re import sub\nimport numpy\n", "import json\n", "f", "from typing import List\n"
+    )
     assert sandbox._preload(program) == ("math", "re", "typing")  # os is loaded anyway; json is the tests'
     result = run("import typing\nimport math\ndef f(x):\n    return math.floor(2.5) + 0 * len(typing.__name__)\n")
     assert result.passed, result.detail

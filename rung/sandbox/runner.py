@@ -3,10 +3,11 @@ for the design). Standard library only, and only modules that start fast: it run
 
 argv: the verdict fd, the uid to drop to ('-' keeps the uid: user-namespace mode), then the limits: cpu seconds,
 address space bytes, processes, open files, file size bytes, then the standard library modules to import before
-the fork (the batch's common imports, such as HumanEval's typing: imported once, not in both processes). stdin: the job, marshalled by the grader (solution,
-context, tests, entry point, nonce). The runner forks the solution's process before it reads the job, runs the
-trusted context and tests itself with the entry point as a proxy into that process, and writes one verdict line
-with the nonce to the verdict fd, which the solution's process never holds.
+the fork (the batch's common imports, such as HumanEval's typing: imported once, not in both processes).
+stdin: the job, marshalled by the grader (solution, context, tests, entry point, nonce). The runner forks the
+solution's process before it reads the job, runs the trusted context and tests itself with the entry point as a
+proxy into that process, and writes one verdict line with the nonce to the verdict fd, which the solution's
+process never holds.
 """
 
 import _signal  # signal's C half: the signal module imports enum, 6 ms of a ~40 ms start
