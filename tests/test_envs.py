@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 from trl.chat_template_utils import (
     get_training_chat_template,
     is_chat_template_prefix_preserving,
@@ -34,6 +34,7 @@ from rung.envs import (
     template,
 )
 from rung.errors import InputError
+from tests.memorize import memorize
 
 FMT = FormatParams()
 ROW = {  # the columns of an RL dataset row (rung.rl.trainers.prompts), as TRL passes them to reset()
@@ -423,31 +424,11 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def _memorize(model_dir: Path, tok, out: Path, episode: list[dict] | None = None) -> Path:
-    """The tiny model trained to say EPISODE's assistant turns (the tool's real output in between) after its
-    prompt, so that its rollouts call the python tool and TRL's loop runs it in the sandbox; or, given another
-    `episode` (no tool), its assistant turns, prompted without tools. The loss is on the assistant tokens only
-    (the template's generation markers), computing logits only there: ~4 s."""
-    tools = None if episode else [_python_tool()]
-    episode = episode or [*EPISODE[:2], {**EPISODE[2], "content": "391\n"}, EPISODE[3]]
-    enc = tok.apply_chat_template(
-        episode, tools=tools, return_dict=True, return_assistant_tokens_mask=True, tokenize=True
-    )
-    ids = torch.tensor(enc["input_ids"])
-    targets = torch.tensor([i for i, m in enumerate(enc["assistant_masks"]) if m])
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for _ in range(100):
-        hidden = model.model(input_ids=ids[None]).last_hidden_state[0, targets - 1]
-        loss = torch.nn.functional.cross_entropy(model.lm_head(hidden), ids[targets])
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    assert loss.item() < 0.1
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+def _memorize(model_dir: Path, tok, out: Path) -> Path:
+    """The tiny model trained to call python(print(17 * 23)) with EPISODE's tool call, then answer 391, so that
+    its rollouts call the python tool and TRL's loop runs it in the sandbox."""
+    episode = [*EPISODE[:2], {**EPISODE[2], "content": "391\n"}, EPISODE[3]]
+    return memorize(model_dir, tok, out, episode, tools=[_python_tool()])
 
 
 def test_trl_grpo_runs_the_python_environment_with_the_shipped_template(tiny_model, tok, tmp_path, one_thread):

@@ -14,17 +14,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import TrainerCallback
+from transformers import AutoTokenizer, TrainerCallback
 
 from rung import files, models
 from rung.answers import formats
 from rung.config import DifficultyParams, FormatParams, RLStageParams, SamplingParams, SFTParams
+from rung.envs import template
 from rung.generate import api
 from rung.generate.completion import render
 from rung.rl import trainers
 from rung.train import movement, sft
 from rung.train.checkpoints import FINAL
 from rung.train.jobs import RLJob, SFTJob
+from tests.memorize import RETRY, memorize
 from tests.tiny_model import build
 
 DEVICE = os.environ.get("RUNG_TEST_DEVICE", "cuda")
@@ -169,6 +171,58 @@ def test_rl_step_in_bf16_with_rungs_rollouts_resumes(small_model, tmp_path):
     assert whole.metrics["steps"] == resumed.metrics["steps"] == 2
     assert [c["step"] for c in files.read_json(tmp_path / "b.json")] == [1, 2]
     _trained_alike(small_model, tmp_path / "a" / FINAL, tmp_path / "b" / FINAL)
+
+
+def test_retry_episodes_train_in_bf16_and_resume(small_model, tmp_path):
+    """rung's episode loop on the device: the model taught to answer 390 and, after retry's feedback, 391 runs
+    two-turn episodes in the RL stage, which trains them and resumes to what an unkilled stage trains."""
+    tok = template.apply(AutoTokenizer.from_pretrained(small_model))
+    model = memorize(small_model, tok, tmp_path / "retrying", RETRY, lr=3e-3)
+    question = RETRY[0]["content"]
+    rows = [  # right after the feedback for the first; the second's answer is never said
+        {"id": "0", "source": "gpu", "task": "math", "prompt": question, "answer": "391", "meta": {}},
+        {"id": "1", "source": "gpu", "task": "math", "prompt": question[:-1] + " ?", "answer": "392", "meta": {}},
+    ]
+    files.write_jsonl(tmp_path / "rows.jsonl", rows)
+    stage = RLStageParams(
+        preset="dapo",
+        learning_rate=1e-4,
+        rewards={"accuracy": 1.0, "even": {"import": "tests.rows:even_tokens"}},
+        environment={"name": "retry", "max_turns": 3},
+        max_steps=2,
+        num_generations=4,
+        prompts_per_step=2,
+        max_completion_length=16,
+        save_steps=1,
+    )
+    job = dict(
+        key="rl.stages.main",
+        params=stage,
+        init=model,
+        data=tmp_path / "rows.jsonl",
+        format=FormatParams(instruction=""),  # the prompt the model memorized: the bare question
+        seed=0,
+        dtype="bfloat16",
+        device=DEVICE,
+        buckets=DifficultyParams().buckets,
+        environment=stage.environment,
+    )
+    trainers.train(RLJob(work_dir=tmp_path / "a", curves=tmp_path / "a.json", **job))
+    with pytest.raises(KeyboardInterrupt):
+        trainers.train(
+            RLJob(
+                work_dir=tmp_path / "b", curves=tmp_path / "b.json", callbacks=["tests.test_gpu:CrashAfterFirst"], **job
+            )
+        )
+    trainers.train(
+        RLJob(work_dir=tmp_path / "b", curves=tmp_path / "b.json", resume=str(tmp_path / "b" / "checkpoint-1"), **job)
+    )
+    curves = files.read_json(tmp_path / "b.json")
+    assert [c["step"] for c in curves] == [1, 2]
+    assert all(c["episodes/mean_turns"] > 1 for c in curves)  # the first answer, 390, gets the feedback
+    assert 0 < sum(c["accuracy_generated"] for c in curves) < 2  # 391 after it: right for one row of two
+    assert max(c["completion_length"] for c in curves) <= 16 * 3
+    _trained_alike(model, tmp_path / "a" / FINAL, tmp_path / "b" / FINAL)
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA's allocator limit forces the error")

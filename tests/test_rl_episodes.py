@@ -25,6 +25,7 @@ from rung.envs import template
 from rung.report import health
 from rung.rl import episodes, trainers
 from rung.train.jobs import RLJob
+from tests.memorize import RETRY, memorize
 from tests.test_envs import _memorize
 from tests.test_rl import _Crash
 
@@ -52,15 +53,6 @@ def last_turn_parity(completions: list[Any], completion_ids: list[list[int]], **
     return [float(len(ids) % 2) for ids in completion_ids]
 
 
-RETRY = [
-    {"role": "user", "content": QUESTION},
-    {"role": "assistant", "content": "Answer: 390"},
-    {"role": "user", "content": "Let's try again."},
-    {"role": "assistant", "content": "Answer: 391"},
-]
-"""A wrong answer, retry's feedback, the right one."""
-
-
 @pytest.fixture(scope="module")
 def memorized(tiny_model: Path, tmp_path_factory) -> Path:
     """The tiny model trained to call python(print(17 * 23)) and then answer 391 (tests.test_envs)."""
@@ -72,7 +64,7 @@ def memorized(tiny_model: Path, tmp_path_factory) -> Path:
 def retrying(tiny_model: Path, tmp_path_factory) -> Path:
     """The tiny model trained to answer 390, and 391 after retry's feedback."""
     tok = template.apply(AutoTokenizer.from_pretrained(tiny_model))
-    return _memorize(tiny_model, tok, tmp_path_factory.mktemp("rl_episodes") / "retry", RETRY)
+    return memorize(tiny_model, tok, tmp_path_factory.mktemp("rl_episodes") / "retry", RETRY)
 
 
 @pytest.fixture(autouse=True)
