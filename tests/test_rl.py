@@ -17,7 +17,7 @@ from rung.eval.evaluate import grade
 from rung.generate.api import generate
 from rung.generate.completion import render
 from rung.generate.decode import shared_prefix
-from rung.rl import trainers
+from rung.rl import rollouts, trainers
 from rung.train import launch, movement
 from rung.train.checkpoints import CURRICULUM_STATE, FINAL
 from rung.train.jobs import RLJob
@@ -270,13 +270,23 @@ def _rollout_batch(tok, prompts: list[str], lengths: list[int]):
     return torch.tensor(rows), torch.tensor(masks), max(lengths)
 
 
-def test_shared_prefix_log_probs_equal_each_row_alone_with_their_gradients(tiny_model, tmp_path):
-    """rung's log-probs run the prompts' shared prefix once; each row's log-probs, entropies and
-    the gradient of their sum equal TRL's on that row alone (no padding, so no position question)."""
+@pytest.mark.parametrize(
+    "which, lengths",
+    [
+        ([0, 1, 2, 3], [5, 3, 5, 2]),  # distinct prompts: the shared prefix once
+        ([0, 0, 0, 2, 2, 2, 1, 0], [5, 3, 1, 4, 4, 2, 5, 3]),  # groups, one row apart: each prompt once too
+    ],
+    ids=["distinct", "groups"],
+)
+def test_shared_prefix_log_probs_equal_each_row_alone_with_their_gradients(tiny_model, tmp_path, which, lengths):
+    """rung's log-probs run the prompts' shared prefix once and each distinct prompt once; each row's
+    log-probs, entropies and the gradient of their sum equal TRL's on that row alone (no padding, so no
+    position question)."""
     trainer = trainers.trainer_for(_job(tiny_model, tmp_path / "w", _stage()))
     tok, model = trainer.processing_class, trainer.model
-    prompts = render(tok, [formats.prompt(r["prompt"] + " Explain." * (i % 3), FMT) for i, r in enumerate(ROWS[:4])])
-    input_ids, mask, keep = _rollout_batch(tok, prompts, [5, 3, 5, 2])
+    distinct = [formats.prompt(r["prompt"] + " Explain." * (i % 3), FMT) for i, r in enumerate(ROWS[:4])]
+    prompts = render(tok, [distinct[i] for i in which])
+    input_ids, mask, keep = _rollout_batch(tok, prompts, lengths)
     assert len(shared_prefix([r[m.bool()].tolist() for r, m in zip(input_ids, mask, strict=True)])) >= 8
 
     def grads(loss):
@@ -301,3 +311,20 @@ def test_shared_prefix_log_probs_equal_each_row_alone_with_their_gradients(tiny_
         torch.testing.assert_close(logps[i][comp[i]], lp, atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(entropies[i][comp[i]], ent, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(ours, grads(theirs), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "lengths, most", [([5, 3, 5, 2], 3), ([48] * 8 + [10] * 8, 16), ([20] * 16, 16), (list(range(1, 40)), 8)]
+)
+def test_length_chunks_cover_every_row_once_and_cost_no_more_than_fixed_batches(lengths, most):
+    chunks = rollouts.length_chunks(lengths, most)
+    assert sorted(i for c in chunks for i in c) == list(range(len(lengths)))
+    assert all(0 < len(c) <= most for c in chunks)
+
+    def cost(cs):
+        return sum(len(c) * (max(lengths[i] for i in c) + 1) + rollouts.CHUNK_COST for c in cs)
+
+    fixed = [list(range(s, min(s + most, len(lengths)))) for s in range(0, len(lengths), most)]
+    assert cost(chunks) <= cost(fixed)
+    if lengths == [48] * 8 + [10] * 8:  # two lengths far apart: two chunks, not one padded to 48
+        assert sorted(map(sorted, chunks)) == [list(range(8)), list(range(8, 16))]

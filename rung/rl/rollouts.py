@@ -4,7 +4,8 @@ rung.train.trl_seam's GRPOSeam / RLOOSeam (its hooks `rollout` and `token_logps`
 - rollouts through rung.generate.api instead of batched `model.generate`;
 - colocated vLLM seeded per row (rung.rl.vllm_rollouts.SeededRows) from the same per-call seed;
 - log-probabilities that encode the prompts' shared prefix (chat template and system prompt) once
-  per batch instead of once per completion, in the forward and the backward pass.
+  per batch and each prompt once per group instead of once per completion, and run completions in
+  chunks of like lengths instead of all padded to the longest, in the forward and the backward pass.
 
 Anything these paths do not cover (vLLM, TRL's continuous batching, tools, images, several
 processes, sampling settings rung's sampler lacks) goes to TRL's own methods.
@@ -26,6 +27,9 @@ from rung.seeding import derive
 
 # Below this many shared tokens, encoding them once saves less than the extra forward costs.
 MIN_SHARED_PREFIX = 8
+# What one more forward and backward costs beyond its tokens, in row-tokens (reading and updating every weight
+# once more): a chunk of rows is split off where it saves more padding than this.
+CHUNK_COST = 48
 
 
 class Rollouts:
@@ -132,18 +136,22 @@ class Rollouts:
         compute_aux_loss: bool,
         multimodal: dict[str, Any],
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None:
-        """TRL's per-token log-probs (and entropies) of the completions, with the prompts' shared
-        prefix run once and its keys and values broadcast to every row (gradients flow back through
-        the broadcast). Rows are laid out as in generation: [prefix][left padding][rest of the prompt]
-        [completion], positions counted over real tokens (TRL's forward counts left pads as
-        positions; rung.generate.api, like `model.generate`, does not)."""
+        """TRL's per-token log-probs (and entropies) of the completions, with each prompt run once: the
+        prompts' shared prefix (chat template and system prompt) once per batch, the rest of each distinct
+        prompt once for its group, their keys and values broadcast to every row of the group (gradients flow
+        back through the broadcast), and each row's forward only its completion (after the prompt's last
+        token, whose logits score the first completion token). Prompts are laid out as in generation:
+        [prefix][left padding][rest of the prompt], positions counted over real tokens (TRL's forward counts
+        left pads as positions; rung.generate.api, like `model.generate`, does not)."""
         prompt_len = input_ids.shape[1] - logits_to_keep
         # one copy to the host, not a device sync per row
         host_ids, host_mask = input_ids[:, :prompt_len].tolist(), attention_mask[:, :prompt_len].tolist()
         rows = [[t for t, m in zip(ids, mask, strict=True) if m] for ids, mask in zip(host_ids, host_mask, strict=True)]
+        distinct: dict[tuple[int, ...], int] = {}
+        group = [distinct.setdefault(tuple(r), len(distinct)) for r in rows]
         prefix = shared_prefix(rows) if len(rows) > 1 else []
         if (
-            len(prefix) < MIN_SHARED_PREFIX
+            (len(prefix) < MIN_SHARED_PREFIX and len(distinct) == len(rows))
             or compute_aux_loss
             or any(v is not None for v in multimodal.values())
             or self.accelerator.num_processes > 1
@@ -159,42 +167,89 @@ class Rollouts:
                 compute_aux_loss,
                 multimodal,
             )
-        p = len(prefix)
-        width = max(len(r) for r in rows) - p
+        p, prompts, device = len(prefix), [list(k) for k in distinct], input_ids.device
+        width = max(len(r) for r in prompts) - p  # each prompt keeps at least one token after the prefix
         # built on the host, moved once; pads (0) are masked
-        rest = torch.tensor([[0] * (width - len(r) + p) + r[p:] for r in rows], dtype=input_ids.dtype, device="cpu").to(
-            input_ids.device
-        )
+        rest = torch.tensor(
+            [[0] * (width - len(r) + p) + r[p:] for r in prompts], dtype=input_ids.dtype, device="cpu"
+        ).to(device)
         rest_mask = torch.tensor(
-            [[0] * (width - len(r) + p) + [1] * (len(r) - p) for r in rows], dtype=attention_mask.dtype, device="cpu"
-        ).to(attention_mask.device)
-        block = torch.cat([rest, input_ids[:, prompt_len:]], 1)
-        mask = torch.cat([attention_mask.new_ones(len(rows), p), rest_mask, attention_mask[:, prompt_len:]], 1)
-        positions = (mask.cumsum(1) - 1).clamp(min=0)[:, p:]
-        labels = block.masked_fill(mask[:, p:] == 0, -100)
-        labels[:, :-logits_to_keep] = -100
-        batch_size = batch_size or len(rows)
-        logps, entropies = [], []
+            [[0] * (width - len(r) + p) + [1] * (len(r) - p) for r in prompts], dtype=attention_mask.dtype, device="cpu"
+        ).to(device)
+        index = torch.tensor(group, device=device)
+        prompt_mask = torch.cat([attention_mask.new_ones(len(prompts), p), rest_mask], 1)
+        # each row: its prompt's last token, then its completion
+        block = torch.cat([rest[index, -1:], input_ids[:, prompt_len:]], 1)
+        mask = torch.cat([prompt_mask[index], attention_mask[:, prompt_len:]], 1)
+        positions = (mask.cumsum(1) - 1).clamp(min=0)[:, p + width - 1 :]
+        labels = block.masked_fill(mask[:, p + width - 1 :] == 0, -100)
+        labels[:, 0] = -100
+        # rows of like completion lengths run together, each chunk only as long as its longest row
+        steps = torch.arange(1, logits_to_keep + 1, device=device)
+        lengths = (attention_mask[:, prompt_len:] * steps).amax(1).tolist()
+        logps, entropies, order = [], [], []
         with self.accelerator.autocast():
-            kv = model(
-                input_ids=torch.tensor([prefix], device=input_ids.device), use_cache=True, logits_to_keep=1
-            ).past_key_values
-            for start in range(0, len(rows), batch_size):
-                end = min(start + batch_size, len(rows))
-                cache = DynamicCache(config=self.model.config)
-                for i, layer in enumerate(kv.layers):
-                    cache.update(
-                        layer.keys.expand(end - start, -1, -1, -1), layer.values.expand(end - start, -1, -1, -1), i
-                    )
+            kv = None
+            if p:
+                out = model(input_ids=torch.tensor([prefix], device=device), use_cache=True, logits_to_keep=1)
+                kv = _rows(out.past_key_values, index.new_zeros(len(prompts)), self.model.config)
+            if width > 1:  # the prompts' rest but their last token
+                kv = model(
+                    input_ids=rest[:, :-1],
+                    attention_mask=prompt_mask[:, :-1],
+                    position_ids=(prompt_mask.cumsum(1) - 1).clamp(min=0)[:, p:-1],
+                    past_key_values=kv,
+                    use_cache=True,
+                    logits_to_keep=1,
+                ).past_key_values
+            for chunk in length_chunks(lengths, batch_size or len(rows)):
+                order += chunk
+                at, keep = torch.tensor(chunk, device=device), max(lengths[i] for i in chunk)
+                cut = mask.shape[1] - logits_to_keep + keep
                 lp, entropy = self.fused_logps(  # type: ignore[attr-defined]
                     model,
-                    input_ids=block[start:end],
-                    attention_mask=mask[start:end],
-                    position_ids=positions[start:end],
-                    past_key_values=cache,
-                    labels=labels[start:end],
+                    input_ids=block[at, : keep + 1],
+                    attention_mask=mask[at, :cut],
+                    position_ids=positions[at, : keep + 1],
+                    past_key_values=_rows(kv, index[at], self.model.config),
+                    labels=labels[at, : keep + 1],
                 )
-                logps.append(lp[:, -logits_to_keep:])
+                logps.append(torch.nn.functional.pad(lp[:, -keep:], (0, logits_to_keep - keep)))
                 if compute_entropy:
-                    entropies.append(entropy[:, -logits_to_keep:])
-        return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None
+                    entropies.append(torch.nn.functional.pad(entropy[:, -keep:], (0, logits_to_keep - keep)))
+        back = torch.tensor(order, device=device).argsort()  # the rows in TRL's order again
+        if compute_entropy:
+            return torch.cat(logps)[back], torch.cat(entropies)[back], None
+        return torch.cat(logps)[back], None, None
+
+
+def _rows(kv: DynamicCache | None, index: torch.Tensor, config: Any) -> DynamicCache | None:
+    """A cache whose row i is row index[i] of `kv` (a view where every row is the same one)."""
+    if kv is None:
+        return None
+    cache = DynamicCache(config=config)
+    for i, layer in enumerate(kv.layers):
+        if len(layer.keys) == 1:
+            keys, values = (t.expand(len(index), -1, -1, -1) for t in (layer.keys, layer.values))
+        else:
+            keys, values = layer.keys.index_select(0, index), layer.values.index_select(0, index)
+        cache.update(keys, values, i)
+    return cache
+
+
+def length_chunks(lengths: list[int], most: int) -> list[list[int]]:
+    """Rows (indices into `lengths`) in chunks of at most `most`, longest first, that minimize the row-tokens
+    computed (each row padded to its chunk's longest) plus CHUNK_COST per chunk."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    # best[j]: the cheapest cost of the first j rows of `order`; cut[j]: where its last chunk starts
+    best, cut = [0.0] + [float("inf")] * len(order), [0] * (len(order) + 1)
+    for j in range(1, len(order) + 1):
+        for i in range(max(0, j - most), j):
+            cost = best[i] + (j - i) * (lengths[order[i]] + 1) + CHUNK_COST
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    chunks, j = [], len(order)
+    while j:
+        chunks.append(order[cut[j] : j])
+        j = cut[j]
+    return chunks[::-1]
