@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel
 from trl.models import unwrap_model_for_generation
 
 from rung.config import SamplingParams
@@ -24,9 +24,8 @@ from rung.generate.api import generate_ids
 from rung.generate.decode import shared_prefix
 from rung.rl.vllm_rollouts import SeededRows
 from rung.seeding import derive
+from rung.train.prefix import MIN_SHARED_PREFIX, broadcast, prefix_cache
 
-# Below this many shared tokens, encoding them once saves less than the extra forward costs.
-MIN_SHARED_PREFIX = 8
 # What one more forward and backward costs beyond its tokens, in row-tokens (reading and updating every weight
 # once more): a chunk of rows is split off where it saves more padding than this.
 CHUNK_COST = 48
@@ -191,8 +190,7 @@ class Rollouts:
         with self.accelerator.autocast():
             kv = None
             if p:
-                out = model(input_ids=torch.tensor([prefix], device=device), use_cache=True, logits_to_keep=1)
-                kv = _rows(out.past_key_values, index.new_zeros(len(prompts)), self.model.config)
+                kv = prefix_cache(model, prefix, len(prompts), device, self.model.config)
             if width > 1:  # the prompts' rest but their last token
                 kv = model(
                     input_ids=rest[:, :-1],
@@ -211,7 +209,7 @@ class Rollouts:
                     input_ids=block[at, : keep + 1],
                     attention_mask=mask[at, :cut],
                     position_ids=positions[at, : keep + 1],
-                    past_key_values=_rows(kv, index[at], self.model.config),
+                    past_key_values=broadcast(kv, index[at], self.model.config),
                     labels=labels[at, : keep + 1],
                 )
                 logps.append(torch.nn.functional.pad(lp[:, -keep:], (0, logits_to_keep - keep)))
@@ -221,20 +219,6 @@ class Rollouts:
         if compute_entropy:
             return torch.cat(logps)[back], torch.cat(entropies)[back], None
         return torch.cat(logps)[back], None, None
-
-
-def _rows(kv: DynamicCache | None, index: torch.Tensor, config: Any) -> DynamicCache | None:
-    """A cache whose row i is row index[i] of `kv` (a view where every row is the same one)."""
-    if kv is None:
-        return None
-    cache = DynamicCache(config=config)
-    for i, layer in enumerate(kv.layers):
-        if len(layer.keys) == 1:
-            keys, values = (t.expand(len(index), -1, -1, -1) for t in (layer.keys, layer.values))
-        else:
-            keys, values = layer.keys.index_select(0, index), layer.values.index_select(0, index)
-        cache.update(keys, values, i)
-    return cache
 
 
 def length_chunks(lengths: list[int], most: int) -> list[list[int]]:

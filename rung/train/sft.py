@@ -8,7 +8,7 @@ from typing import Any
 
 from datasets import Dataset
 from transformers import AutoTokenizer
-from trl import SFTConfig, SFTTrainer
+from trl import SFTConfig
 
 from rung import files
 from rung.answers import formats
@@ -16,6 +16,7 @@ from rung.config import FormatParams
 from rung.errors import InputError
 from rung.train.harness import common_args, finalize, fit, peft_config, train_loss, trainable
 from rung.train.jobs import JobResult, SFTJob, main
+from rung.train.prefix import SharedPrefixSFT
 
 
 def examples(traces: list[dict[str, Any]], fmt: FormatParams) -> Dataset:
@@ -73,7 +74,7 @@ def train(job: SFTJob) -> JobResult:
         assistant_only_loss=episodes(traces),
         packing=params.packing,
     )
-    trainer = SFTTrainer(
+    trainer = SharedPrefixSFT(
         model=model,
         args=config,
         train_dataset=examples(traces, job.format),
