@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import SFTConfig, SFTTrainer
 
 from rung.config import FormatParams
-from rung.train.prefix import SharedPrefixSFT
+from rung.train.prefix import SharedPrefixSFT, _PrefixOnce
 from rung.train.sft import examples
 from tests.rows import sums
 
@@ -49,3 +49,9 @@ def test_shared_prefix_loss_and_gradients_equal_trls(tiny_model, tmp_path, syste
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
     assert ours[2].keys() == theirs[2].keys() and ours[2]
     assert ours[2] == pytest.approx(theirs[2], rel=1e-5)
+    # every tensor of the prefix path comes from the model's device: made without one, it would land on meta
+    with torch.no_grad(), torch.device("meta"):
+        once = _PrefixOnce(model, shared)(**batch, fused_lm_head=True)
+    with torch.no_grad():
+        whole = model(**batch, fused_lm_head=True)
+    torch.testing.assert_close(once.log_probs.sum(), whole.log_probs.sum(), atol=1e-5, rtol=1e-5)
