@@ -5,7 +5,7 @@ from collections import Counter
 import pytest
 import torch
 
-from rung import config, models
+from rung import config, models, onednn
 from rung.answers import formats
 from rung.config import DifficultyParams, EvalParams, FormatParams, SamplingParams, VllmParams
 from rung.data.curate import curate
@@ -178,7 +178,7 @@ def test_prepacked_linears_match_and_are_restored(loaded):
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
     x = torch.randn(3, 5, linears[0].in_features)
     want = linears[0](x)
-    assert prepacked.available()
+    assert onednn.available()
     with torch.no_grad(), prepacked.prepacked(model, 4):
         assert all("forward" in vars(m) for m in linears)
         got = linears[0](x)

@@ -4,8 +4,11 @@ run, and the final model directory with how far training moved it."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import importlib.util
 import os
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +17,12 @@ from peft import LoraConfig
 from transformers import AutoModelForCausalLM, PreTrainedModel, TrainerState
 from transformers.trainer import TRAINER_STATE_NAME
 
-from rung import placement
+from rung import onednn, placement
 from rung.config import LoraParams
 from rung.train import movement, trl_seam
 from rung.train.checkpoints import FINAL
+
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
 
 
 def trainable(model_dir: Path) -> PreTrainedModel:
@@ -25,7 +30,25 @@ def trainable(model_dir: Path) -> PreTrainedModel:
     weights and AdamW state are the master copy (an update of lr 1e-6-5e-5 rounds away in bf16, whose
     spacing near a weight of 0.02 is 1.2e-4), and bf16 / fp16 is the compute dtype, run by autocast
     (single device, DDP) or the engine's mixed-precision policy (FSDP, DeepSpeed): docs/gpu.md."""
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    onednn.train_on_onednn(model)  # its CPU fp32 linears; on a GPU, or in bf16 compute, nn.Linear's path
+    keep_freed_memory()
+    return model
+
+
+@cache
+def keep_freed_memory() -> bool:
+    """Serve large allocations from the heap and never trim it, so that a training step reuses the pages the
+    last one freed: glibc maps each allocation over 32 MB (a batch's logits over a 49k vocabulary are
+    hundreds of MB) afresh and unmaps it on free, and faulting those pages in again took a third of an RL
+    step's system time on the demo. The process keeps its peak memory, as CUDA's caching allocator does.
+    glibc's mallopt, which no Python library sets; False elsewhere (musl, macOS). The setting is the
+    process's: once."""
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c")).mallopt
+    except (OSError, AttributeError, TypeError):  # not glibc
+        return False
+    return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
 
 
 def peft_config(lora: LoraParams | None) -> LoraConfig | None:
