@@ -6,7 +6,7 @@ the default pipeline's: difficulty (4 samples, 40 new tokens, temperature 1) and
 new tokens). Tokens are counted alike for both: generated tokens up to and including EOS.
 
 Each contender's fraction of the fp32 roofline = FLOPs per generated token x tokens/s / the
-matmul peak of this machine (measured here with a large fp32 torch.matmul). Prompt encoding is not
+matmul peak of this machine (measured here: a large fp32 matmul, MKL's or oneDNN's, the faster). Prompt encoding is not
 counted as useful work, so a fraction is of generated tokens only. This machine is noisy (shared
 cores): compare the ratios of one run, not seconds across runs.
 
@@ -35,7 +35,7 @@ from typing import TypeVar
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from rung import files, models
+from rung import files, models, onednn
 from rung.answers import formats
 from rung.config import CurateParams, FormatParams, SamplingParams, VllmParams
 from rung.data.curate import curate
@@ -91,15 +91,17 @@ def peer(
 
 
 def matmul_peak(size: int = 2048, reps: int = 10) -> float:
-    """Best fp32 GFLOP/s of a square torch.matmul over a few timed rounds."""
+    """Best fp32 GFLOP/s of a square matmul over a few timed rounds, by PyTorch's default GEMM (MKL) or
+    oneDNN's, whichever is faster here (on an AMD CPU MKL runs its AVX2 kernels: about half oneDNN's)."""
     a, b = torch.randn(size, size), torch.randn(size, size)
-    a @ b
     best = 0.0
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            a @ b
-        best = max(best, reps * 2 * size**3 / (time.perf_counter() - t0) / 1e9)
+    for mm in (torch.matmul, onednn.matmul):
+        mm(a, b)
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                mm(a, b)
+            best = max(best, reps * 2 * size**3 / (time.perf_counter() - t0) / 1e9)
     return best
 
 

@@ -19,6 +19,8 @@ compare the ratio of one run, not seconds across runs.
     python bench/rl_overhead.py --steps 10 --out bench/results/rl_overhead.json
     # rung alone, the stage as params.yaml has it (curriculum, dynamic sampling):
     python bench/rl_overhead.py --as-configured
+    # a third contender: rung with model.cpu_matmul: onednn (the training linears on oneDNN)
+    python bench/rl_overhead.py --onednn
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ def main() -> None:
     ap.add_argument(
         "--as-configured", action="store_true", help="profile rung alone on the stage as configured (no plain script)"
     )
+    ap.add_argument("--onednn", action="store_true", help="also rung with model.cpu_matmul: onednn (after the others)")
     args = ap.parse_args()
 
     params = config.load(args.params)
@@ -67,6 +70,7 @@ def main() -> None:
         format=params.format,
         seed=params.seed,
         dtype="float32",
+        cpu_matmul=params.model.cpu_matmul,
         buckets=params.difficulty.buckets,
     )
 
@@ -85,8 +89,10 @@ def main() -> None:
         )
     )
     results = ([] if args.as_configured else [run("plain TRL script", plain)]) + [
-        run("rung", trainers.trainer_for(job))
+        run(f"rung ({job.cpu_matmul})", trainers.trainer_for(job))
     ]
+    if args.onednn:
+        results.append(run("rung (onednn)", trainers.trainer_for(job.model_copy(update={"cpu_matmul": "onednn"}))))
 
     print(
         f"{len(rows)} prompts, {stage.max_steps} steps x {stage.prompts_per_step} prompts x "
@@ -110,14 +116,16 @@ def main() -> None:
         if args.out:
             files.write_json(Path(args.out), {"results": results})
         return
-    ratio = results[0]["ms_per_token"] / results[1]["ms_per_token"]
-    print(
-        f"rung is {ratio:.2f}x the plain script's speed per generated token "
-        f"(generation alone: {results[0]['phases']['generation'] / results[0]['tokens'] * 1000:.1f} vs "
-        f"{results[1]['phases']['generation'] / results[1]['tokens'] * 1000:.1f} ms per token)"
-    )
+    plain_ms, ratios = results[0]["ms_per_token"], {}
+    for r in results[1:]:
+        ratios[r["contender"]] = plain_ms / r["ms_per_token"]
+        print(
+            f"{r['contender']} is {ratios[r['contender']]:.2f}x the plain script's speed per generated token "
+            f"(generation alone: {results[0]['phases']['generation'] / results[0]['tokens'] * 1000:.1f} vs "
+            f"{r['phases']['generation'] / r['tokens'] * 1000:.1f} ms per token)"
+        )
     if args.out:
-        files.write_json(Path(args.out), {"ratio": ratio, "results": results})
+        files.write_json(Path(args.out), {"ratios": ratios, "results": results})
 
 
 if __name__ == "__main__":

@@ -166,6 +166,7 @@ def main() -> None:
         seed=derive(params.seed, "sft"),
         dtype=params.model.dtype,
         device=params.model.device,
+        cpu_matmul=params.model.cpu_matmul,
     )
     results["sft"] = training_stage(lambda: launch.train(sft_job, params.sft.launch, paths.SFT), rung.train.sft)
 
@@ -190,6 +191,7 @@ def main() -> None:
         seed=derive(params.seed if stage.seed is None else stage.seed, "rl", name),
         dtype=params.model.dtype,
         device=params.model.device,
+        cpu_matmul=params.model.cpu_matmul,
         buckets=params.difficulty.buckets,
     )
     results["rl"] = training_stage(

@@ -40,6 +40,7 @@ def rl(stage_name: str, params_file: str = str(paths.PARAMS)) -> None:
         seed=seed,
         dtype=params.model.dtype,
         device=params.model.device,
+        cpu_matmul=params.model.cpu_matmul,
         buckets=params.difficulty.buckets,
         heldout=paths.TEST if stage.eval_every else None,
         heldout_sampling=params.eval.sampling,

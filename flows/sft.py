@@ -45,6 +45,7 @@ def sft(params_file: str = str(paths.PARAMS)) -> None:
             seed=seed,
             dtype=params.model.dtype,
             device=params.model.device,
+            cpu_matmul=params.model.cpu_matmul,
             outage_wait=params.tracking.outage_wait,
         )
         metrics = launch.train(job, params.sft.launch, paths.SFT)

@@ -4,15 +4,23 @@ fp32 summation order), on the layers and in a training run."""
 from __future__ import annotations
 
 import resource
+from typing import Any
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, TrainerCallback
 
-from rung import onednn
+from rung import files, onednn
+from rung.config import FormatParams, SFTParams, SolutionTraces
+from rung.data import traces
 from rung.generate import prepacked
+from rung.train import sft
 from rung.train.harness import keep_freed_memory, trainable
+from rung.train.jobs import SFTJob
+from tests.rows import sums
+from tests.tiny_model import job
 
+FMT = FormatParams()
 pytestmark = pytest.mark.skipif(not onednn.available(), reason="PyTorch built without oneDNN")
 
 
@@ -63,9 +71,11 @@ def _adam_steps(model: torch.nn.Module, batch: torch.Tensor, steps: int) -> list
 
 
 def test_training_on_onednn_follows_the_default_run(tiny_model):
-    """The training stages' model (every linear on oneDNN, the tied LM head still tied) trains as the
-    default model does: the same losses and weights after AdamW steps, both far from the start."""
-    model = trainable(tiny_model)
+    """With model.cpu_matmul: onednn the training stages' model (every linear on oneDNN, the tied LM head
+    still tied) trains as the default model does: the same losses and weights after AdamW steps, both far
+    from the start."""
+    assert not any(type(m) is onednn.OneDNNLinear for m in trainable(tiny_model).modules())  # the default
+    model = trainable(tiny_model, "onednn")
     default = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     assert layers and all(type(m) is onednn.OneDNNLinear for m in layers)
@@ -83,11 +93,44 @@ def test_training_on_onednn_follows_the_default_run(tiny_model):
 
 def test_generation_packs_the_training_linears(tiny_model):
     """RL's rollouts run on the training model: its OneDNNLinear layers decode on packed weights too."""
-    model = trainable(tiny_model)
+    model = trainable(tiny_model, "onednn")
     layers = [m for m in model.modules() if type(m) is onednn.OneDNNLinear]
     with torch.no_grad(), prepacked.prepacked(model, 4):
         assert all("forward" in vars(m) for m in layers)
     assert all("forward" not in vars(m) for m in layers)
+
+
+SEEN: list[str] = []
+
+
+class LayerTypes(TrainerCallback):
+    """Notes the classes of the linear layers the trainer trains (a LoRA adapter wraps the base layer)."""
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        SEEN.extend(type(m).__name__ for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
+def test_an_sft_job_with_lora_trains_on_onednn(tiny_model, tmp_path):
+    """The job's cpu_matmul (params model.cpu_matmul, passed by flows.sft) reaches the trainer's model,
+    LoRA's base layers included, and the job trains."""
+    data = tmp_path / "traces.jsonl"
+    files.write_jsonl(data, traces.from_solutions(sums(8, lambda i: 2, solutions=True), SolutionTraces(), FMT))
+    params = SFTParams(max_steps=2, per_device_train_batch_size=4, lora={"r": 4, "alpha": 8})
+    SEEN.clear()
+    sft_job = job(
+        SFTJob,
+        tiny_model,
+        data,
+        tmp_path / "work",
+        key="sft",
+        params=params,
+        seed=3,
+        cpu_matmul="onednn",
+        callbacks=["tests.test_onednn:LayerTypes"],
+    )
+    assert sft.train(sft_job).metrics["steps"] == 2
+    layers = sum(isinstance(m, torch.nn.Linear) for m in trainable(tiny_model).modules())
+    assert SEEN.count("OneDNNLinear") == layers  # every base layer; LoRA's own A and B are plain nn.Linear
 
 
 def test_freed_memory_is_reused_without_faulting_pages_again():

@@ -23,6 +23,13 @@ class ModelParams(Section):
     """Weights and compute dtype of every stage. auto: bfloat16 on a CUDA GPU that supports it,
     float32 on the CPU (bf16 matmuls are slow on most CPUs). The model stage stores `auto` as the
     source's own dtype (float32 for the embedded GGUF). Stages record the resolved device and dtype."""
+    cpu_matmul: Literal["default", "onednn"] = "default"
+    """The GEMM of the training stages' fp32 linear layers on the CPU. default: PyTorch's (MKL), whose
+    kernels on AMD CPUs are its AVX2 ones; onednn: oneDNN's (rung/onednn.py), 1.3x faster SFT and RL steps
+    on an AVX-512 AMD EPYC (docs/benchmarks.md). Both are fp32 and sum in different orders, so the trained
+    weights differ in their last bits and an RL run drifts from the default's within its noise (the demo's
+    rl/main: 53.8% against 54.8%): off by default to keep the published numbers. Generation runs oneDNN
+    either way; GPU and bf16 compute ignore it."""
     chat_template: Literal["model", "tools"] = "model"
     """model: the model's own chat template; tools: rung's ChatML with Qwen2.5-style tool calls
     (rung/envs/chatml_tools.jinja: without tools it renders as SmolLM2's own), written into the base model's

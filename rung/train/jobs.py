@@ -35,6 +35,8 @@ class TrainJob(BaseModel):
     """params `model.dtype` ('auto' resolves where the job runs: rung.placement)."""
     device: str = "auto"
     """params `model.device`."""
+    cpu_matmul: Literal["default", "onednn"] = "default"
+    """params `model.cpu_matmul`: a kernel choice, like the thread count not part of the fingerprint."""
     resume: str | None = None
     outage_wait: float = 300.0
     """params `tracking.outage_wait`: how long the end of training waits for MLflow (rung.train.run_log)."""
@@ -43,7 +45,9 @@ class TrainJob(BaseModel):
 
     def fingerprint(self) -> dict[str, Any]:
         """The settings a checkpoint depends on (resume only from a checkpoint written for them)."""
-        return self.model_dump(mode="json", by_alias=True, exclude={"work_dir", "resume", "outage_wait", "callbacks"})
+        return self.model_dump(
+            mode="json", by_alias=True, exclude={"work_dir", "resume", "outage_wait", "callbacks", "cpu_matmul"}
+        )
 
     def trainer_callbacks(self) -> list[Any]:
         """Instances of the `callbacks` import paths."""
