@@ -14,7 +14,7 @@ from tests.imports import DVC
 # rung's parts from the bottom up: a part imports only parts on lower rows
 LAYERS = [
     {"rung.errors"},
-    {"rung.seeding", "rung.files", "rung.paths", "rung.placement", "rung.compat", "rung.sandbox"},
+    {"rung.seeding", "rung.files", "rung.paths", "rung.placement", "rung.onednn", "rung.compat", "rung.sandbox"},
     {"rung.config"},
     {"rung.answers", "rung.models"},
     {"rung.generate"},
