@@ -215,7 +215,7 @@ def trainer_for(job: RLJob, callbacks: list[Any] | None = None) -> GRPO | RLOO:
         vllm_rollouts.preflight(stage, model_dir, job.key)
     rows = select(files.read_jsonl(job.data), stage, job.key)
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = trainable(model_dir, job.cpu_matmul)
+    model = trainable(model_dir, job.cpu_matmul, job.device)
     dataset = prompts(rows, job.format)
     max_turns = 1
     episodic: dict[str, Any] = {}  # GRPOTrainer's rollout_func, for episodes

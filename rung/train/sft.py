@@ -59,7 +59,7 @@ def train(job: SFTJob) -> JobResult:
     metrics go to the active MLflow run (rung.train.run_log)."""
     params, model_dir, traces = job.params, job.init, files.read_jsonl(job.data)
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = trainable(model_dir, job.cpu_matmul)
+    model = trainable(model_dir, job.cpu_matmul, job.device)
     config = SFTConfig(
         **common_args(job.seed, job.work_dir, job.dtype, params.save_steps, job.device),
         max_steps=params.max_steps or -1,
