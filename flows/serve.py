@@ -46,6 +46,12 @@ QUIET = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1", "MLFL
 # What the nodes' clients read to trust the generated CA: scoped to each server, unlike SSL_CERT_FILE or
 # REQUESTS_CA_BUNDLE, which would replace the system's CAs for every HTTPS call (the Hugging Face Hub too).
 CA_VARIABLES = ("PREFECT_API_SSL_CERT_FILE", "MLFLOW_TRACKING_SERVER_CERT_PATH")
+SERVER_TOOLS = (
+    "MLFLOW_ENABLE_AI_GATEWAY",
+    "MLFLOW_SERVER_ENABLE_JOB_EXECUTION",
+    "MLFLOW_SERVER_ENABLE_CUSTOM_SCORERS",
+    "MLFLOW_ENABLE_REMOTE_ASSISTANT",
+)
 STARTUP_TIMEOUT_S = 600  # a new Prefect database is migrated on its first start (~30 s on 2 cores)
 
 
@@ -119,10 +125,18 @@ def make_private(state: Path) -> int:
     """`state` 0700 and everything under it owner-only (directories 0700, files 0600), on every start: an
     existing directory keeps whatever mode it had, and servers of an earlier start (or another umask)
     left files others could read. Symbolic links are left alone (chmod would change their targets).
-    Returns how many paths were readable or writable by others."""
+    Refuses a directory, or anything in it, that another user owns: its owner could swap the CA, the
+    credentials or a database whatever the modes (a planted ca.pem and tls/ca-key.pem would let them pose
+    as both servers to the nodes). Returns how many paths were readable or writable by others."""
     state.mkdir(parents=True, exist_ok=True, mode=0o700)
+    paths = [state, *state.rglob("*")]
+    if foreign := next((p for p in paths if p.lstat().st_uid != os.geteuid()), None):
+        raise InputError(
+            f"rung serve: {foreign} is owned by uid {foreign.lstat().st_uid}, not by this user ({os.geteuid()}):"
+            " use a --dir of your own"
+        )
     fixed = 0
-    for path in [state, *state.rglob("*")]:
+    for path in paths:
         mode = path.lstat().st_mode
         if stat.S_ISLNK(mode) or not mode & 0o077:
             continue
@@ -270,10 +284,12 @@ def commands(
     prefect_env = {"PREFECT_HOME": str(state / "prefect"), "PREFECT__SERVER_FINAL": "1", **QUIET}
     # The UI asks /ui-settings for the API's URL; unset, it names http:// and port 4200
     prefect_env["PREFECT_UI_API_URL"] = where.prefect_api
-    # rung does not use MLflow's AI gateway, which lets any logged-in user (the nodes' too) store provider
-    # API keys in the server and make it call URLs: off
-    mlflow_env = {**QUIET, "MLFLOW_ENABLE_AI_GATEWAY": "false"}
+    # Off whatever the admin's shell says, as flows/mlflow_app.py refuses their routes: MLflow's AI gateway
+    # (any logged-in user could store provider keys in the server and make it call URLs), its job runner
+    # (scorers, judges, prompt optimisers), server-side custom scorer code, and the remote assistant
+    mlflow_env = {**QUIET, **dict.fromkeys(SERVER_TOOLS, "false")}
     mlflow = [sys.executable, "-m", "mlflow", "server", "--host", where.host, "--port", str(where.mlflow_port)]
+    mlflow += ["--app-name", "rung-basic-auth" if creds else "rung"]
     mlflow += ["--backend-store-uri", f"sqlite:///{state / 'mlflow.db'}", "--serve-artifacts"]
     mlflow += ["--artifacts-destination", str(state / "artifacts"), "--workers", "2"]
     # MLflow refuses Host headers other than localhost and private IPs (DNS rebinding): allow the nodes' name
@@ -302,7 +318,6 @@ def commands(
         }
         if "MLFLOW_CRYPTO_KEK_PASSPHRASE" in creds:
             mlflow_env["MLFLOW_CRYPTO_KEK_PASSPHRASE"] = creds["MLFLOW_CRYPTO_KEK_PASSPHRASE"]
-        mlflow += ["--app-name", "basic-auth"]
     return {"prefect": (prefect, prefect_env), "mlflow": (mlflow, mlflow_env)}
 
 

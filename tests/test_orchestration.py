@@ -14,6 +14,8 @@ import ssl
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import mlflow
@@ -371,10 +373,10 @@ def test_team_servers_refuse_anyone_without_the_credentials(workspace, servers, 
     assert [status(ml_root + path) for path in ("/health", "/static-files/index.html", "/", "/docs")] == [
         200, 200, 401, 401
     ]  # fmt: skip
-    # MLflow's AI gateway is off: a logged-in user cannot store provider keys in the server
+    # MLflow's AI gateway is off and refused: a logged-in user cannot store provider keys in the server
     secret = json.dumps({"secret_name": "k", "secret_value": {"api_key": "sk-x"}, "provider": "openai"}).encode()
     node = credentials.basic(f"rung:{env['MLFLOW_TRACKING_PASSWORD']}")
-    assert status(f"{ml_root}/api/3.0/mlflow/gateway/secrets/create", node, secret) == 501
+    assert status(f"{ml_root}/api/3.0/mlflow/gateway/secrets/create", node, secret) == 403
 
     # `rung validate` asks both servers before any compute, and says in one line which refused
     monkeypatch.chdir(ws)
@@ -421,6 +423,59 @@ def test_team_servers_refuse_anyone_without_the_credentials(workspace, servers, 
     # and with auth, not without TLS: basic auth would send the credentials in clear with every request
     res = cli.invoke(app, ["serve", "--host", "0.0.0.0", "--dir", str(state)])
     assert res.exit_code == 2 and res.output.strip().endswith("or --allow-plain-http to do so anyway")
+
+
+def _request(url: str, method: str, auth: str | None, context: ssl.SSLContext, headers: dict[str, str]) -> int:
+    body = json.dumps({"providers": {"ollama": {"selected": True, "base_url": "http://127.0.0.1:9"}}}).encode()
+    req = urllib.request.Request(url, data=body if method != "GET" else None, method=method, headers=headers)
+    req.add_header("Content-Type", "application/json")
+    if auth:
+        req.add_header("Authorization", auth)
+    try:
+        with urllib.request.urlopen(req, timeout=10, context=context) as resp:
+            return resp.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_mlflow_serves_no_route_that_runs_code_or_configures_server_tools(servers):
+    """MLflow's assistant would run a user-configured model's tool calls on the host for any request from
+    loopback (a same-host proxy, a tunnel): its config, chat and every other route that runs code (jobs,
+    invoke, the gateway, MCP server records) are refused to the admin, the nodes' user and anyone, however
+    the path is spelled and whatever X-Forwarded-For says, while the tracking API still answers."""
+    env, state = servers["env"], servers["state"]
+    ca = ssl.create_default_context(cafile=env["MLFLOW_TRACKING_SERVER_CERT_PATH"])
+    admin = dict(line.split("=", 1) for line in (state / "credentials.env").read_text().split() if "=" in line)
+    users = {
+        "admin": credentials.basic(f"admin:{admin['MLFLOW_ADMIN_PASSWORD']}"),
+        "node": credentials.basic(f"rung:{env['MLFLOW_TRACKING_PASSWORD']}"),
+        "anyone": None,
+    }
+    root = env["MLFLOW_TRACKING_URI"]
+    routes = [
+        ("PUT", "/ajax-api/3.0/mlflow/assistant/config"),
+        ("GET", "/ajax-api/3.0/mlflow/assistant/config"),
+        ("POST", "/ajax-api/3.0/mlflow/assistant/message"),
+        ("PUT", "//ajax-api/3.0/mlflow/assistant/config"),
+        ("PUT", "/ajax-api/3.0/mlflow/%61ssistant/config"),
+        ("PUT", "/ajax-api/3.0/mlflow/runs/../assistant/config"),
+        ("POST", "/ajax-api/3.0/jobs/search"),
+        ("POST", "/ajax-api/3.0/mlflow/scorer/invoke"),
+        ("POST", "/ajax-api/3.0/mlflow/mcp-servers"),
+        ("POST", "/api/3.0/mlflow/gateway/secrets/create"),
+    ]
+    seen = {
+        (who, method, path, forwarded): _request(root + path, method, auth, ca, forwarded_for)
+        for who, auth in users.items()
+        for method, path in routes
+        for forwarded, forwarded_for in (("none", {}), ("loopback", {"X-Forwarded-For": "127.0.0.1"}))
+    }
+    assert {k: v for k, v in seen.items() if v != 403} == {}
+    # the tracking API answers as before
+    assert (
+        credentials.http_status(f"{root}/api/2.0/mlflow/experiments/search?max_results=1", users["node"], context=ca)
+        == 200
+    )
 
 
 HOLDER = """import fcntl, sys, time

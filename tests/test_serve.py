@@ -4,14 +4,16 @@ starting a server (tests/test_orchestration.py starts both with auth and runs a 
 from __future__ import annotations
 
 import http.server
+import os
 import socket
 import ssl
 import threading
 
+import mlflow.server as mlflow_server
 import pytest
 from prefect.settings import PREFECT_API_KEY, PREFECT_API_URL, temporary_settings
 
-from flows import credentials
+from flows import credentials, mlflow_app
 from flows import serve as team
 from rung import config
 from rung.errors import InputError
@@ -40,12 +42,12 @@ def test_secrets_reach_the_servers_by_environment_never_by_command_line(tmp_path
     cmds = team.commands(where, tmp_path, creds)
     argv = " ".join(" ".join(cmd) for cmd, _ in cmds.values())
     assert not any(secret in argv for secret in creds.values())
-    assert "--app-name basic-auth" in argv and "orch.example" in argv  # MLflow's allowed Host header
+    assert "--app-name rung-basic-auth" in argv and "orch.example" in argv  # MLflow's allowed Host header
     assert cmds["prefect"][1]["PREFECT_SERVER_API_AUTH_STRING"] == creds["PREFECT_AUTH_STRING"]
     assert cmds["mlflow"][1]["MLFLOW_AUTH_ADMIN_PASSWORD"] == creds["MLFLOW_ADMIN_PASSWORD"]
     # MLflow's AI gateway is off, and its secrets' key is not the public default should an admin turn it on
     mlflow_env = cmds["mlflow"][1]
-    assert mlflow_env["MLFLOW_ENABLE_AI_GATEWAY"] == "false"
+    assert all(mlflow_env[name] == "false" for name in team.SERVER_TOOLS)
     assert mlflow_env["MLFLOW_CRYPTO_KEK_PASSPHRASE"] == creds["MLFLOW_CRYPTO_KEK_PASSPHRASE"]
     assert all(env["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false" for _, env in cmds.values())
     nodes = team.client_env(where, creds)
@@ -58,6 +60,48 @@ def test_secrets_reach_the_servers_by_environment_never_by_command_line(tmp_path
         "basic-auth" not in " ".join(open_cmds["mlflow"][0])
         and "PREFECT_SERVER_API_AUTH_STRING" not in (open_cmds["prefect"][1])
     )
+    # both are rung's MLflow apps (flows/mlflow_app.py: no assistant, jobs or gateway), found by MLflow's CLI
+    # through the installed entry points
+    assert "--app-name rung" in " ".join(open_cmds["mlflow"][0])
+    assert [mlflow_server._find_app(name) for name in ("rung", "rung-basic-auth")] == [
+        "flows.mlflow_app:create_app",
+        "flows.mlflow_app:create_auth_app",
+    ]
+
+
+@pytest.mark.parametrize(
+    "path, refused",
+    [
+        ("/ajax-api/3.0/mlflow/assistant/config", True),
+        ("/mlflow-prefix/ajax-api/3.0/mlflow/assistant", True),
+        ("//ajax-api/3.0/mlflow//assistant/config", True),
+        ("/ajax-api/3.0/mlflow/%61ssistant/config", True),
+        ("/ajax-api/3.0/mlflow/assistant%252Fconfig", True),
+        ("/ajax-api/3.0/mlflow/runs/../assistant/sessions", True),
+        ("/AJAX-API/3.0/MLFLOW/ASSISTANT/config", True),
+        ("/ajax-api/3.0/jobs/search", True),
+        ("/ajax-api/3.0/mlflow/genai/evaluate/invoke", True),
+        ("/api/3.0/mlflow/mcp-servers", True),
+        ("/gateway/ep/mlflow/invocations", True),
+        ("/api/2.0/mlflow/runs/log-batch", False),
+        ("/ajax-api/2.0/mlflow/experiments/search", False),
+        ("/static-files/index.html", False),
+    ],
+)
+def test_mlflow_app_refuses_routes_that_run_code_however_spelled(path, refused):
+    assert mlflow_app.refused(path) is refused
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_a_state_directory_another_user_owns_is_refused(tmp_path):
+    """Its owner could plant a CA and its key (or swap credentials.env) whatever its mode after chmod."""
+    state = tmp_path / "servers"
+    (state / "tls").mkdir(parents=True)
+    (state / "tls" / "ca-key.pem").write_text("planted")
+    os.chown(state / "tls" / "ca-key.pem", 65534, 65534)
+    with pytest.raises(InputError, match=r"ca-key.pem is owned by uid 65534, not by this user \(0\): use a --dir"):
+        team.make_private(state)
+    assert (state / "tls" / "ca-key.pem").read_text() == "planted"  # nothing changed
 
 
 def test_tls_goes_to_both_servers_and_the_nodes_trust_the_generated_ca(tmp_path):
