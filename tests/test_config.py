@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import subprocess
 import sys
 
@@ -8,6 +9,8 @@ import pytest
 import yaml
 
 from rung import config
+from tests.conftest import ROOT
+from tests.workspace import local_identity
 
 
 def _error(data: dict) -> str:
@@ -176,7 +179,9 @@ def test_cli_validate_prints_the_deprecation_on_stderr(tmp_path, default_params)
     default_params["rl"]["stages"]["main"]["curriculum"] = {"type": "bandit", "learning_rate": 0.25}
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(default_params))
-    res = subprocess.run([sys.executable, "-m", "flows.cli", "validate", str(path)], capture_output=True, text=True)
+    local_identity(tmp_path)  # else validate warns, on a machine without a git identity, that `dvc exp run` will fail
+    cmd = [sys.executable, "-m", "flows.cli", "validate", str(path)]
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert res.returncode == 0, res.stderr
     assert res.stderr.splitlines() == [
         f"{path}: rl.stages.main.curriculum.learning_rate: deprecated, renamed step_size; read as step_size (rename it)"
