@@ -15,7 +15,8 @@ from prefect.settings import get_current_settings
 
 from rung import tracking
 from rung.config import Params
-from rung.errors import InputError, Unavailable, redact
+from rung.errors import InputError, Unavailable
+from rung.redaction import redact
 
 
 def basic(user_and_password: str) -> str:
