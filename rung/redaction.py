@@ -51,27 +51,29 @@ def _split(url: str) -> _Url:
     parse, with a '@' after it, is taken as userinfo up to the last '@'."""
     scheme, _, rest = url.partition("://")
     try:
-        netloc = urlsplit(url).netloc
-        urlsplit(url).port  # noqa: B018 - raises ValueError on a port that is no number
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a port that is no number
     except ValueError:
         user, at, host = rest.rpartition("@")
         return _Url(f"{scheme}://", user if at else None, host, True)
-    user, at, _ = netloc.rpartition("@")
+    user, at, _ = parts.netloc.rpartition("@")
     return _Url(f"{scheme}://", user if at else None, rest[len(user) + 1 :] if at else rest, False)
 
 
 def _secret_parameters(part: str) -> list[str]:
     """The names of the parameters of a query or fragment ('a=1&sig=x') that carry a credential."""
     names = (unquote_plus(p.partition("=")[0]) for p in re.split(r"[&;]", part))
-    return [n for n in names if _SECRET_PARAMETER.search(_snake(n)) and not _SPECIAL_TOKEN.match(n)]
+    return [n for n in names if _SECRET_PARAMETER.search(_snake(n)) and not _SPECIAL_TOKEN.match(_snake(n))]
 
 
 def url_credential(url: str) -> str | None:
     """What credential a URL carries ('a password', "a query parameter 'sig'", ...), or None."""
     parts = _split(url)
     user = parts.userinfo
-    if user is not None and (":" in user or not _LOGIN_SCHEMES.search(parts.scheme[:-3])):
-        return "a password" if ":" in user else "a user name (a token's place in https://TOKEN@host)"
+    if user and ":" in user:
+        return "a password"
+    if user and not _LOGIN_SCHEMES.search(parts.scheme[:-3]):
+        return "a user name (which can be a token)"
     before, _, fragment = parts.rest.partition("#")  # RFC 3986: the first '?' and '#' end path and query
     for what, part in (("query", before.partition("?")[2]), ("fragment", fragment)):
         if found := _secret_parameters(part):
