@@ -9,13 +9,15 @@ import ssl
 import urllib.error
 import urllib.request
 from base64 import b64encode
+from urllib.parse import unquote, urlsplit
 
 import certifi
 from prefect.settings import get_current_settings
 
 from rung import tracking
 from rung.config import Params
-from rung.errors import InputError, Unavailable, redact
+from rung.errors import InputError, Unavailable
+from rung.redaction import redact
 
 
 def basic(user_and_password: str) -> str:
@@ -58,15 +60,14 @@ def check(params: Params) -> None:
     own client uses (MLFLOW_TRACKING_SERVER_CERT_PATH, PREFECT_API_SSL_CERT_FILE)."""
     uri = tracking.tracking_uri(params)
     if uri.lower().startswith(("http://", "https://")):
-        user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
-        auth = basic(f"{user}:{password or ''}") if user else None
+        host, auth, variables = _mlflow_auth(uri)
         insecure = os.environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() in ("true", "1")
         _answer(
             "MLflow",
             uri,
-            f"{uri.rstrip('/')}/api/2.0/mlflow/experiments/search?max_results=1",
+            f"{host.rstrip('/')}/api/2.0/mlflow/experiments/search?max_results=1",
             auth,
-            "MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD",
+            variables,
             tls=(
                 tls_context(os.environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH"), insecure),
                 "MLFLOW_TRACKING_SERVER_CERT_PATH",
@@ -82,6 +83,33 @@ def check(params: Params) -> None:
         _answer(
             "Prefect", api.url, f"{api.url.rstrip('/')}/admin/version", auth, "PREFECT_API_AUTH_STRING", None, trust
         )
+
+
+def _mlflow_auth(uri: str) -> tuple[str, str | None, str]:
+    """The tracking URI without its userinfo, the Authorization MLflow's client sends to it, and where that
+    is set. The client hands the URI to requests, which sends a user and password in it (percent-decoded;
+    a user name alone is not sent) as basic auth, over MLFLOW_TRACKING_USERNAME / _PASSWORD."""
+    try:
+        parts = urlsplit(uri)
+        parts.port  # noqa: B018 - raises ValueError on a port that is no number
+    except ValueError:  # a raw '/', '?', '#' or '@' in a password ends the authority early: no host to ask
+        raise InputError(
+            f"MLflow tracking URI {redact(uri)}: its host or port does not parse; percent-encode '/', '?', '#' "
+            "and '@' in its user name and password (%2F, %3F, %23, %40)"
+        ) from None
+    host = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+    if parts.username is not None and parts.password is not None and (parts.username or parts.password):
+        return (
+            host,
+            basic(f"{unquote(parts.username)}:{unquote(parts.password)}"),
+            "the user and password in MLFLOW_TRACKING_URI",
+        )
+    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    return (
+        host,
+        basic(f"{user}:{password or ''}") if user else None,
+        "MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD",
+    )
 
 
 def _answer(

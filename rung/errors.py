@@ -1,12 +1,5 @@
 """Errors that are the user's input, not a bug: reported as one line, exit code 2; a server that does
-not answer: one line, exit code 75; and what such a line may show of a URL."""
-
-import re
-
-
-def redact(url: str) -> str:
-    """`url` without a password embedded in it (scheme://user:secret@host -> scheme://user:***@host)."""
-    return re.sub(r"^([a-z][a-z0-9+.-]*://[^/?#@:]*):[^/?#@]*@", r"\1:***@", url, flags=re.IGNORECASE)
+not answer: one line, exit code 75 (what such a line may show of a URL: rung.redaction.redact)."""
 
 
 class InputError(ValueError):

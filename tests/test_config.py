@@ -188,58 +188,148 @@ def test_cli_validate_prints_the_deprecation_on_stderr(tmp_path, default_params)
     ]
 
 
-@pytest.mark.parametrize(
-    "edits, expected",
-    [
-        # an upper-case scheme passed the old check
-        ({"tracking.uri": "HTTP://rung:pw@host:5000"}, "tracking.uri: has a password in it"),
-        # pass-through mappings are checked too: TRL's own vllm_server_base_url, model_init_kwargs.token
-        (
-            {"rl.stages.main.trl": {"vllm_server_base_url": "http://user:pw@node1:8000"}},
-            "rl.stages.main.trl.vllm_server_base_url: has a password in it",
-        ),
-        (
-            {"rl.stages.main.trl": {"model_init_kwargs": {"token": "hf_abcdef"}}},
-            "rl.stages.main.trl.model_init_kwargs.token: a credential",
-        ),
-        ({"rl.stages.main.trl": {"hub_token": "hf_abcdef"}}, "rl.stages.main.trl.hub_token: a credential"),
-        (
-            {"rl.stages.main.rewards": {"accuracy": {"args": {"API_KEY": "k"}}}},
-            "rl.stages.main.rewards.accuracy.args.API_KEY: a credential",
-        ),
-        ({"curate.sources.0.config": {"client_secret": "s"}}, "curate.sources.0.config.client_secret: a credential"),
-        ({"model.source": "https://host/model?access_token=abc"}, "model.source: has a query parameter 'access_token'"),
-        ({"eval.sets.0.config": {"url": "s3+Https://me:pw@bucket/x"}}, "eval.sets.0.config.url: has a password"),
-    ],
-)
-def test_no_credential_in_any_param(default_params, edits, expected):
+# Credentials a params.yaml may hold, each where rung would log it: (dotted key, value, the secret in the value,
+# the refusal after "params.yaml: "). Shared with the scan of a stage's MLflow run (tests/test_tracking.py).
+_ARGS = "rl.stages.main.rewards.accuracy.args"
+
+
+def _arg(name: str, value: object) -> tuple[str, dict]:
+    """The setting that gives the accuracy reward's factory argument `name`."""
+    return "rl.stages.main.rewards.accuracy", {"args": {name: value}}
+
+
+CREDENTIALS = [
+    # in a URL: userinfo (any case of scheme, leading whitespace, percent-encoded or raw reserved characters)
+    ("tracking.uri", "HTTP://rung:planted0pw@host:5000", "planted0pw", "tracking.uri: has a password in it"),
+    ("tracking.uri", "  https://rung:planted0pw@host", "planted0pw", "tracking.uri: has a password in it"),
+    ("tracking.uri", "https://ghp_planted0user0token@host", "ghp_planted", "tracking.uri: has a user name"),
+    ("tracking.uri", "https://rung:planted%3A0pw@host", "planted%3A0pw", "tracking.uri: has a password in it"),
+    ("tracking.uri", "https://rung:planted/0pw@host:5000", "planted/0pw", "tracking.uri: has a password in it"),
+    (
+        "rl.stages.main.trl.vllm_server_base_url",
+        "http://user:planted0pw@node1:8000",
+        "planted0pw",
+        "rl.stages.main.trl.vllm_server_base_url: has a password in it",
+    ),
+    ("eval.sets.0.config.url", "s3+Https://me:planted0pw@bucket/x", "planted0pw", "eval.sets.0.config.url: has a"),
+    # in a URL: a query or fragment that signs or authorizes the request (S3, Azure SAS, Google, OAuth)
+    (
+        "model.source",
+        "https://host/model?access_token=planted0qs",
+        "planted0qs",
+        "model.source: has a query parameter 'access_token'",
+    ),
+    (
+        "model.source",
+        "https://b.s3.amazonaws.com/m?X-Amz-Date=1&X-Amz-Signature=planted0sig",
+        "planted0sig",
+        "model.source: has a query parameter 'X-Amz-Signature'",
+    ),
+    ("curate.sources.0.config.url", "https://a.blob/x?sv=1&sig=planted0sas", "planted0sas", "curate.sources.0.config"),
+    (*_arg("endpoints", ["http://ok", "https://g/x?key=planted0gkey"]), "planted0gkey", f"{_ARGS}.endpoints.1: "),
+    (
+        "rl.stages.main.trl.vllm_server_base_url",
+        "http://node1:8000/#access_token=planted0frag",
+        "planted0frag",
+        "rl.stages.main.trl.vllm_server_base_url: has a fragment parameter 'access_token'",
+    ),
+    (*_arg("cmd", "pip install git+https://planted0tok@github.com/o/r"), "planted0tok", f"{_ARGS}.cmd: has a user"),
+    # a key that names one, at any depth, mappings in lists included
+    (
+        "rl.stages.main.trl.model_init_kwargs",
+        {"headers": {"Authorization": "Bearer planted0bearer"}},
+        "planted0bearer",
+        "rl.stages.main.trl.model_init_kwargs.headers.Authorization: a credential",
+    ),
+    ("rl.stages.main.trl.model_init_kwargs.token", "hf_planted", "hf_planted", "rl.stages.main.trl.model_init_kwargs."),
+    ("rl.stages.main.trl.hub_token", "hf_planted", "hf_planted", "rl.stages.main.trl.hub_token: a credential"),
+    (*_arg("API_KEY", "planted0k"), "planted0k", f"{_ARGS}.API_KEY: a credential"),
+    ("curate.sources.0.config.client_secret", "planted0s", "planted0s", "curate.sources.0.config.client_secret: a c"),
+    *(
+        (*_arg("clients", [{"name": "a"}, {key: "planted0" + key}]), "planted0" + key, f"{_ARGS}.clients.1.{key}: ")
+        for key in (
+            "secret_key",
+            "aws_secret_key",
+            "private_key",
+            "credentials",
+            "passphrase",
+            "auth",
+            "pwd",
+            "bearer",
+            "cookie",
+            "secretKey",
+            "X-Api-Key",
+        )
+    ),
+    (*_arg("auth", ["user", "planted0pair"]), "planted0pair", f"{_ARGS}.auth: a credential"),
+]
+
+
+# Values under keys that only look like a credential's.
+LOOKALIKES = {
+    "rl.stages.main.trl": {"pad_token": "<pad>", "model_init_kwargs": {"token": True, "use_auth_token": False}},
+    "tracking.uri": "http://orch:5000/a@b?experiment=k",
+    "rl.stages.main.max_completion_length": 48,
+    "rl.stages.main.rewards.accuracy": {
+        "args": {
+            "tokenizer": "gpt2",
+            "max_new_tokens": 8,
+            "special_tokens": ["<a>"],
+            "keys": ["a"],
+            "key": "answer",
+            "authors": ["x"],
+            "auth_mode": "none",
+            "token_file": "/run/secrets/hf",
+            "secret_name": "hf-token",
+            "signature": "f(x)",
+            "repo": "git+ssh://git@github.com/o/r",
+            "page": "https://example.org/docs?page=2&sort=key#section",
+        }
+    },
+}
+
+
+@pytest.mark.parametrize("key, value, secret, expected", CREDENTIALS, ids=[f"{c[0]}={c[2]}" for c in CREDENTIALS])
+def test_no_credential_in_any_param(default_params, key, value, secret, expected):
     """Params are logged to MLflow and the RL stages' are kept in dvc.lock: a credential anywhere is refused
-    in one line naming its key, whatever the case of the URL's scheme or the depth of the mapping."""
-    message = _error(config.with_overrides(default_params, edits))
+    in one line naming its key, never showing it, whatever the form of the URL or the depth of the mapping."""
+    message = _error(config.with_overrides(default_params, {key: value}))
     assert message.startswith(f"params.yaml: {expected}") and "\n" not in message, message
-    assert "pw" not in message and "hf_" not in message  # the error line itself keeps the secret out
+    assert secret not in message and "planted" not in message  # the error line itself keeps the secret out
 
 
 def test_credential_lookalikes_are_accepted(default_params):
-    """The tokenizer's special tokens, HF's `token: true` (use the stored login) and a URL with a user but
-    no password are no credentials."""
-    data = config.with_overrides(
-        default_params,
-        {
-            "rl.stages.main.trl": {"pad_token": "<pad>", "model_init_kwargs": {"token": True}},
-            "tracking.uri": "http://rung@orch:5000",
-            "rl.stages.main.max_completion_length": 48,
-        },
-    )
-    assert config.parse(data).tracking.uri == "http://rung@orch:5000"
+    """The tokenizer's special tokens and token counts, HF's `token: true` (use the stored login), keys that
+    only begin like a credential's, a URL with a '@' in its path or a query without a credential, and a login
+    name over ssh are no credentials."""
+    params = config.parse(config.with_overrides(default_params, LOOKALIKES))
+    assert params.tracking.uri == "http://orch:5000/a@b?experiment=k"
 
 
-def test_redact_masks_a_password_in_any_case_of_scheme():
-    from rung.errors import redact
+@pytest.mark.parametrize(
+    "url, shown",
+    [
+        ("HTTP://rung:pw@host:5000/x", "HTTP://rung:***@host:5000/x"),
+        ("https://:pw@host", "https://:***@host"),
+        ("http://host:5000/a@b", "http://host:5000/a@b"),
+        ("https://TOKEN@host/x", "https://***@host/x"),
+        ("  https://u:pw@host", "  https://u:***@host"),
+        ("https://u:p%3Aw@host", "https://u:***@host"),
+        ("https://u:p/w@host:5000/x", "https://***@host:5000/x"),
+        ("https://u:p#w@host", "https://***@host"),
+        (
+            "https://h/x?a=1&X-Amz-Signature=s&key=k#access_token=t",
+            "https://h/x?a=1&X-Amz-Signature=***&key=***#access_token=***",
+        ),
+        ("https://[::1", "https://[::1"),
+        ("https://u:pw@[::1", "https://***@[::1"),
+        ("MLflow at https://u:pw@h and http://TOKEN@g", "MLflow at https://u:***@h and http://***@g"),
+    ],
+)
+def test_redact_hides_every_credential_of_a_url_and_never_fails(url, shown):
+    from rung.redaction import redact
 
-    assert redact("HTTP://rung:pw@host:5000/x") == "HTTP://rung:***@host:5000/x"
-    assert redact("https://:pw@host") == "https://:***@host"
-    assert redact("http://host:5000/a@b") == "http://host:5000/a@b"
+    assert redact(url) == shown
 
 
 def test_a_reward_for_a_task_absent_from_the_data_is_refused(default_params):

@@ -11,12 +11,15 @@ from pathlib import Path
 
 import mlflow
 import psutil
+import yaml
 
+from flows import stage
 from rung import config, tracking
 from rung.eval.results import Comparisons, EvalResult
 from rung.files import flatten
 from rung.report import keys
 from tests.conftest import ROOT
+from tests.test_config import CREDENTIALS, LOOKALIKES
 
 CHECKPOINTS = [("base", "base"), ("sft", "sft"), ("rl/main", "rl-main")]
 FIXTURES = ROOT / "tests/fixtures/report"
@@ -110,6 +113,41 @@ def test_a_stage_run_alone_joins_the_parent_of_its_commit_and_params(tmp_path, m
     assert len(parent.data.params) == len(flatten(params.model_dump()))
     assert mlflow.get_run(other).data.params["seed"] == "7"
     assert [a.path for a in mlflow.MlflowClient().list_artifacts(first)] == ["params.yaml"]
+
+
+def test_no_credential_of_a_params_yaml_reaches_the_mlflow_store(tmp_path, monkeypatch, capsys):
+    """Each credential of tests/test_config.py's table, in the params.yaml of a stage run alone: the stage's
+    entry (flows.stage.main) refuses it in one line naming its key (exit 2), and nothing of it reaches the
+    MLflow store (sqlite and artifacts: the parent's params, tags, run name and params.yaml, the stage run's
+    params). The scan can see: a stage on the look-alikes runs, and their values are found in the store."""
+    default = yaml.safe_load((ROOT / "params.yaml").read_text())
+    _git_repo(tmp_path, yaml.safe_dump(default))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    for var in (tracking.PARENT_ENV, "DVC_EXP_NAME", "DVC_ROOT", "DVC_STAGE"):
+        monkeypatch.delenv(var, raising=False)
+
+    def flow() -> None:  # what a stage logs: its params on its run; every param and params.yaml on the parent
+        params = config.load("params.yaml")
+        with tracking.stage_run("probe", params, logged=params.model_dump(mode="json"), inputs={}):
+            pass
+
+    def run(edits: dict) -> tuple[int, str]:
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump(config.with_overrides(default, edits)))
+        try:
+            stage.main(flow)
+        except SystemExit as e:
+            return int(e.code), capsys.readouterr().err
+        return 0, capsys.readouterr().err
+
+    for key, value, secret, expected in CREDENTIALS:
+        code, err = run({key: value})
+        assert code == 2 and err.startswith(f"error: params.yaml: {expected}") and secret not in err, (key, err)
+    assert run(LOOKALIKES)[0] == 0
+    records = [f for f in tmp_path.rglob("*") if f.is_file() and f.name != "params.yaml" and ".git" not in f.parts]
+    store = "\n".join(f.read_bytes().decode("latin-1") for f in records)
+    assert "/run/secrets/hf" in store and "git+ssh://git@github.com/o/r" in store  # the look-alikes' values
+    assert [secret for _, _, secret, _ in CREDENTIALS if secret in store] == []
 
 
 def test_a_checkpoint_goes_in_as_a_transformers_logged_model(tiny_model, tmp_path):

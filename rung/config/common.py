@@ -122,8 +122,8 @@ class LaunchParams(Section):
 class TrackingParams(Section):
     uri: str | None = None
     """MLflow tracking URI; None means sqlite at <repo>/mlflow.db. MLFLOW_TRACKING_URI overrides. A URI
-    with a password in it is refused: params are logged to MLflow and kept in dvc.lock; credentials go in
-    MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD."""
+    with a user name or password in it is refused: params are logged to MLflow and kept in dvc.lock;
+    credentials go in MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD."""
     experiment: str = Field("rung", min_length=1)
     """MLflow experiment holding the runs: one parent run per pipeline experiment, a child run per stage."""
     outage_wait: float = Field(300.0, ge=0)

@@ -23,7 +23,8 @@ from mlflow.entities import Metric, Param
 from mlflow.exceptions import RestException
 from transformers import TrainerCallback
 
-from rung.errors import Unavailable, redact
+from rung.errors import Unavailable
+from rung.redaction import redact
 
 RETRY_S = 5.0  # between tries while the server does not answer (each try is MLflow's own, with its retries)
 BATCH = 1000  # MLflow's limit of metrics per log_batch
