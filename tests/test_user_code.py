@@ -5,6 +5,7 @@ editing it makes those stages stale, in a real DVC repo."""
 from __future__ import annotations
 
 import shutil
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -52,7 +53,7 @@ def _params(default_params: dict, package: str) -> dict:
         {
             "model.chat_template": "tools",
             "environment": {"name": f"{package}.calc:Calculator", "max_turns": 2},
-            "rl.stages.main.rewards": {"accuracy": 1.0, "mine": {"import": f"{package}.rewards:brevity", "weight": 0.1}},
+            "rl.stages.main.rewards": {"accuracy": 1.0, "mine": {"import": f"{package}.rewards:brevity"}},
         },
     )
 
@@ -65,7 +66,7 @@ def project(tmp_path, monkeypatch, default_params):
     root.mkdir()
     copy_project(ROOT, root)
     _package(root, "mypkg")
-    __import__("subprocess").run(["git", "init", "-q"], cwd=root, check=True)
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
     monkeypatch.chdir(root)
     monkeypatch.syspath_prepend(str(root))
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(_params(default_params, "mypkg"), sort_keys=False))
