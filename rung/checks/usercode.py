@@ -124,7 +124,11 @@ def add(dag_file: Path, files: dict[str, list[str]]) -> None:
     its comments and order."""
     from ruamel.yaml import YAML  # DVC's own YAML library: a round trip keeps dvc.yaml as written
 
+    if not files:
+        return
     rt = YAML()
+    rt.indent(mapping=2, sequence=4, offset=2)  # dvc.yaml's own layout
+    rt.width = 4096
     dag = rt.load(dag_file.read_text())
     for name, added in files.items():
         stage = dag["stages"].get(name)
