@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -12,7 +13,7 @@ from rich.markdown import Markdown
 
 from flows import credentials
 from rung import config, paths, preflight
-from rung.checks import workspace
+from rung.checks import usercode, workspace
 from rung.errors import InputError, Unavailable
 from rung.report import timings
 
@@ -25,6 +26,13 @@ app = typer.Typer(
 console = Console()
 
 
+def _project_importable() -> None:
+    """Import user code (an environment class, a reward function) as the stages will: `python -m flows.<stage>`
+    from the project root puts it first on sys.path, which the `rung` script does not."""
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+
+
 @app.command(epilog="Guide: docs/pipeline.md (Validation before any compute); every key: docs/reference/params.md.")
 def validate(params_file: Path = typer.Argument(paths.PARAMS, help="params file to check")) -> None:
     """Check a params file against the schema (params.yaml: every key dvc.yaml's stages read written out)
@@ -33,7 +41,9 @@ def validate(params_file: Path = typer.Argument(paths.PARAMS, help="params file 
     try:
         params = config.load(params_file)
         workspace.dvc_params(params_file)
+        _project_importable()
         preflight.check(params)
+        usercode.listed(params_file, params)
         workspace.warn_git_identity(params)
         credentials.check(params)
     except (InputError, Unavailable) as e:
@@ -126,6 +136,7 @@ def run(
     from flows import run as flows_run
 
     ws = workdir or flows_run.default_dir(recipe)
+    _project_importable()
     try:
         code = flows_run.run(recipe, flows_run.overrides(sets or []), ws, dry_run)
     except InputError as e:

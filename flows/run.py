@@ -24,6 +24,7 @@ import yaml
 
 from flows import server
 from rung import config, files, paths, preflight
+from rung.checks import usercode
 from rung.config import FileSource, HFSource, Params
 from rung.errors import InputError
 
@@ -122,10 +123,18 @@ def commit(ws: Path, message: str, env: dict[str, str] | None = None) -> None:
 
 def prepare(recipe: Path, sets: dict[str, Any], ws: Path, root: Path | None = None) -> Path:
     """Validate the run, then write its workspace (default root: the current directory): the
-    project's code and the merged params.yaml."""
+    project's code, user code the params name by import path (a dep of the stages that run it in the
+    workspace's dvc.yaml), and the merged params.yaml."""
+    root = (root or Path.cwd()).resolve()
     params = resolve(recipe, sets)
+    code = usercode.deps(params, root)
+    _importable_from_the_workspace(params, root)
     ws.mkdir(parents=True, exist_ok=True)
-    copy_project((root or Path.cwd()).resolve(), ws)
+    copy_project(root, ws)
+    for file in {f for stage_files in code.values() for f in stage_files}:  # also when git ignores it
+        (ws / file).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / file, ws / file)
+    usercode.add(ws / "dvc.yaml", code)
     (ws / paths.PARAMS).write_text(
         f"# rung run {recipe}"
         + "".join(f" --set {k}={json.dumps(v)}" for k, v in sets.items())
@@ -134,6 +143,19 @@ def prepare(recipe: Path, sets: dict[str, Any], ws: Path, root: Path | None = No
     )
     commit(ws, f"rung run {recipe}")
     return ws
+
+
+def _importable_from_the_workspace(params: Params, root: Path) -> None:
+    """The stages import user code from their working directory (first on sys.path): the workspace's copy of a
+    module must be the file they find there, not one that another sys.path entry leads back to in the project."""
+    for code in usercode.named(params):
+        file = usercode.source(code, root)
+        parts = code.module.split(".")
+        if file is not None and file not in (Path(*parts).with_suffix(".py"), Path(*parts, "__init__.py")):
+            raise InputError(
+                f"{code.key}: {code.module} is imported from {file}, not from the project root, so the workspace's "
+                f"copy would not be the code that runs; make it importable from the project root"
+            )
 
 
 def run(recipe: Path, sets: dict[str, Any], ws: Path, dry_run: bool = False, root: Path | None = None) -> int:

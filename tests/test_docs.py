@@ -129,6 +129,30 @@ def test_yaml_blocks_of_params_validate(default_params):
             pytest.fail(str(e))
 
 
+def test_environments_the_docs_show_validate(default_params, tmp_path, monkeypatch):
+    """Every environment the pages show (an `environment` of a YAML block, or inline as `environment: ...`) passes
+    the schema and `rung validate`'s check of environments; the docs' own class from its python block, written
+    where its first line says."""
+    from rung import envs
+
+    [calc] = [b for b in _blocks((DOCS / "environments.md").read_text(), "python") if b.startswith("# mypkg/calc.py")]
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "calc.py").write_text(calc)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    shown = [data["environment"] for _, data in _params_blocks() if "environment" in data]
+    shown += [yaml.safe_load(v) for page in PAGES for v in re.findall(r"`environment: ([^`]+)`", page.read_text())]
+    assert len(shown) >= 5 and "python" in shown and False in shown  # blocks, the short form, the opt-out
+    for value in shown:
+        key = "rl.stages.main.environment" if value is False else "environment"
+        try:
+            params = config.parse(config.with_overrides(default_params, {key: value}), f"environment: {value}")
+        except config.ConfigError as e:
+            pytest.fail(str(e))
+        if value is not False:
+            envs.check(params.environment, None, key)
+
+
 def _commands() -> list[list[str]]:
     """The shell commands of the pages' bash blocks, continuation lines joined, comments dropped."""
     out = []

@@ -37,6 +37,19 @@ class NoReset:  # environments refused by cases below, through their import path
         return word
 
 
+class FailsToStart:
+    def __init__(self) -> None:
+        raise RuntimeError("no license server")
+
+    def reset(self, **row) -> None:
+        return None
+
+
+class NarrowReset:
+    def reset(self, prompt) -> None:  # TRL passes every column of the row, not the prompt alone
+        return None
+
+
 class UndocumentedTool:
     def reset(self, **row) -> None:
         return None
@@ -112,6 +125,22 @@ CASES = {
     "a tool without a docstring": (
         [("environment", {"name": "tests.test_preflight:UndocumentedTool"}), ("model.chat_template", "tools")],
         "error: environment.name: tool UndocumentedTool.lookup: ",
+    ),
+    "an environment class that fails to start": (
+        [("environment", {"name": "tests.test_preflight:FailsToStart"})],
+        "error: environment.settings: FailsToStart(**settings) raised RuntimeError: no license server",
+    ),
+    "a reset without **kwargs": (
+        [("environment", {"name": "tests.test_preflight:NarrowReset"})],
+        "error: environment.name: NarrowReset.reset takes no **kwargs, and it gets every column of a row",
+    ),
+    "an episode of ten thousand turns": (
+        [("rl.stages.main.environment", {"name": "retry", "max_turns": 10000})],
+        "error: params.yaml: rl.stages.main.environment.max_turns: Input should be less than or equal to 32",
+    ),
+    "a built-in by its name alone, refused for the right reason": (
+        [("environment", "python")],
+        "error: environment: Python has tools (python) but SmolLM2-135M-Instruct's chat template cannot render",
     ),
     "an episode of no turn": (
         [("environment", {"name": "retry", "max_turns": 0})],

@@ -41,14 +41,21 @@ def test_environment_false_trains_the_stage_single_turn(default_params):
     assert _params(default_params, RETRY, None).environment_of("single") == params.environment
 
 
-@pytest.mark.parametrize("value, shown", [(True, "true"), ("retry", "'retry'"), (1, "1")])
+@pytest.mark.parametrize("value, shown", [(True, "true"), (1, "1")])
 def test_params_refuse_an_environment_that_is_none_of_the_three(default_params, value, shown):
     with pytest.raises(
         config.ConfigError,
         match=rf"^params.yaml: rl.stages.single.environment: {shown} is not an environment: null runs the "
-        r"experiment's, a mapping names this stage's own, false trains it single-turn$",
+        r"experiment's, a name or mapping names this stage's own, false trains it single-turn$",
     ):
         _params(default_params, RETRY, value)
+
+
+def test_an_environment_by_its_name_alone_is_the_short_form(default_params):
+    """`environment: python` (as docs/recipes.md writes it) is `{name: python}`, for the experiment and a stage."""
+    params = _params(default_params, "retry", "python")
+    assert params.environment == config.EnvironmentParams(name="retry")
+    assert params.environment_of("single") == config.EnvironmentParams(name="python")
 
 
 def test_an_opt_out_without_an_experiment_environment_is_refused(default_params):

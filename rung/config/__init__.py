@@ -159,9 +159,10 @@ class Params(Section):
     rl: RLParams
     """The RL stages (`rl@<name>`), run in order, each from its `init` checkpoint."""
     environment: EnvironmentParams | None = None
-    """null: single-turn (prompt -> completion -> reward). A mapping makes every stage that generates run
-    episodes in this environment: difficulty scoring, SFT traces, the RL stages (unless one sets its own) and
-    every evaluation, so that the held-out number measures what was trained (rung.envs; docs/environments.md)."""
+    """null: single-turn (prompt -> completion -> reward). A mapping (or a name alone: `python` is `{name: python}`)
+    makes every stage that generates run episodes in this environment: difficulty scoring, SFT traces, the RL
+    stages (unless one sets its own) and every evaluation, so that the held-out number measures what was trained
+    (rung.envs; docs/environments.md)."""
     eval: EvalParams = EvalParams()
     """The eval stages (`eval_base`, `eval_sft`, `eval_rl@<name>`): decoding, bootstrap and eval sets."""
     tracking: TrackingParams = TrackingParams()

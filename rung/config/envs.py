@@ -8,10 +8,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from rung.config.base import Section
 
+# The most turns an episode may take. Every turn t adds a metric per RL step (`episodes/success_within_<t>`) and per
+# eval set, and a column to the report's episode table; 32 is beyond the turns the multi-turn RL recipes train (UFO:
+# up to 5 answers; tool-integrated reasoning: a few calls), and a longer agent task wants a token budget, not turns.
+MAX_TURNS = 32
 # The names of rung.envs.BUILTINS (tests/test_envs.py checks it), here so that params validate without
 # importing the environments and the sandbox.
 BUILTIN_ENVIRONMENTS = ("retry", "python")
@@ -26,12 +30,19 @@ class EnvironmentParams(Section):
     run in rung.sandbox), or the import path `package.module:Class` of a class written to TRL's environment
     contract (a `reset(**row)`, tools as public methods with type hints and a Google-style docstring, optionally
     `get_reward()`); it need not import rung."""
-    max_turns: int = Field(3, ge=1)
-    """Assistant turns per episode at most (answers for retry; tool calls plus the final answer for python).
+    max_turns: int = Field(3, ge=1, le=MAX_TURNS)
+    """Assistant turns per episode at most (answers for retry; tool calls plus the final answer for python); at
+    most 32, as each turn adds a metric per step and eval set (success within t turns).
     TRL's `max_tool_calling_iterations` is max_turns - 1."""
     settings: dict[str, Any] = {}
     """The environment's own settings: retry {feedback: "Let's try again.", discount: 1.0}; python
     {max_output: 1000}; or the keyword arguments an imported class is constructed with."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short_form(cls, data: Any) -> Any:
+        """`environment: python` is `{name: python}`: a name alone takes the defaults."""
+        return {"name": data} if isinstance(data, str) else data
 
     @field_validator("name")
     @classmethod

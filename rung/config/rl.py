@@ -6,7 +6,15 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from rung.config.base import Section, deprecated
 from rung.config.common import LaunchParams, LoraParams
@@ -313,10 +321,11 @@ class RLStageParams(Section):
     launch: LaunchParams = LaunchParams()
     """Processes and engine of the training job (one process by default)."""
     environment: EnvironmentParams | Literal[False] | None = None
-    """This stage's episodes. null: the experiment's `environment` (none: single-turn); a mapping: its own, when it
-    differs from the experiment's (e.g. `retry` before `python`); false: single-turn although the experiment has
-    an environment, the single-turn control that the report compares with each episode-trained stage of the same
-    init (docs/rl.md, Episodes). Evaluation runs the experiment's environment either way."""
+    """This stage's episodes. null: the experiment's `environment` (none: single-turn); a mapping (or a name alone,
+    `{name: <name>}`): its own, when it differs from the experiment's (e.g. `retry` before `python`); false:
+    single-turn although the experiment has an environment, the single-turn control that the report compares with
+    each episode-trained stage of the same init (docs/rl.md, Episodes). Evaluation runs the experiment's environment
+    either way."""
     lora: LoraParams | None = None
     """null: full fine-tuning; a mapping trains LoRA adapters (fp32) on the frozen base instead, TRL's
     peft_config. The checkpoint is saved merged, a plain model for eval and later stages. With a KL term
@@ -358,14 +367,23 @@ class RLStageParams(Section):
     @field_validator("environment", mode="before")
     @classmethod
     def _environment_or_none(cls, value: Any) -> Any:
-        """`true`, a name, a number: not one of the three (pydantic would word it as a failed union)."""
-        if value is not None and value is not False and not isinstance(value, (dict, EnvironmentParams)):
+        """`true`, a number: not one of the three; a name or mapping: checked as an environment here, so that its
+        error names its key (pydantic would word either as a failed union, naming its members)."""
+        if value is None or value is False or isinstance(value, EnvironmentParams):
+            return value
+        if not isinstance(value, (dict, str)):
             shown = "true" if value is True else repr(value)
             raise ValueError(
-                f"{shown} is not an environment: null runs the experiment's, a mapping names this stage's own, "
+                f"{shown} is not an environment: null runs the experiment's, a name or mapping names this stage's own, "
                 "false trains it single-turn"
             )
-        return value
+        try:
+            return EnvironmentParams.model_validate(value)
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(part) for part in first["loc"])
+            msg = first["msg"].removeprefix("Value error, ")
+            raise ValueError(f"{where}: {msg}" if where else msg) from None
 
     @model_validator(mode="before")
     @classmethod

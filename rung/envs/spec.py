@@ -89,6 +89,19 @@ def _load(path: str, key: str) -> type:
     return obj
 
 
+def _takes_any_keyword(function: Callable[..., Any]) -> bool:
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(function).parameters.values())
+
+
+def _construct(cls: type, settings: dict[str, Any], key: str) -> None:
+    """One instance, dropped: a class that cannot start fails here rather than at a stage's first rollout."""
+    try:
+        cls(**settings)
+    except Exception as e:  # noqa: BLE001 - the user's constructor: any error is theirs to see
+        why = " ".join(str(e).split())
+        raise InputError(f"{key}.settings: {cls.__name__}(**settings) raised {type(e).__name__}: {why}") from None
+
+
 def tool_names(cls: type) -> tuple[str, ...]:
     """The methods TRL exposes as tools, found as TRL finds them: functions on the class (not the instance, so
     no property runs), public, but reset and get_reward."""
@@ -104,9 +117,10 @@ def check(
     tokenizer: PreTrainedTokenizerBase | None,
     key: str = "environment",
 ) -> Environment:
-    """The environment `spec` names, checked without running it; raises InputError in one line naming the
-    key for: bad settings (max_turns < 1 among them), an import path that does not load, a class without
-    `reset`, a tool without type hints or docstring, a chat template that cannot render a tool call (with the
+    """The environment `spec` names, checked without running an episode; raises InputError in one line naming the
+    key for: bad settings (max_turns outside [1, 32] among them), an import path that does not load, a class
+    without `reset` or whose `reset` takes no `**kwargs`, a class that raises when constructed with its settings, a
+    tool without type hints or docstring, a chat template that cannot render a tool call (with the
     fix; skipped with no tokenizer, e.g. before the model is on this machine), and, for `python`, a sandbox that
     cannot isolate here."""
     if not isinstance(spec, EnvironmentParams):
@@ -129,6 +143,13 @@ def check(
     functions = dict(inspect.getmembers(cls, predicate=inspect.isfunction))
     if "reset" not in functions:
         raise InputError(f"{key}.name: {cls.__name__} has no reset() method, which TRL's environment contract needs")
+    if not _takes_any_keyword(functions["reset"]):
+        raise InputError(
+            f"{key}.name: {cls.__name__}.reset takes no **kwargs, and it gets every column of a row as a keyword "
+            "(prompt, answer, task, ...); add **row"
+        )
+    if spec.name not in BUILTINS:
+        _construct(cls, settings, key)
     tools = tool_names(cls)
     for name in tools:
         try:  # how transformers renders a tool for the chat template; bound, so that `self` is not a parameter
