@@ -95,3 +95,92 @@ def test_arithmetic_steps_end_at_the_value(expr):
 def test_arithmetic_steps_refuses_non_arithmetic():
     assert arithmetic_steps("2 ** 3") is None
     assert arithmetic_steps("x + 1") is None
+
+
+# Every task family that grades numbers: math-verify, reasoning-gym's exact match (basic_arithmetic), its
+# decimal reward (chain_sum) and its first-number regex (gsm_symbolic). Each grades the same form the same way.
+NUMBER_FAMILIES = ["math", "basic_arithmetic", "chain_sum", "gsm_symbolic"]
+THIN, NARROW = "\u2009", "\u202f"
+
+
+@pytest.mark.parametrize("task", NUMBER_FAMILIES)
+@pytest.mark.parametrize(
+    ("answer", "gold", "right"),
+    [
+        # hedges and several candidate values: wrong, whichever candidate is the gold
+        ("12 (or maybe 13)", "13", False),
+        ("12 (or maybe 13)", "12", False),
+        ("The answer is 5 but I'm not sure, maybe 6", "5", False),
+        ("12 (13)", "25", False),
+        ("12 (13)", "12", False),
+        ("12, 13", "12", False),
+        ("5 or 6", "5", False),
+        ("5, probably", "5", False),
+        ("maybe 5", "5", False),
+        ("5?", "5", False),
+        ("approximately 5", "5", False),
+        ("12 (thirteen)", "12", False),
+        ("x = 2 or x = 3", "3", False),
+        # a number in a standard form is that number
+        ("1.5e3", "1500", True),
+        ("1.5E+3", "1500", True),
+        ("1.5 \\times 10^{3}", "1500", True),
+        ("1.5e3", "3", False),
+        ("1 1/2", "1.5", True),
+        ("1\\frac{1}{2}", "1.5", True),
+        ("1 1/2", "1", False),
+        (f"12{THIN}345", "12345", True),
+        (f"12{NARROW}345", "12345", True),
+        ("12\\,345", "12345", True),
+        (f"12{THIN}345", "345", False),
+        ("1,000", "1000", True),
+        ("1,000,000", "1000000", True),
+        ("1,000", "1", False),
+        ("3.0", "3", True),
+        ("3.50", "3.5", True),
+        ("\u22123", "-3", True),
+        ("\u22123", "3", False),
+        ("twelve", "12", True),
+        ("twenty-three", "23", True),
+        # legitimate answers stay right
+        ("-3", "-3", True),
+        ("+3", "3", True),
+        ("x = 4", "4", True),
+        ("\\boxed{12}", "12", True),
+        ("$12$", "12", True),
+        ("\\frac{3}{4}", "0.75", True),
+        ("1/2", "0.5", True),
+        ("5 apples", "5", True),
+        ("12", "12", True),
+        ("12", "13", False),
+        ("1,2", "12", False),
+    ],
+)
+def test_every_family_grades_number_forms_and_hedges_alike(task, answer, gold, right):
+    row = {"task": task, "answer": gold, "prompt": "?", "meta": {}}
+    assert is_correct(answer, row) is right
+
+
+@pytest.mark.parametrize(
+    ("answer", "gold", "right"),
+    [
+        ("\\frac{\\sqrt{3}}{2}", "\\frac{\\sqrt{3}}{2}", True),
+        ("x^2 + 2x + 1", "(x+1)^2", True),
+        ("2, 3", "2, 3", True),
+        ("\\frac{3}{4}", "\\frac{3}{4}", True),
+        ("3/4", "\\frac{3}{4}", True),
+        ("x^2 + 1, maybe", "x^2+1", False),
+        ("\\sqrt{2} or \\sqrt{3}", "\\sqrt{2}", False),
+    ],
+)
+def test_math_expressions_are_not_numbers_but_hedges_still_fail(answer, gold, right):
+    assert is_correct(answer, {"task": "math", "answer": gold, "prompt": "?", "meta": {}}) is right
+
+
+@pytest.mark.parametrize("style", ["answer_line", "boxed", "tags"])
+def test_a_hedge_is_wrong_in_every_answer_format(style):
+    fmt = FormatParams(style=style)
+    row = {"task": "basic_arithmetic", "answer": "12", "prompt": "?", "meta": {}}
+    for answer, right in [("12", True), ("1,2", False), ("12 (or maybe 13)", False), ("12.0", True)]:
+        completion = formats.target(answer, "Some steps.", fmt)
+        assert is_correct(formats.extract(completion, fmt), row) is right, (style, answer)

@@ -158,8 +158,18 @@ def test_numbers_are_written_one_way():
     assert normalise("Calculate \u22125 + 3.") == normalise("calculate -5 + 3") == "calculate -5 + 3"
 
 
+def test_latex_fractions_number_words_and_scientific_forms_are_written_one_way():
+    assert normalise("What is \\frac{3}{4} of twelve?") == normalise("What is 3/4 of 12") == "what is 3/4 of 12"
+    assert normalise("Twenty-three and \\dfrac34 and 1.5 \\times 10^{3}") == "23 and 3/4 and 1.5e3"
+    assert normalise("Which one is three hundred?") == "which one is 300"  # "one" alone is a pronoun
+    assert normalise("often, someone, tenth") == "often, someone, tenth"  # not number words inside words
+    assert exact_duplicates([row("Take \\frac{3}{4} of 12."), row("take 3/4 of twelve")])[1].removed == 1
+
+
 @pytest.mark.parametrize(
-    "original, copy", [("2.5", "2.50"), ("1000", "1 000"), ("-17", "\u221217")], ids=["zeros", "spaces", "minus"]
+    "original, copy",
+    [("2.5", "2.50"), ("1000", "1 000"), ("-17", "\u221217"), ("3/4", "\\frac{3}{4}"), ("12", "twelve")],
+    ids=["zeros", "spaces", "minus", "latex", "words"],
 )
 def test_near_duplicates_see_a_number_written_two_ways(original, copy):
     # Rows are compared within groups of equal numbers: a number written two ways put a near-copy

@@ -129,7 +129,8 @@ def test_maj_at_k_classifies_each_distinct_answer_once():
 def test_maj_at_k_of_math_parses_each_answer_once(monkeypatch):
     """The same prompt graded by math-verify: one parse per distinct wrong answer, none compared with another."""
     row = {"id": "0", "task": "math", "answer": "\\frac{1}{2}", "prompt": "?", "meta": {}}
-    wrong = [f"\\frac{{{k}}}{{7}}" if k % 3 else str(k) for k in range(1, 162)]
+    # expressions: a single number is classed by its value without math-verify (rung.answers.numbers)
+    wrong = [f"\\frac{{{k}}}{{7}}x" if k % 3 else f"\\sqrt{{{k}}}" for k in range(1, 162)]
     record = {
         "id": "0",
         "samples": [{"extracted": a, "correct": ok, "tokens": 1} for a, ok in _many_wrong("0.5", wrong)],
@@ -154,8 +155,9 @@ def test_an_answer_class_is_the_graders_equivalence():
     chain = verify.answer_class({"task": "chain_sum", "answer": "1", "prompt": "?", "meta": {}})
     assert chain("5") == chain("+05") == chain("5.0") != chain("6")
     exact = verify.answer_class({"task": "basic_arithmetic", "answer": "1", "prompt": "?", "meta": {}})
-    assert exact("5") != exact("5.0")
-    assert verify.is_correct("5", {"task": "basic_arithmetic", "answer": "5.0", "prompt": "?", "meta": {}}) is False
+    # a number in a standard form is that number in every task, also under the default (string) scorer
+    assert exact("5") == exact("5.0") == exact("+5") != exact("6") and exact("5 or 6") != exact("5")
+    assert verify.is_correct("5", {"task": "basic_arithmetic", "answer": "5.0", "prompt": "?", "meta": {}}) is True
 
 
 def test_bootstrap_ci_is_deterministic_and_contains_the_mean():

@@ -82,15 +82,18 @@ def test_a_math_gold_the_grader_fails_on_is_unverifiable_not_a_failed_stage():
 def test_group_rewards_see_their_group_minus_the_crashed_completions(monkeypatch):
     """A crash in one group used to rescore every completion alone: in the other group, one right and one
     wrong, the right one got the length bonus (0.6) as a group of one. Each group is scored whole, a
-    crashed completion left out of its group only."""
+    crashed completion left out of its group only; and a group missing a completion pays no length bonus:
+    the unscored one is not known to be right (it once paid 0.8 to the crashed one's only group-mate)."""
     monkeypatch.setattr(verify, "MATH_TIMEOUT", 1)
     reward = Guarded(ConditionalLength(FMT, STAGE), "conditional_length", group=2)
     completions = [_conv("Answer: 2"), _conv("Answer: 3"), _conv("Answer: 3"), _conv(f"Answer: {TOWER}")]
     ids = [[0] * 4, [0] * 4, [0] * 2, [0] * 2]
     cols = {k: _cols(2)[k] + _math(["3", "3"])[k] for k in _cols(2)}  # 5 - 3 twice, then a math problem twice
     assert ConditionalLength(FMT, STAGE)(completions[:2], completion_ids=ids[:2], **_cols(2)) == [0.0, 0.0]
-    assert reward(completions, completion_ids=ids, **cols) == [0.0, 0.0, 0.8, None]
-    assert reward.crashed == [3]  # the math group minus its crashed completion: all right, so the bonus
+    assert reward(completions, completion_ids=ids, **cols) == [0.0, 0.0, 0.0, None]
+    assert reward.crashed == [3]
+    right = [_conv("Answer: 3")] * 2
+    assert ConditionalLength(FMT, STAGE)(right, completion_ids=ids[2:], **_math(["3", "3"])) == [0.8, 0.8]
 
 
 def flaky(completions, **_):

@@ -18,6 +18,7 @@ from math_verify.grader import is_assignment_relation, take_last_relation
 from math_verify.utils import timeout
 
 from rung import sandbox
+from rung.answers import numbers
 from rung.answers.latex import last_boxed
 
 MATH = "math"
@@ -141,6 +142,9 @@ def _canonical(expr: Any) -> Hashable:
 
 
 def _math_class(answer: str) -> Hashable:
+    value = numbers.single(bare(answer))
+    if value is not None:  # one number in a standard form, as is_correct reads it: _canonical's form of it
+        return ("number", round(value, 6), Fraction(0))
     parsed = parse_math(answer)
     if not parsed:  # no expression: verify calls it equal to nothing, but the same string is one answer
         return ("unparsed", answer)
@@ -150,10 +154,18 @@ def _math_class(answer: str) -> Hashable:
         raise GraderFailed(f"no canonical form of {answer[:80]!r}: {e!r}") from e
 
 
+def _as_number(answer: str) -> str:
+    """A single number in a standard form written one way (`1,000` and `1.0e3` as `1000`), as is_correct
+    reads it; any other answer as it is."""
+    value = numbers.single(bare(answer))
+    return answer if value is None else numbers.written(value)
+
+
 def answer_class(row: dict[str, Any]) -> Callable[[str], Hashable]:
     """A function giving an answer to `row` its class under the row's grader, each answer graded once:
-    answers of one class are one answer (maj@k's vote, rung.eval.metrics). Math answers are parsed once
-    and put in a canonical form (_canonical); code and reasoning-gym tasks with the default scorer
+    answers of one class are one answer (maj@k's vote, rung.eval.metrics). A single number in a standard
+    form is classed by its value (`1,000` and `1.0e3` as `1000`), as is_correct reads it; other math answers
+    are parsed once and put in a canonical form (_canonical); code and reasoning-gym tasks with the default scorer
     (exact string match) compare strings; any other reasoning-gym scorer has no canonical form, so a new
     answer is graded against one answer of each class so far, as reference: quadratic in the distinct
     answers, but a scorer call costs microseconds where a math-verify comparison costs milliseconds."""
@@ -164,7 +176,7 @@ def answer_class(row: dict[str, Any]) -> Callable[[str], Hashable]:
     import reasoning_gym.dataset
 
     if getattr(_scorer(row["task"]), "__func__", None) is reasoning_gym.dataset.ProceduralDataset.score_answer:
-        return lambda answer: answer
+        return _as_number
     reps: list[str] = []
 
     def first_equal(answer: str) -> Hashable:
@@ -189,7 +201,9 @@ def is_correct(answer: str | None, row: dict[str, Any]) -> bool:
     """Whether `answer` is right for a curated row (task, answer, prompt, meta).
 
     Only a full score counts: reasoning-gym's default scorer gives partial credit when the
-    reference is a substring of the answer ('114' for '14'), which a policy learns to exploit.
+    reference is a substring of the answer ('114' for '14'), which a policy learns to exploit. Nor does
+    a hedge ('12 (or maybe 13)') or an answer of several candidate values, in any task; a number in a
+    standard form ('1,000', '1.5e3', '1 1/2', '−3') is that number in every task (rung.answers.numbers).
     Raises GraderFailed when the grader itself fails (math-verify, the code sandbox): unscored, not wrong.
     """
     if answer is None:
@@ -198,6 +212,10 @@ def is_correct(answer: str | None, row: dict[str, Any]) -> bool:
     meta = json.loads(meta) if isinstance(meta, str) else meta
     if row["task"] == CODE:
         return passes_tests(answer, meta["test"], meta["entry_point"], meta.get("context", ""))
+    # One reading of numbers and hedges before every family's scorer, so that each grades a form alike.
+    decided = numbers.verdict(bare(answer), bare(row["answer"]))
+    if decided is not None:
+        return decided
     if row["task"] == MATH:
         gold = parse_math(row["answer"])
         return bool(gold) and _math_equal(gold, answer)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from rung.answers import numbers
 from rung.data.rows import Row
 
 # Sentence punctuation only: math symbols at the ends carry meaning ("-5 + 3" is not "5 + 3",
@@ -21,11 +22,6 @@ from rung.data.rows import Row
 # same problem.
 _END_PUNCTUATION = " .,;:!?\"'`"
 _TOKEN = re.compile(r"\w+|[^\w\s]")
-# Minus signs other than ASCII's: U+2212 (the Unicode minus), U+FE63 (small), U+FF0D (full-width).
-_MINUS = str.maketrans(dict.fromkeys("\u2212\ufe63\uff0d", "-"))
-# A number written with thousands separators, one kind throughout: "1,000", "12,345,678", "1 000" (after
-# whitespace is collapsed, also a thin or no-break space); not "(1,2)" or "1,2345".
-_SEPARATED = re.compile(r"(?<![\d,.])\d{1,3}([, ])\d{3}(?:\1\d{3})*(?!\d|,\d)")
 # A decimal's trailing zeros ("2.50", "3.0"), not in a dotted sequence like "1.2.30" or "2.50.1".
 _TRAILING_ZEROS = re.compile(r"(?<![\d.])(\d+)\.(\d*?)0+(?!\d|\.\d)")
 # Numbers and arithmetic operators: the part of a math prompt that decides its answer.
@@ -36,17 +32,6 @@ _OPERATORS = frozenset("+-*/^=<>%()[]{}")
 # (false positive, false negative) weights for choosing the LSH bands: candidates are confirmed
 # exactly, so a false positive costs one set comparison and a false negative a missed duplicate.
 _LSH_WEIGHTS = (0.01, 0.99)
-# Number words, read as the numbers they stand for when eval prompts are grouped into problems
-# (hand-written: cardinals only; "one" is left out, as it is as often a pronoun: "which one").
-_NUMBER_WORDS = {
-    w: str(i)
-    for i, w in enumerate(
-        "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
-        "sixteen seventeen eighteen nineteen".split()
-    )
-    if w != "one"
-} | {w: str(10 * i) for i, w in enumerate("twenty thirty forty fifty sixty seventy eighty ninety".split(), 2)}
-_NUMBER_WORDS |= {"hundred": "100", "thousand": "1000", "million": "1000000", "billion": "1000000000"}
 
 
 @dataclass(frozen=True)
@@ -75,12 +60,12 @@ def _partition(rows: Iterable[Row], drop: Iterable[bool], name: str, reason: str
 
 def normalise(text: str) -> str:
     """Lowercase, collapse whitespace, strip sentence punctuation at both ends, and write numbers one
-    way: thousands separators dropped ("costs $1,000." and "costs $1 000" are "costs $1000"), a
-    decimal's trailing zeros dropped ("2.50" is "2.5", "3.0" is "3") and any minus sign as "-".
-    Unnormalised, such numbers would put one problem in different near-duplicate groups (grouped by
-    their numbers), never compared."""
-    text = " ".join(text.lower().split()).translate(_MINUS)
-    text = _SEPARATED.sub(lambda m: m.group().replace(m.group(1), ""), text)
+    way (rung.answers.numbers.plain): thousands separators dropped ("costs $1,000." and "costs $1 000"
+    are "costs $1000"), any minus sign as "-", `\\frac{3}{4}` as "3/4", number words as digits ("twelve"
+    is "12"), and a decimal's trailing zeros dropped ("2.50" is "2.5", "3.0" is "3"). Unnormalised, such
+    numbers would put one problem in different near-duplicate groups (grouped by their numbers), never
+    compared."""
+    text = numbers.plain(" ".join(text.lower().split()))
     text = _TRAILING_ZEROS.sub(lambda m: f"{m.group(1)}.{m.group(2)}" if m.group(2) else m.group(1), text)
     return text.strip(_END_PUNCTUATION)
 
@@ -237,26 +222,21 @@ def _contains(tokens: Sequence[str], run: tuple[str, ...]) -> bool:
     return False
 
 
-def _number(token: str) -> str | None:
-    """The number a token is (its digits, or a number word's), else None."""
-    return token if token.isdigit() else _NUMBER_WORDS.get(token)
-
-
 def _one_problem(shared: list[tuple[tuple[str, ...], int]], n: int) -> bool:
     """Whether eval prompts that share an n-gram (`shared`: each one's tokens and where the n-gram
     starts) put one problem, differently worded around it (another instruction, LaTeX), rather than
     being distinct problems filling one template.
 
-    One problem when they have the same numbers in order (digits or number words; a number survives
-    a changed instruction or markup), or when the longest run around the n-gram that they all share
+    One problem when they have the same numbers in order (number words are digits after `normalise`; a
+    number survives a changed instruction or markup), or when the longest run around the n-gram that they all share
     is more than half of each and holds every number of one of them: the problem itself, next to
     different instructions (which may hold a digit, "in 2 steps"), also when it has no numbers.
     Distinct problems from one template differ in a number (chain_sum's "4 - 1 - 7" and "4 - 1 - 8"),
     or, without numbers, share an instruction shorter than their questions (a heuristic: an
     instruction longer than the questions sharing it counts as their problem, and removes more).
     """
-    numbers = {tuple(x for t in p if (x := _number(t))) for p, _ in shared}
-    if len(numbers) == 1 and () not in numbers:
+    found = {tuple(t for t in p if t.isdigit()) for p, _ in shared}
+    if len(found) == 1 and () not in found:
         return True
     left, right = 0, n  # extend the shared n-gram while every prompt has the same token on that side
     while all(s > left for _, s in shared) and len({p[s - left - 1] for p, s in shared}) == 1:
@@ -265,7 +245,7 @@ def _one_problem(shared: list[tuple[tuple[str, ...], int]], n: int) -> bool:
         right += 1
     if any(2 * (left + right) <= len(p) for p, _ in shared):
         return False
-    return any(all(s - left <= i < s + right for i, t in enumerate(p) if _number(t)) for p, s in shared)
+    return any(all(s - left <= i < s + right for i, t in enumerate(p) if t.isdigit()) for p, s in shared)
 
 
 def decontaminate(

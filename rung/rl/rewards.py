@@ -123,7 +123,9 @@ class Overlong:
 
 class ConditionalLength:
     """ConciseR's length reward (L-GRPO): 1 - length / max_len, given only when every completion of
-    the group is correct, so brevity is never traded for accuracy; 0 otherwise."""
+    the group is correct, so brevity is never traded for accuracy; 0 otherwise. A group short of
+    num_generations completions is one that Guarded scores without its unscored ones: not known to be
+    all correct, so 0."""
 
     __name__ = "conditional_length"
 
@@ -145,7 +147,7 @@ class ConditionalLength:
         ok = [is_correct(x, row) for x, row in _graded(completions, answer, task, prompt_text, meta, self.fmt)]
         out: list[float | None] = []
         for group in groups(len(ok), self.group):
-            all_ok = all(ok[i] for i in group)
+            all_ok = len(group) == self.group and all(ok[i] for i in group)
             out += [1.0 - len(completion_ids[i]) / self.max_len if all_ok else 0.0 for i in group]
         return out
 
@@ -168,9 +170,9 @@ class Guarded:
     would learn away from whatever made the grader crash. rung.rl.sampling leaves such a completion out
     of training altogether (advantage 0). When a batch raises, each prompt's group is scored alone; a
     group that raises has its completions tried one at a time to find the ones that crash, then the rest
-    are scored together, so a group reward (conditional_length) sees its whole group minus the crashed
-    completions, never a group of one. Failures are counted (`errors`, `crashed`) and logged as
-    rewards/<name>/errors."""
+    are scored together, so a group reward sees its whole group minus the crashed completions, not each
+    completion alone (conditional_length pays no bonus to a group that lost one). Failures are counted
+    (`errors`, `crashed`) and logged as rewards/<name>/errors."""
 
     def __init__(self, func: RewardFunc, name: str, group: int):
         self.func, self.__name__ = func, name
