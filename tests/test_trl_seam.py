@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import inspect
+import textwrap
 from collections import defaultdict
 from itertools import islice
 
@@ -266,3 +267,32 @@ def test_colocated_vllm_is_an_engine_whose_generate_the_seam_wraps():
         assert "self.vllm_generation = VLLMGeneration(" in inspect.getsource(trl.__init__)
     engine = importlib.util.find_spec("trl.generation.vllm_generation").origin  # imports vllm: read, not loaded
     assert "self.llm = LLM(" in open(engine).read()
+
+
+def _self_assigned(cls: type) -> set[str]:
+    """The attributes `cls`'s own source assigns on `self` (in any method: transformers' Trainer sets some,
+    as `objective` in hyperparameter search, outside __init__)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    return {
+        t.attr
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Assign | ast.AnnAssign | ast.AugAssign)
+        for target in (n.targets if isinstance(n, ast.Assign) else [n.target])
+        for t in (target.elts if isinstance(target, ast.Tuple) else [target])
+        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
+    }
+
+
+def _names(classes: list[type]) -> set[str]:
+    return {n for c in classes for n in {*vars(c), *_self_assigned(c)} if not n.startswith("__")}
+
+
+@pytest.mark.parametrize("cls", [trainers.GRPO, trainers.RLOO])
+def test_no_name_rung_adds_to_a_trainer_is_one_transformers_or_trl_uses(cls):
+    """A name of transformers' Trainer or TRL's trainer that rung also defines changes what their code (or a
+    script calling `trainer.save_state()`, as open-r1's do) gets: only the seam's listed overrides and the
+    private state it restores may."""
+    ours = [c for c in cls.__mro__ if c.__module__.startswith("rung.")]
+    theirs = [c for c in cls.__mro__ if c not in ours and c is not object]
+    clashes = (_names(ours) & _names(theirs)) - set(trl_seam.OVERRIDDEN) - set(trl_seam.PRIVATE_STATE)
+    assert clashes == set()

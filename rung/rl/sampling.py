@@ -3,7 +3,7 @@ generation batch, with DAPO's dynamic sampling (TRL issue #3708), and the schedu
 and restored from each checkpoint.
 
 Touches no TRL internals: it overrides the hooks of rung.train.trl_seam (`generation_batch`, `scored`,
-`save_state`, `load_state`), which calls them from TRL's private methods.
+`save_rung_state`, `load_rung_state`), which calls them from TRL's private methods.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class CurriculumSampling:
         sampling (None: off) and the advantage trained with (rl.stages.<name>.objective, positive_weight)."""
         super().__init__(*args, **kwargs)
         self.curriculum, self.rows, self.dynamic = curriculum, rows, dynamic_sampling
-        self.objective, self.positive_weight = objective, positive_weight
+        self.advantage_objective, self.positive_weight = objective, positive_weight
         self._last_rewards: torch.Tensor | None = None
 
     def scored(self, rewards: torch.Tensor, prompts: list[Any]) -> torch.Tensor:
@@ -82,11 +82,11 @@ class CurriculumSampling:
         """TRL's generation and scoring of one batch; under a signed objective, its advantages replaced."""
         out = self.trl_generation_batch(inputs)  # type: ignore[attr-defined]
         self._trl_advantages = out["advantages"]  # the curricula's learnability signal (_score_groups)
-        if self.objective in SIGNED_OBJECTIVES:
+        if self.advantage_objective in SIGNED_OBJECTIVES:
             accuracy = self._last_rewards[:, self.reward_func_names.index("accuracy")]
             local = len(out["advantages"])  # TRL's slice of the gathered batch for this process
             start = self.accelerator.process_index * local
-            signed = objectives.signed_advantages(accuracy, self.objective, self.positive_weight)
+            signed = objectives.signed_advantages(accuracy, self.advantage_objective, self.positive_weight)
             out["advantages"] = signed[start : start + local].to(out["advantages"].device)
             # TRL logged its own (gathered) advantages for the completions table: log those trained with
             self.relog_advantages(signed.tolist())  # type: ignore[attr-defined]
@@ -190,12 +190,12 @@ class CurriculumSampling:
         self._log_rewards(torch.cat([r for batch in trained for _, _, r in batch]), torch.cat(rewards), marks)
         return self.concat_groups([(batch, j) for batch, j, _ in trained[rank]])  # type: ignore[attr-defined]
 
-    def save_state(self, checkpoint: Path) -> None:
+    def save_rung_state(self, checkpoint: Path) -> None:
         if self.args.should_save:
             files.write_json(checkpoint / CURRICULUM_STATE, self.curriculum.state_dict())
-        super().save_state(checkpoint)  # type: ignore[misc]
+        super().save_rung_state(checkpoint)  # type: ignore[misc]
 
-    def load_state(self, checkpoint: Path) -> None:
-        super().load_state(checkpoint)  # type: ignore[misc]
+    def load_rung_state(self, checkpoint: Path) -> None:
+        super().load_rung_state(checkpoint)  # type: ignore[misc]
         if (checkpoint / CURRICULUM_STATE).exists():
             self.curriculum.load_state_dict(files.read_json(checkpoint / CURRICULUM_STATE))

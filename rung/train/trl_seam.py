@@ -20,8 +20,8 @@ Private methods overridden (OVERRIDDEN: the leading parameters relied on; the re
 - `_get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, batch_size,
   compute_entropy, compute_aux_loss, **multimodal) -> (logps, entropies | None, aux_loss | None)`:
   hook `token_logps`.
-- `_save_checkpoint(model, trial)` / `_load_optimizer_and_scheduler(checkpoint)`: hooks `save_state` /
-  `load_state`, plus TRL's generation cycle (below) per process.
+- `_save_checkpoint(model, trial)` / `_load_optimizer_and_scheduler(checkpoint)`: hooks `save_rung_state` /
+  `load_rung_state`, plus TRL's generation cycle (below) per process.
 
 Private state and methods read or written (PRIVATE_STATE):
 - `_metrics["train"]`: a `defaultdict(list)` of the step's metrics, averaged at each log (GRPO, RLOO and
@@ -171,10 +171,10 @@ class Seam:
         """(log-probs, entropies, aux loss) of the completion tokens, or None for TRL's own computation."""
         return None
 
-    def save_state(self, checkpoint: Path) -> None:
+    def save_rung_state(self, checkpoint: Path) -> None:
         """Write rung's state into `checkpoint` (every process calls it) before TRL writes its own."""
 
-    def load_state(self, checkpoint: Path) -> None:
+    def load_rung_state(self, checkpoint: Path) -> None:
         """Restore rung's state from `checkpoint` after TRL restored its optimizer and scheduler."""
 
     # TRL's own steps, for the hooks.
@@ -266,7 +266,7 @@ class Seam:
         # rung's state first: TRL writes trainer_state.json last and then deletes the previous
         # checkpoint, so wherever a kill lands a complete checkpoint (rung.train.checkpoints) is left.
         checkpoint = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
-        self.save_state(checkpoint)
+        self.save_rung_state(checkpoint)
         # Every process its own slice of the batch; kept only in the middle of a cycle, where TRL reuses it
         # (the generation batch was made by the weights before this step's update: it cannot be regenerated).
         middle = self._step % (self.args.steps_per_generation * self.num_iterations)
@@ -281,7 +281,7 @@ class Seam:
         super()._load_optimizer_and_scheduler(checkpoint)  # type: ignore[misc]
         if checkpoint is None:
             return
-        self.load_state(Path(checkpoint))
+        self.load_rung_state(Path(checkpoint))
         cycle = Path(checkpoint) / generation_state(self.accelerator.process_index)
         if cycle.exists():
             state = torch.load(cycle, map_location=self.accelerator.device, weights_only=True)
