@@ -13,6 +13,7 @@ from tests.imports import DVC
 
 # rung's parts from the bottom up: a part imports only parts on lower rows
 LAYERS = [
+    {"rung.redaction"},
     {"rung.errors"},
     {"rung.seeding", "rung.files", "rung.paths", "rung.placement", "rung.onednn", "rung.compat", "rung.sandbox"},
     {"rung.config"},
