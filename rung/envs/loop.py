@@ -10,7 +10,8 @@ the tool or user turn is appended by token concatenation: the generated ids are 
 are rendered as TRL renders tool results (`_get_tool_suffix_ids`'s dummy-conversation difference, which also
 checks the template is prefix-preserving). An episode ends at a turn without a tool call that gets no reply,
 after `max_turns` assistant turns, at a turn cut by max_new_tokens, or where the next env turn would pass the
-completion budget (TRL drops that tool result and ends the rollout the same way).
+completion budget or the model's positions (TRL drops that tool result and ends the rollout the same way). A
+tool-call block that does not parse gets an error as its tool result (TRL's loop grades it as the answer).
 
 Seeds: every turn's sampling draws from its own stream (seed, *key, turn) (rung.generate.decode.draws_for),
 `key` being the episode's identity that the caller gives (its row and sample): the episodes of a row do not
