@@ -136,15 +136,17 @@ def test_only_the_assistants_tokens_are_marked_for_training(tok):
 def test_a_rendered_turn_parses_back_to_its_message(tok, message):
     prefix = _ids(tok, EPISODE[:1], add_generation_prompt=True)
     completion = _ids(tok, [EPISODE[0], message])[len(prefix) :]
-    parsed = template.parse(tok, completion, prefix, tools=[_python_tool()])
-    assert parsed["content"] == message["content"]
+    parsed, malformed = template.parse(tok, completion, prefix, tools=[_python_tool()])
+    assert malformed is None and parsed["content"] == message["content"]
     assert parsed.get("tool_calls", []) == message.get("tool_calls", [])
 
 
-def test_a_malformed_call_parses_as_plain_text(tok):
+def test_a_malformed_call_parses_as_plain_text_and_says_why(tok):
     prefix = _ids(tok, EPISODE[:1], add_generation_prompt=True)
     cut = tok.encode('<tool_call>\n{"name": "pyth')
-    assert template.parse(tok, cut, prefix) == {"role": "assistant", "content": '<tool_call>\n{"name": "pyth'}
+    message, malformed = template.parse(tok, cut, prefix)
+    assert message == {"role": "assistant", "content": '<tool_call>\n{"name": "pyth'}  # as TRL parses it
+    assert malformed == "not valid JSON (Unterminated string starting at: line 2 column 10 (char 10))"
 
 
 def test_template_and_parser_travel_with_save_pretrained(tok, tmp_path):

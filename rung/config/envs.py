@@ -33,7 +33,13 @@ class EnvironmentParams(Section):
     max_turns: int = Field(3, ge=1, le=MAX_TURNS)
     """Assistant turns per episode at most (answers for retry; tool calls plus the final answer for python); at
     most 32, as each turn adds a metric per step and eval set (success within t turns).
-    TRL's `max_tool_calling_iterations` is max_turns - 1."""
+    TRL's `max_tool_calling_iterations` is max_turns - 1. An episode holds max_turns times a turn's tokens in
+    all, the environment's included (max_new_tokens in evaluation and difficulty scoring, max_completion_length
+    in RL), below the model's positions."""
+    turn_seconds: float = Field(30.0, gt=0, le=3600)
+    """Wall seconds the tool calls of one assistant turn may take together: a call that would start later is
+    not run and the model reads an error (a running call is not interrupted; the python tool's own limit is
+    10 s)."""
     settings: dict[str, Any] = {}
     """The environment's own settings: retry {feedback: "Let's try again.", discount: 1.0}; python
     {max_output: 1000}; or the keyword arguments an imported class is constructed with."""

@@ -10,7 +10,8 @@ the tool or user turn is appended by token concatenation: the generated ids are 
 are rendered as TRL renders tool results (`_get_tool_suffix_ids`'s dummy-conversation difference, which also
 checks the template is prefix-preserving). An episode ends at a turn without a tool call that gets no reply,
 after `max_turns` assistant turns, at a turn cut by max_new_tokens, or where the next env turn would pass the
-completion budget (TRL drops that tool result and ends the rollout the same way).
+completion budget or the model's positions (TRL drops that tool result and ends the rollout the same way). A
+tool-call block that does not parse gets an error as its tool result (TRL's loop grades it as the answer).
 
 Seeds: every turn's sampling draws from its own stream (seed, *key, turn) (rung.generate.decode.draws_for),
 `key` being the episode's identity that the caller gives (its row and sample): the episodes of a row do not
@@ -28,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
@@ -39,9 +41,9 @@ from rung.answers import formats
 from rung.config import FormatParams, SamplingParams
 from rung.envs.episode import Episode
 from rung.envs.spec import Environment, tool_names
-from rung.envs.template import FIX, parse, tool_calling_problem
+from rung.envs.template import FIX, parse, render_ids, tool_calling_problem
 from rung.errors import InputError
-from rung.generate.api import Engine, generate_ids
+from rung.generate.api import Engine, generate_ids, positions
 from rung.generate.completion import Generator, stop_ids
 from rung.seeding import derive
 
@@ -127,6 +129,22 @@ class Trajectory:
     recomputes the old policy's when it needs them)."""
 
 
+MALFORMED_CALL: dict[str, Any] = {"name": None, "arguments": None}
+"""A turn's record of a tool-call block that did not parse: one call, failed."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What bounds an episode; None: nothing."""
+
+    completion_tokens: int | None = None
+    """Tokens after the prompt, the model's and the environment's."""
+    context: int | None = None
+    """The model's positions (max_position_embeddings): a context stays at least one token below them."""
+    turn_seconds: float | None = None
+    """Wall seconds for the tool calls of one assistant turn."""
+
+
 @dataclass
 class _Live:
     """An episode in progress."""
@@ -157,9 +175,7 @@ def _start(tok: PreTrainedTokenizerBase, env: Any, columns: Mapping[str, Any], k
     if observation is not None:
         messages[-1] = {**messages[-1], "content": messages[-1]["content"] + observation}
     tools = {name: getattr(env, name) for name in tool_names(type(env))}
-    prompt_ids = tok.apply_chat_template(
-        messages, tools=list(tools.values()) or None, add_generation_prompt=True, tokenize=True, return_dict=False
-    )
+    prompt_ids = render_ids(tok, messages, tools=list(tools.values()) or None, add_generation_prompt=True)
     episode = getattr(env, "episode", None)
     return _Live(
         env, tools, Trajectory(key, messages, [], prompt_ids, [], []), episode if isinstance(episode, Episode) else None
@@ -168,18 +184,19 @@ def _start(tok: PreTrainedTokenizerBase, env: Any, columns: Mapping[str, Any], k
 
 def env_turn_ids(tok: PreTrainedTokenizerBase, messages: list[dict[str, Any]]) -> list[int]:
     """The ids of `messages` (tool results, or a user reply) appended after an assistant turn that ended with
-    the end-of-turn token, through the next assistant header. TRL's `_get_tool_suffix_ids` (a trainer method,
-    hence rewritten here) generalized to a user reply: the template rendered after a dummy exchange with and
-    without them; raises if the template is not prefix-preserving (token concatenation would then train on ids
-    the template never renders)."""
+    the end-of-turn token, through the next assistant header, their text tokenized as plain text
+    (rung.envs.template.render_ids: a tool's output cannot forge a turn). TRL's `_get_tool_suffix_ids` (a
+    trainer method, hence rewritten here) generalized to a user reply: the template rendered after a dummy
+    exchange with and without them; raises if the template is not prefix-preserving (token concatenation
+    would then train on ids the template never renders)."""
     if messages[0]["role"] == "tool":
         call = {"type": "function", "function": {"name": messages[0]["name"], "arguments": {}}}
         assistant: dict[str, Any] = {"role": "assistant", "content": "", "tool_calls": [call]}
     else:
         assistant = {"role": "assistant", "content": "dummy"}
     dummy = [{"role": "user", "content": "dummy"}, assistant]
-    prefix = tok.apply_chat_template(dummy, tokenize=True, return_dict=False)
-    full = tok.apply_chat_template(dummy + messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    prefix = render_ids(tok, dummy)
+    full = render_ids(tok, dummy + messages, add_generation_prompt=True)
     ends = [i for i, t in enumerate(prefix) if t == tok.eos_token_id]
     if ends:  # the generated turn ends at its end-of-turn token: what the template writes after it is the env's
         prefix = prefix[: ends[-1] + 1]
@@ -195,11 +212,15 @@ def _call(tools: Mapping[str, Callable[..., Any]], call: Mapping[str, Any]) -> t
     if call.get("type") != "function":
         return call.get("name", "unknown"), str({"error": f"Unsupported tool call type: {call.get('type')}"}), True
     function = call["function"]
-    name = function["name"]
+    name, arguments = function["name"], function["arguments"]
     try:
         if name not in tools:
             raise ValueError(f"Tool {name} not found.")
-        result = tools[name](**function["arguments"])
+        if isinstance(arguments, str):  # the OpenAI form: the arguments object as a JSON string
+            arguments = json.loads(arguments)
+        if not isinstance(arguments, dict):
+            raise ValueError(f"the arguments must be a JSON object, got {type(arguments).__name__}")
+        result = tools[name](**arguments)
         if inspect.isawaitable(result):  # an async tool; TRL gathers them on its own event loop
             result = asyncio.run(_await(result))
     except Exception as e:  # noqa: BLE001 - a tool's exception is the model's to read, as in TRL
@@ -225,19 +246,29 @@ def _reward(live: _Live) -> float | None:
 class _Turns:
     """Appends one generated turn to an episode and runs the environment on it."""
 
-    def __init__(self, tok: PreTrainedTokenizerBase, max_turns: int, budget: int | None) -> None:
-        self.tok, self.max_turns, self.budget = tok, max_turns, budget
+    def __init__(self, tok: PreTrainedTokenizerBase, max_turns: int, limits: Limits) -> None:
+        self.tok, self.max_turns, self.limits = tok, max_turns, limits
         self._replies: dict[str, list[int]] = {}  # a reply's ids: retry's feedback is the same every time
+
+    def budget(self, t: Trajectory) -> int | None:
+        """Completion tokens the episode may hold: the token budget, and a context one token short of the
+        model's positions at most (TRL drops a tool result that reaches them)."""
+        context = self.limits.context
+        budgets = [self.limits.completion_tokens, None if context is None else context - 1 - len(t.prompt_ids)]
+        return min((b for b in budgets if b is not None), default=None)
 
     def step(self, live: _Live, ids: list[int], truncated: bool) -> None:
         t, env, episode = live.trajectory, live.env, live.episode
-        if self.budget is not None and len(t.completion_ids) + len(ids) > self.budget:
-            ids, truncated = ids[: self.budget - len(t.completion_ids)], True
+        budget = self.budget(t)
+        if budget is not None and len(t.completion_ids) + len(ids) > budget:
+            ids, truncated = ids[: max(0, budget - len(t.completion_ids))], True
         context = live.context
         t.completion_ids += ids
         t.env_mask += [1] * len(ids)
+        malformed = None
         if live.tools:
-            message = parse(self.tok, ids, context, tools=list(live.tools.values()))
+            message, malformed = parse(self.tok, ids, context, tools=list(live.tools.values()))
+            malformed = None if truncated else malformed  # a block cut by the token limit is the limit's doing
         else:  # no tools to call: the turn is its text (TRL decodes a tool-less completion the same way)
             message = {"role": "assistant", "content": self.tok.decode(ids, skip_special_tokens=True)}
         t.messages.append(message)
@@ -245,7 +276,7 @@ class _Turns:
         calls = list(message.get("tool_calls") or []) if live.tools else []
         turn = Turn(
             text=message.get("content") or "",
-            tool_calls=[dict(c.get("function", c)) for c in calls],
+            tool_calls=[dict(c.get("function", c)) for c in calls] or ([MALFORMED_CALL] if malformed else []),
             tool_results=[],
             tool_errors=0,
             reply=None,
@@ -258,13 +289,15 @@ class _Turns:
         t.turns.append(turn)
         last = len(t.turns) == self.max_turns
         env_messages: list[dict[str, Any]] = []
-        if calls:
+        if malformed:  # TRL would grade it as the answer; a model learning to call tools needs to be told
+            turn["tool_errors"] += 1
+            if not (last or truncated):
+                error = str({"error": f"Malformed tool call, not run: {malformed}"})
+                turn["tool_results"].append(error)
+                env_messages.append({"role": "tool", "name": "unknown", "content": error})
+        elif calls:
             if not (last or truncated):  # TRL runs no calls past max_tool_calling_iterations
-                for call in calls:
-                    name, result, raised = _call(live.tools, call)
-                    turn["tool_results"].append(result)
-                    turn["tool_errors"] += raised
-                    env_messages.append({"role": "tool", "name": name, "content": result})
+                env_messages += self._run(live, calls, turn)
         elif callable(getattr(env, "_reply", None)):
             turn["reply"] = env._reply(turn["text"])
             if turn["reply"] is not None:
@@ -275,16 +308,33 @@ class _Turns:
                 turn["answer"], turn["correct"] = episode.answers[-1], episode.correct[-1]
         if env_messages and not (last or truncated):
             suffix = self._suffix(env_messages)
-            if self.budget is None or len(t.completion_ids) + len(suffix) <= self.budget:
+            if budget is None or len(t.completion_ids) + len(suffix) <= budget:
                 t.messages += env_messages
                 t.completion_ids += suffix
                 t.env_mask += [0] * len(suffix)
                 turn["env_tokens"] = len(suffix)
                 return
             t.truncated = True  # the env turn does not fit: the episode ends here, as TRL's rollout does
-        t.cut = last and (bool(calls) or turn["reply"] is not None or self._retry_wrong(env, turn))
+        t.cut = last and (bool(turn["tool_calls"]) or turn["reply"] is not None or self._retry_wrong(env, turn))
         t.truncated = t.truncated or truncated
-        self._end(live, turn, shown=not calls and callable(getattr(env, "_reply", None)))
+        self._end(live, turn, shown=not turn["tool_calls"] and callable(getattr(env, "_reply", None)))
+
+    def _run(self, live: _Live, calls: list[dict[str, Any]], turn: Turn) -> list[dict[str, Any]]:
+        """The turn's calls, one after another, as TRL runs them, until the turn's tool time is spent: a call
+        that starts after it is not run (one that is running is not interrupted: the python tool's sandbox
+        bounds its own)."""
+        start, seconds, messages = time.monotonic(), self.limits.turn_seconds, []
+        for call in calls:
+            if seconds is not None and time.monotonic() - start >= seconds:
+                name = call.get("function", {}).get("name", "unknown")
+                result = str({"error": f"Tool call not run: the turn used its {seconds:g} s of tool time"})
+                raised = True
+            else:
+                name, result, raised = _call(live.tools, call)
+            turn["tool_results"].append(result)
+            turn["tool_errors"] += raised
+            messages.append({"role": "tool", "name": name, "content": result})
+        return messages
 
     @staticmethod
     def _retry_wrong(env: Any, turn: Turn) -> bool:
@@ -324,10 +374,14 @@ def run(
     seed: int,
     keys: Sequence[tuple[int, ...]] | None = None,
     max_completion_tokens: int | None = None,
+    max_context: int | None = None,
+    turn_seconds: float | None = None,
 ) -> list[Trajectory]:
     """Run one episode per (environment instance, row): `envs[i]` is reset with `rows[i]`'s columns (its
     `prompt` the conversation) and answers it for at most `max_turns` assistant turns of at most
-    `sampling.max_new_tokens` each, `max_completion_tokens` in all (None: no total budget). `keys[i]` is
+    `sampling.max_new_tokens` each, `max_completion_tokens` in all (None: no total budget), a context of fewer
+    than `max_context` tokens (the model's positions; None: no bound), the tool calls of a turn
+    `turn_seconds` of wall time (None: no bound). `keys[i]` is
     episode i's identity for its sampling streams (e.g. (row index, sample)); default (i,). Episodes with equal
     keys, seed and sampling are identical whatever else shares their batch."""
     if len(envs) != len(rows):
@@ -340,7 +394,7 @@ def run(
     if any(tool_names(type(env)) for env in envs) and (problem := tool_calling_problem(tok)):
         raise InputError(f"the environment has tools but {problem}; fix: {FIX}")
     live = [_start(tok, env, row, key) for env, row, key in zip(envs, rows, keys, strict=True)]
-    turns = _Turns(tok, max_turns, max_completion_tokens)
+    turns = _Turns(tok, max_turns, Limits(max_completion_tokens, max_context, turn_seconds))
     for turn in range(max_turns):
         now = [e for e in live if not e.done]
         if not now:
@@ -365,7 +419,8 @@ def per_row(
 ) -> list[list[Trajectory]]:
     """`n` episodes of `environment` per row, as difficulty scoring and evaluation run them: each row's prompt put
     to the model as single-turn rollouts put it (rung.answers.formats.prompt), episode (i, j) on the sampling
-    streams of row i's sample j, so a row's episodes do not depend on what else is evaluated with it. Here,
+    streams of row i's sample j, so a row's episodes do not depend on what else is evaluated with it. Each holds
+    the budget an RL stage gives it (`budget`, `sampling.max_new_tokens` per turn) and the model's positions. Here,
     below rung.data and rung.eval, so that difficulty scoring and evaluation share it (tests/test_layers.py)."""
     factory = environment.factory(fmt)
     columns = [{**row, "prompt": formats.prompt(row["prompt"], fmt)} for row in rows]
@@ -379,8 +434,17 @@ def per_row(
         max_turns=environment.spec.max_turns,
         seed=seed,
         keys=keys,
+        max_completion_tokens=budget(sampling.max_new_tokens, environment.spec.max_turns),
+        max_context=positions(gen.model),
+        turn_seconds=environment.spec.turn_seconds,
     )
     return [trajectories[i * n : (i + 1) * n] for i in range(len(rows))]
+
+
+def budget(turn_tokens: int, max_turns: int) -> int:
+    """Tokens an episode's completion may hold in every stage: each turn's own budget, the environment's turns
+    in between (RL: GRPOConfig.max_completion_length, rung.rl.trainers)."""
+    return turn_tokens * max_turns
 
 
 def _prompt_key(prompt: Any) -> str:
@@ -467,6 +531,8 @@ def rollout_func(
                 # TRL's sampler puts a prompt's num_generations copies side by side: (prompt, sample) as per_row keys
                 keys=[divmod(i, trainer.num_generations) for i in range(len(prompts))],
                 max_completion_tokens=trainer.max_completion_length,
+                max_context=positions(model),
+                turn_seconds=environment.spec.turn_seconds,
             )
         return {
             "prompt_ids": [e.prompt_ids for e in episodes],

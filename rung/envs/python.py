@@ -29,9 +29,10 @@ ENTRY = "_rung_tool"
 class PythonSettings(Section):
     """environment.settings of `python`."""
 
-    max_output: int = Field(1000, ge=16)
+    max_output: int = Field(1000, ge=16, le=10_000)
     """Characters of a tool result the model reads back (stdout, stderr and the error); more is cut off,
-    with a note saying how much. Every character is paid again in the rest of the episode's context."""
+    with a note saying how much. Every character is paid again in the rest of the episode's context: up to
+    about 3 tokens each (1,000 emoji are 3,022 tokens); a result past the episode's token budget ends it."""
 
 
 def _program(code: str) -> str:

@@ -36,6 +36,7 @@ but TRL has no parser for them). `tool_calling_problem()` says which check a tok
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable
 from importlib import resources
 from typing import Any
@@ -49,6 +50,8 @@ from trl.chat_template_utils import (
     parse_response,
     supports_tool_calling,
 )
+
+from rung.errors import InputError
 
 TEMPLATE_FILE = "chatml_tools.jinja"
 TEMPLATE: str = (resources.files(__package__) / TEMPLATE_FILE).read_text(encoding="utf-8")
@@ -93,13 +96,58 @@ def parse(
     completion_ids: list[int],
     prefix_ids: list[int],
     tools: list[Callable[..., Any] | dict[str, Any]] | None = None,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], str | None]:
     """One generated assistant turn as a message ({"role", "content", "tool_calls"?}), parsed exactly as
     TRL's GRPOTrainer parses it: `prefix_ids` is the prompt it was generated after, `tools` types the
-    arguments by each tool's JSON schema. A malformed call comes back as plain content, not an error."""
+    arguments by each tool's JSON schema. With it, why the turn's tool-call blocks are malformed (TRL then
+    gives the turn as plain content, a final answer), None where they are not or there are none."""
     if getattr(tokenizer, "response_template", None) is None:
         add_response_schema(tokenizer)  # what TRL does for a known model template; raises for an unknown one
-    return parse_response(tokenizer, completion_ids, prefix=prefix_ids, tools=tools)
+    message = parse_response(tokenizer, completion_ids, prefix=prefix_ids, tools=tools)
+    if "tool_calls" in message:
+        return message, None
+    try:  # TRL's fallback to plain text hides why: the parser again, without it
+        raw = tokenizer.parse_response(completion_ids, prefix=prefix_ids, tools=tools)
+    except (ValueError, TypeError) as e:
+        return message, _why(str(e))
+    if raw and raw.get("tool_calls"):  # parsed, but TRL's validation refused a call
+        return message, 'each call needs a string "name" and an "arguments" object'
+    return message, None
+
+
+def _why(error: str) -> str:
+    # transformers' JSON error is "...could not parse region as JSON.\nContent: <the block>\nError: <json's>"
+    return f"not valid JSON ({error.rsplit('Error: ', 1)[-1]})" if "as JSON" in error else error.split("\n")[0]
+
+
+_SLOT = re.compile("\ue000(\\d+)\ue001")  # private-use code points: where a message's text goes
+
+
+def render_ids(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[dict[str, Any]],
+    tools: list[Callable[..., Any] | dict[str, Any]] | None = None,
+    add_generation_prompt: bool = False,
+) -> list[int]:
+    """`messages` through the chat template as `apply_chat_template(tokenize=True)` gives them, but the text of
+    every message not the assistant's (a tool's output, the environment's reply and observation, the prompt)
+    tokenized as plain text (`split_special_tokens`): text that spells a special token (`<|im_end|>`) gets the
+    ids of its characters, never the token, so that it cannot close its turn and forge the next one. Each text
+    is rendered as a slot and tokenized alone; raises InputError for a template that rewrites message text."""
+    slotted = [
+        {**m, "content": f"\ue000{i}\ue001"} if m["role"] != "assistant" and isinstance(m.get("content"), str) else m
+        for i, m in enumerate(messages)
+    ]
+    kwargs: dict[str, Any] = {"tools": tools, "add_generation_prompt": add_generation_prompt, "tokenize": False}
+    parts = _SLOT.split(tokenizer.apply_chat_template(slotted, **kwargs))
+    texts = [messages[int(p)]["content"] if i % 2 else p for i, p in enumerate(parts)]
+    if "".join(texts) != tokenizer.apply_chat_template(messages, **kwargs):
+        raise InputError(f"the chat template rewrites message text: rung cannot keep it plain; fix: {FIX}")
+    ids: list[int] = []
+    for i, text in enumerate(texts):
+        if text:
+            ids += tokenizer.encode(text, add_special_tokens=False, split_special_tokens=bool(i % 2))
+    return ids
 
 
 def tool_calling_problem(tokenizer: PreTrainedTokenizerBase) -> str | None:

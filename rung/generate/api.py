@@ -81,6 +81,11 @@ def generate(
     ]
 
 
+def positions(model: PreTrainedModel) -> int | None:
+    """The model's context length (max_position_embeddings); None where its config gives none."""
+    return getattr(model.config.get_text_config(), "max_position_embeddings", None)
+
+
 @torch.inference_mode()
 def generate_ids(
     model: PreTrainedModel,
@@ -95,8 +100,9 @@ def generate_ids(
     keys: Sequence[tuple[int, ...]] | None = None,
 ) -> list[list[tuple[list[int], bool]]]:
     """`n` completions for each tokenized prompt, in input order: (token ids with the EOS that ended
-    it, if one did; truncated at max_new_tokens). `desc` None: no progress bar. `keys[i]`: prompt i's
-    sampling stream, (seed, *keys[i], sample); default its position (seed, i, sample).
+    it, if one did; truncated at max_new_tokens or where the sequence reaches the model's positions, which
+    a prompt may not reach: a model's output past them is noise). `desc` None: no progress bar. `keys[i]`:
+    prompt i's sampling stream, (seed, *keys[i], sample); default its position (seed, i, sample).
 
     engine 'auto': rung's loop on the CPU, compiled static-cache `generate` on CUDA (`compile_config`,
     transformers' default if None). A CUDA out-of-memory error empties the cache, halves the batch
@@ -105,6 +111,12 @@ def generate_ids(
     """
     if sampling.temperature == 0 and n > 1:
         raise ValueError("sampling.temperature: 0 (greedy) gives identical samples; use n=1 or temperature > 0")
+    limit = positions(model)
+    if limit is not None and (longest := max(map(len, ids), default=0)) >= limit:
+        raise InputError(
+            f"generation: a prompt of {longest} tokens leaves no room under the model's max_position_embeddings "
+            f"{limit}; shorten the prompts (or the episode: environment.max_turns, the tool's max_output)"
+        )
     use_compiled = engine == "compiled" or (engine == "auto" and model.device.type == "cuda")
     out: list[list[tuple[list[int], bool] | None]] = [[None] * n for _ in ids]
     pending = list(range(len(ids)))
@@ -123,7 +135,9 @@ def generate_ids(
                     done = decode.decode(model, decode.Request(ids, pending, sampling, n, seed, eos_ids, rows, keys))
                 with nullcontext() if use_compiled else prepacked(model, max(rows, n)):
                     for row in done:
-                        out[row.prompt][row.sample] = (row.tokens, row.truncated)
+                        room = len(row.tokens) if limit is None else limit - len(ids[row.prompt])
+                        cut = len(row.tokens) > room  # the tokens before are those a stop there gives
+                        out[row.prompt][row.sample] = (row.tokens[:room], row.truncated or cut)
                         bar.update(1)
                 pending = []
             except torch.OutOfMemoryError:

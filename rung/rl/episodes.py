@@ -5,7 +5,7 @@
   tool mask, so tool and environment tokens get no loss; each call seeded by (seed, step, call of the step,
   process), so a resumed run reproduces an unkilled one's episodes). The stage's `max_completion_length` is per
   assistant turn; an episode holds at most `max_completion_length * max_turns` tokens, its environment's
-  included (GRPOConfig.max_completion_length: `budget`).
+  included (GRPOConfig.max_completion_length: rung.envs.loop.budget, as evaluation and difficulty scoring).
 - Rewards (`rewards`): the stage's `accuracy` entry is scored by the episode's own reward (the final answer by
   the task's verifier, retry's discount per extra turn, or a class's `get_reward()`), at its weight; a stage
   without `accuracy` trains on the episode's reward as one more function, `episode`, weight 1 (as TRL appends
@@ -53,11 +53,6 @@ ECHO = {
     "entropy": "entropy",  # TRL's: the policy's mean token entropy over the tokens it trains (the model's)
 }
 """The echo-trap curves `summary` compares between a run's first and last third: name -> log key."""
-
-
-def budget(stage: RLStageParams, environment: Environment) -> int:
-    """Tokens an episode's completion may hold: every turn's own budget, the environment's turns in between."""
-    return stage.max_completion_length * environment.spec.max_turns
 
 
 class LastTurn:

@@ -19,6 +19,7 @@ from trl import GRPOConfig, RLOOConfig
 from rung import compat, envs, files, models, placement
 from rung.answers import formats
 from rung.config import FormatParams, RLStageParams, SamplingParams
+from rung.envs.loop import budget
 from rung.errors import InputError
 from rung.eval.evaluate import grade
 from rung.generate.api import generate
@@ -105,7 +106,7 @@ def trl_config(
             "for it, which drops their updates; use model.dtype: float32 or rung's rollouts"
         )
     passed = {k: getattr(stage, k) for k in _PASSTHROUGH if k in fields}
-    passed["max_completion_length"] = stage.max_completion_length * max_turns
+    passed["max_completion_length"] = budget(stage.max_completion_length, max_turns)
     return cls(
         **common_args(seed, work_dir, dtype, stage.save_steps, device),
         **passed,
