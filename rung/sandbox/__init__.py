@@ -184,7 +184,9 @@ def _jail(setup: _Setup, limits: Limits, scratch: Scratch | None = None) -> list
     return [
         setup.bwrap,
         *("--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"),
-        *("--die-with-parent", "--new-session", "--hostname", "sandbox", "--clearenv", *env, *user),
+        # --as-pid-1: the runner is the namespace's init, not bwrap's reaper, which the solution's process (same
+        # uid in non-root mode, and dumpable) could write through /proc/1/mem
+        *("--as-pid-1", "--die-with-parent", "--new-session", "--hostname", "sandbox", "--clearenv", *env, *user),
         *setup.binds,
         *("--proc", "/proc", "--dev", "/dev", *writable),
         *("--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp"),  # writable: /tmp and /dev/shm only

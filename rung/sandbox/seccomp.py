@@ -16,6 +16,9 @@ DENIED: dict[str, tuple[str, ...]] = {
     # another process's memory, registers and file descriptors: bwrap's init, the runner
     "tracing": ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd"),
     # large kernel attack surfaces no solution needs
+    # memory that RLIMIT_AS does not count (SysV segments, queues and semaphores; memfds), which without a cgroup
+    # nothing else bounds: each would be the host's
+    "memory outside the address space": ("shmget", "msgget", "semget", "memfd_create", "memfd_secret"),
     "bpf": ("bpf",),
     "perf": ("perf_event_open",),
     "userfaultfd": ("userfaultfd",),
