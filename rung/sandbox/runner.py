@@ -7,7 +7,9 @@ the fork (the batch's common imports, such as HumanEval's typing: imported once,
 stdin: the job, marshalled by the grader (solution, context, tests, entry point, nonce). The runner forks the
 solution's process before it reads the job, runs the trusted context and tests itself with the entry point as a
 proxy into that process, and writes one verdict line with the nonce to the verdict fd, which the solution's
-process never holds.
+process never holds. It is the pid namespace's init (bwrap --as-pid-1): the kernel drops the signals it has no
+handler for when they come from inside, SIGKILL and SIGSTOP always. It reaps the solution's process only: an
+orphan of that process stays a zombie, one of `processes`, until the sandbox ends.
 """
 
 import _signal  # signal's C half: the signal module imports enum, 6 ms of a ~40 ms start

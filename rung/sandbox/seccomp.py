@@ -13,7 +13,7 @@ import os
 DENIED: dict[str, tuple[str, ...]] = {
     # kernel keys outlive the sandbox: a keyring per uid, and root mode's uid is new in every execution
     "kernel keys": ("add_key", "keyctl", "request_key"),
-    # another process's memory, registers and file descriptors: bwrap's init, the runner
+    # another process's memory, registers and file descriptors: the runner's
     "tracing": ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd"),
     # large kernel attack surfaces no solution needs
     # memory that RLIMIT_AS does not count (SysV segments, queues and semaphores; memfds), which without a cgroup
