@@ -379,8 +379,8 @@ def _deliver(box: _Box, program: Program, limits: Limits, start: float) -> Resul
 
 
 def _init_pid(info_fd: int, deadline: float) -> int | None:
-    """The pid (in the host's namespace) of bwrap's child, the namespace's init, the runner: bwrap writes it to the info
-    fd right after the clone, then closes it. None if bwrap ended first or the deadline passed."""
+    """The pid (in the host's namespace) of bwrap's child, the namespace's init (the runner): bwrap writes it to the
+    info fd right after the clone, then closes it. None if bwrap ended first or the deadline passed."""
     info = bytearray()
     with selectors.DefaultSelector() as sel:
         sel.register(info_fd, selectors.EVENT_READ)

@@ -55,9 +55,10 @@ def at_limit(error: MemoryError) -> bool:
         return False
     try:
         from opcode import opmap  # here, not at the start: 0.4 ms of every execution for a rare case
+
+        return tb.tb_frame.f_code.co_code[tb.tb_lasti] not in (opmap["RAISE_VARARGS"], opmap["RERAISE"])
     except MemoryError:
-        return True  # not even that fits
-    return tb.tb_frame.f_code.co_code[tb.tb_lasti] not in (opmap["RAISE_VARARGS"], opmap["RERAISE"])
+        return True  # not even this fits
 
 
 def send(fd: int, data: bytes) -> None:

@@ -15,10 +15,10 @@ DENIED: dict[str, tuple[str, ...]] = {
     "kernel keys": ("add_key", "keyctl", "request_key"),
     # another process's memory, registers and file descriptors: the runner's
     "tracing": ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd"),
-    # large kernel attack surfaces no solution needs
     # memory that RLIMIT_AS does not count (SysV segments, queues and semaphores; memfds), which without a cgroup
     # nothing else bounds: each would be the host's
     "memory outside the address space": ("shmget", "msgget", "semget", "memfd_create", "memfd_secret"),
+    # large kernel attack surfaces no solution needs
     "bpf": ("bpf",),
     "perf": ("perf_event_open",),
     "userfaultfd": ("userfaultfd",),
