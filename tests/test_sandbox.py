@@ -5,6 +5,7 @@ plus an attack: it passes only if the attack works."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import errno
 import json
@@ -255,7 +256,9 @@ def test_a_fork_bomb_is_bounded_and_leaves_nothing():
 
     def watch():
         while not stop.is_set():
-            peak[0] = max(peak[0], sum(uid in sandbox.UIDS for _, _, _, uid in _processes()))
+            # per uid: each execution has its own, and the machine's other sandboxes are not this one
+            per_uid = collections.Counter(uid for _, _, _, uid in _processes() if uid in sandbox.UIDS)
+            peak[0] = max(peak[0], *per_uid.values(), 0)
             time.sleep(0.02)
 
     watcher = threading.Thread(target=watch)
