@@ -28,7 +28,8 @@ from tests.test_envs import ROW, _memorize
 
 FMT = FormatParams()
 CALL = '<tool_call>\n{{"name": "{name}", "arguments": {{"code": {code}}}}}\n</tool_call>'
-HOSTILE = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)"  # kills the sandbox's runner
+# kills the sandbox's runner (the kernel drops the signal: it is the namespace's init), reads its environment
+HOSTILE = "import os, signal\nos.kill(1, signal.SIGKILL)\nprint(open('/proc/1/environ').read())"
 
 
 def call(code: str, name: str = "python") -> str:
@@ -170,7 +171,7 @@ def test_a_hostile_or_unknown_call_is_contained_and_the_episode_goes_on(tok):
     script = {0: [call(HOSTILE), call("1", name="shell"), "Answer: 391"]}
     (e,) = episodes(tok, {"name": "python", "max_turns": 4}, script)
     hostile, unknown, answer = e.turns
-    assert "no verdict" in hostile["tool_results"][0] and hostile["tool_errors"] == 1
+    assert "PermissionError" in hostile["tool_results"][0] and hostile["tool_errors"] == 1
     assert unknown["tool_results"] == ["{'error': 'Tool shell not found.'}"] and unknown["tool_errors"] == 1
     assert answer["correct"] and e.reward == 1.0 and e.unscored is None and not e.cut
 

@@ -5,6 +5,7 @@ plus an attack: it passes only if the attack works."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import errno
 import json
@@ -105,6 +106,14 @@ def run_as_nobody(solution: str, tests: str = WRONG, limits: Limits = HOSTILE) -
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout.splitlines()[-1])
     return Verdict(got["verdict"]), got["stdout"], got["detail"]
+
+
+def run_in(mode: str, solution: str, tests: str = WRONG, limits: Limits = HOSTILE) -> tuple[Verdict, str, str]:
+    """(verdict, stdout, detail) in this process's mode ("root") or in non-root mode ("nobody")."""
+    if mode == "nobody":
+        return run_as_nobody(solution, tests, limits)
+    result = run(solution, tests, limits)
+    return result.verdict, result.stdout, result.detail
 
 
 def test_a_correct_solution_passes_and_its_output_is_kept():
@@ -218,6 +227,19 @@ def test_a_memory_bomb_hits_the_address_space_limit(solution):
     assert run(solution).verdict is Verdict.MEMORY
 
 
+@pytest.mark.parametrize(
+    "solution",
+    [
+        "def f(x):\n    raise MemoryError\n",
+        "def f(x):\n    try:\n        bytearray(10**10)\n    except MemoryError:\n        raise MemoryError('big')\n",
+    ],
+    ids=["raised", "raised-anew"],
+)
+def test_a_memory_error_the_solution_raises_itself_is_a_failure(solution):
+    result = run(solution)
+    assert result.verdict is Verdict.FAILED and result.detail.startswith("MemoryError"), result.detail
+
+
 FORK_BOMB = """
 import os
 while True:
@@ -234,7 +256,9 @@ def test_a_fork_bomb_is_bounded_and_leaves_nothing():
 
     def watch():
         while not stop.is_set():
-            peak[0] = max(peak[0], sum(uid in sandbox.UIDS for _, _, _, uid in _processes()))
+            # per uid: each execution has its own, and the machine's other sandboxes are not this one
+            per_uid = collections.Counter(uid for _, _, _, uid in _processes() if uid in sandbox.UIDS)
+            peak[0] = max(peak[0], *per_uid.values(), 0)
             time.sleep(0.02)
 
     watcher = threading.Thread(target=watch)
@@ -370,8 +394,9 @@ def f(x):
 def test_killing_the_runner_or_everything_does_not_pass(kill):
     sentinel = subprocess.Popen(["sleep", "30"])
     try:
-        result = run(f"import os\n{kill}\ndef f(x):\n    return 2\n", tests="assert f(1) == 2\n")
-        assert result.verdict is Verdict.FAILED and result.scored
+        result = run(f"import os\ntry:\n    {kill}\nexcept OSError:\n    pass\ndef f(x):\n    return 0\n")
+        # the runner is the namespace's init, which the kernel spares the signal: the tests ran, to the wrong answer
+        assert result.verdict is Verdict.FAILED and result.detail.startswith("AssertionError"), result.detail
         assert sentinel.poll() is None  # the host's processes are out of its reach
     finally:
         sentinel.kill()
@@ -593,15 +618,83 @@ for sig in (signal.SIGSTOP, signal.SIGKILL):
         os.kill(1, sig)  # the kernel spares a namespace's init these from inside
     except OSError as e:
         print(e)
+try:
+    os.close(os.open("/proc/1/mem", os.O_RDWR))  # its memory, to write code into
+    print("/proc/1/mem opened")
+except OSError as e:
+    print("/proc/1/mem", errno.errorcode[e.errno])
 def f(x):
     return 2
 """
 
 
-def test_bwrap_init_is_out_of_reach_in_non_root_mode():
-    verdict, stdout, detail = run_as_nobody(ATTACK_INIT, tests="assert f(1) == 2\n")
+def test_the_namespaces_init_is_out_of_reach_in_non_root_mode():
+    verdict, stdout, detail = run_as_nobody("import errno\n" + ATTACK_INIT, tests="assert f(1) == 2\n")
     assert verdict is Verdict.PASSED, (detail, stdout)
     assert f"ptrace -1 {errno.EPERM}" in stdout and f"pidfd_getfd -1 {errno.EPERM}" in stdout
+    assert "/proc/1/mem EACCES" in stdout
+
+
+# --- memory that the address-space limit does not count: SysV IPC and memfd, refused
+
+# Each holds up to twice Limits.memory, in 16 MiB steps (a SysV segment attached only while its pages are written,
+# as the address space counts it only then; a memfd per step, as RLIMIT_FSIZE bounds each; message queues and
+# semaphore arrays filled to the kernel's defaults), and prints the MiB it held and the error that stopped it.
+OUTSIDE_AS = """
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+MiB, IPC_PRIVATE, CREATE, IPC_NOWAIT = 1 << 20, 0, 0o1600, 0o4000
+def ok(result):
+    if result in (-1, ctypes.c_void_p(-1).value):
+        raise OSError(ctypes.get_errno(), "refused")
+    return result
+def shm():
+    address = ok(libc.shmat(ok(libc.shmget(IPC_PRIVATE, 16 * MiB, CREATE)), None, 0))
+    ctypes.memset(address, 1, 16 * MiB)
+    libc.shmdt(ctypes.c_void_p(address))
+    return 16 * MiB
+fds = []
+def memfd():
+    fds.append(os.memfd_create("held"))
+    os.write(fds[-1], b"x" * (16 * MiB))
+    return 16 * MiB
+message = ctypes.create_string_buffer(8 + 8192)
+message[0] = 1  # its mtype
+def msg():  # a queue holding its default bound, msgmnb (16 KiB)
+    queue = ok(libc.msgget(IPC_PRIVATE, CREATE))
+    for _ in range(2):
+        ok(libc.msgsnd(queue, message, 8192, IPC_NOWAIT))
+    return 16 << 10
+def sem():  # an array of semmsl semaphores, a cache line each
+    ok(libc.semget(IPC_PRIVATE, 32000, CREATE))
+    return 32000 * 64
+for step in (shm, memfd, msg, sem):
+    held, error = 0, "none"
+    while held < 2 * LIMIT:
+        try:
+            held += step()
+        except OSError as e:
+            error = errno.errorcode[e.errno]
+            break
+    print(step.__name__, held // MiB, error, flush=True)
+from multiprocessing import shared_memory  # what the standard library needs still works: /dev/shm, libffi
+block = shared_memory.SharedMemory(create=True, size=MiB)
+block.buf[0] = ctypes.CFUNCTYPE(ctypes.c_int)(lambda: 7)()
+print("posix", block.buf[0])
+block.close()
+block.unlink()
+def f(x):
+    return 0
+"""
+
+
+@pytest.mark.parametrize("mode", ["root", "nobody"])
+def test_sysv_ipc_and_memfd_are_refused(mode):
+    limits = dataclasses.replace(HOSTILE, wall=20, cpu=10)  # without the fix, writing the pages takes seconds
+    verdict, stdout, detail = run_in(mode, f"LIMIT = {limits.memory}\n{OUTSIDE_AS}", limits=limits)
+    assert verdict is Verdict.FAILED, detail
+    assert stdout.splitlines() == [*(f"{name} 0 EPERM" for name in ("shm", "memfd", "msg", "sem")), "posix 7"]
 
 
 # --- the whole process tree: a cgroup per sandbox (issue #46)
@@ -732,7 +825,7 @@ def f(x):
 
 @pytest.mark.parametrize("mode", ["root", "nobody"])
 def test_dev_is_read_only_and_dev_shm_and_tmp_share_the_disk_limit(mode):
-    verdict, stdout, _ = run_as_nobody(FILL) if mode == "nobody" else (lambda r: (r.verdict, r.stdout, ""))(run(FILL))
+    verdict, stdout, _ = run_in(mode, FILL)
     assert verdict is Verdict.FAILED
     lines = dict(line.split(" ", 1) for line in stdout.splitlines())
     assert lines["/dev/pwned"] == "EROFS" and lines["/pwned"] == "EROFS"
@@ -830,3 +923,11 @@ def test_a_script_runs_without_an_entry_point():
     failed = sandbox.run(Program("print('before')\nraise ValueError('bad input')\n", "", ""), HOSTILE)
     assert failed.verdict is Verdict.FAILED and failed.detail == "ValueError: bad input"
     assert failed.stdout == "before\n"
+
+
+def test_a_solution_that_ended_itself_leaves_no_traceback_of_the_runners():
+    # the runner reaped it when its pipe closed; the tool's text is the solution's output only
+    script = "import os\nprint('bye', flush=True)\nos._exit(3)\n"
+    result = sandbox.run(Program(script, tests="", entry_point=""), HOSTILE)
+    assert result.verdict is Verdict.FAILED and result.detail == "the solution's process ended (exit code 3)"
+    assert (result.stdout, result.stderr) == ("bye\n", "")

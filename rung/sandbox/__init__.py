@@ -11,8 +11,8 @@ name of the solution's entry point. Each execution is one `bwrap` process:
   `Limits.disk` bytes and `Limits.inodes` inodes (root mode; bwrap's tmpfs otherwise), gone with the sandbox.
   No checkout, data, caches or home. The environment is cleared (bwrap's own too) and only PATH, HOME, LANG
   and Python's hash seed are set;
-- a seccomp filter (seccomp.py: kernel keys, tracing, bpf, perf, userfaultfd, io_uring, mounts, new
-  namespaces, modules, kexec, reboot, swap fail with EPERM), in bwrap's init too;
+- a seccomp filter (seccomp.py: kernel keys, tracing, SysV IPC and memfds, bpf, perf, userfaultfd, io_uring,
+  mounts, new namespaces, modules, kexec, reboot, swap fail with EPERM), the runner's process included;
 - a uid that owns nothing: as root (here and in CI) the runner starts as root without a user namespace and
   drops to a random uid from UIDS, which no host process has, because root is exempt from RLIMIT_NPROC
   and a uid mapped onto root would be too; as another user, bwrap's user namespace (--disable-userns
@@ -20,8 +20,9 @@ name of the solution's entry point. Each execution is one `bwrap` process:
 - rlimits set in the sandbox before any untrusted code: CPU time, address space, processes, open files,
   file size, no core files; and a cgroup per sandbox (cgroups.py) that bounds memory, processes and CPU of
   its whole process tree, where one can be made (v2, or v1 as root; else a one-line warning). The grader
-  enforces wall time and output size by killing the namespace's init (its pid from bwrap's --info-fd), and
-  with it every process in the namespace; --die-with-parent does the same if the grader dies.
+  enforces wall time and output size by killing the namespace's init, the runner (bwrap --as-pid-1: no reaper
+  of bwrap's; its pid from bwrap's --info-fd), and with it every process in the namespace; --die-with-parent
+  does the same if the grader dies.
 
 Passing cannot be faked from inside. In the sandbox a trusted runner (runner.py) forks the solution's
 process before it reads the job (so that process never holds the tests or the nonce), makes itself
@@ -184,7 +185,9 @@ def _jail(setup: _Setup, limits: Limits, scratch: Scratch | None = None) -> list
     return [
         setup.bwrap,
         *("--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"),
-        *("--die-with-parent", "--new-session", "--hostname", "sandbox", "--clearenv", *env, *user),
+        # --as-pid-1: the runner is the namespace's init, not bwrap's reaper, which the solution's process (same
+        # uid in non-root mode, and dumpable) could write through /proc/1/mem
+        *("--as-pid-1", "--die-with-parent", "--new-session", "--hostname", "sandbox", "--clearenv", *env, *user),
         *setup.binds,
         *("--proc", "/proc", "--dev", "/dev", *writable),
         *("--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp"),  # writable: /tmp and /dev/shm only
@@ -270,7 +273,7 @@ def _start(setup: _Setup, limits: Limits, preload: tuple[str, ...] = ()) -> _Box
         try:
             group = scratch = None
             if setup.cgroups:
-                tree = (limits.memory + limits.disk, limits.processes + 2, limits.cpus)  # +2: bwrap and its init
+                tree = (limits.memory + limits.disk, limits.processes + 1, limits.cpus)  # +1: bwrap
                 group = cgroups.Cgroup(setup.cgroups, *tree)
                 cleanup.callback(REMOVALS.submit, _quietly, group.remove)
             if setup.root:
@@ -320,7 +323,7 @@ def _spawn(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             pass_fds=tuple(theirs.values()),
-            env={},  # bwrap's own environment too: its init's /proc/1/environ holds no secret
+            env={},  # bwrap's own environment too: the runner's /proc/1/environ holds no secret
             start_new_session=True,  # its own process group, for the kill of last resort
         )
     except OSError as e:
@@ -376,8 +379,8 @@ def _deliver(box: _Box, program: Program, limits: Limits, start: float) -> Resul
 
 
 def _init_pid(info_fd: int, deadline: float) -> int | None:
-    """The pid (in the host's namespace) of bwrap's child, the namespace's init to be: bwrap writes it to the info
-    fd right after the clone, then closes it. None if bwrap ended first or the deadline passed."""
+    """The pid (in the host's namespace) of bwrap's child, the namespace's init (the runner): bwrap writes it to the
+    info fd right after the clone, then closes it. None if bwrap ended first or the deadline passed."""
     info = bytearray()
     with selectors.DefaultSelector() as sel:
         sel.register(info_fd, selectors.EVENT_READ)
@@ -431,7 +434,7 @@ def _communicate(
                     total += len(chunk)
                     killed = killed or (Verdict.OUTPUT_LIMIT if total > output else None)
         if killed:
-            # while the verdict pipe is open some process in the namespace holds it: the init is alive, its pid ours
+            # while the verdict pipe is open the runner holds it: the namespace's init is alive, its pid ours
             _kill(proc, pid if verdict_fd in sel.get_map() else None)
     os.close(verdict_fd)
     if killed:
@@ -441,9 +444,10 @@ def _communicate(
 
 
 def _kill(proc: subprocess.Popen, init: int | None) -> None:
-    """SIGKILL the namespace's init: the kernel then kills every process in the namespace, and bwrap, its parent,
-    reaps it and exits. Without its pid (bwrap had not told it), kill bwrap's process group instead (which may
-    leave its init a zombie for the host's init to reap)."""
+    """SIGKILL the namespace's init (the runner): the kernel then kills every process in the namespace, and bwrap,
+    its parent, reaps it and exits. Without its pid (bwrap had not told it), kill bwrap's process group instead:
+    its child, in a session of its own, dies with it (--die-with-parent) and may stay a zombie for the host's init
+    to reap."""
     with contextlib.suppress(ProcessLookupError):
         if init:
             os.kill(init, signal.SIGKILL)

@@ -13,8 +13,11 @@ import os
 DENIED: dict[str, tuple[str, ...]] = {
     # kernel keys outlive the sandbox: a keyring per uid, and root mode's uid is new in every execution
     "kernel keys": ("add_key", "keyctl", "request_key"),
-    # another process's memory, registers and file descriptors: bwrap's init, the runner
+    # another process's memory, registers and file descriptors: the runner's
     "tracing": ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd"),
+    # memory that RLIMIT_AS does not count (SysV segments, queues and semaphores; memfds), which without a cgroup
+    # nothing else bounds: each would be the host's
+    "memory outside the address space": ("shmget", "msgget", "semget", "memfd_create", "memfd_secret"),
     # large kernel attack surfaces no solution needs
     "bpf": ("bpf",),
     "perf": ("perf_event_open",),
