@@ -81,7 +81,7 @@ def test_one_seed_is_exactly_the_mcnemar_test():
     test = paired.mcnemar(list(old), list(new))
     assert (r.units_better, r.units_worse) == (test["wrong_to_right"], test["right_to_wrong"])
     # the sign-flip test of +-1 differences is the exact McNemar test (here by 20000 random flips)
-    assert r.p == pytest.approx(test["mcnemar_p"], abs=0.01) and r.unit == "prompt" and r.seed_t_test_p is None
+    assert r.p == pytest.approx(test["mcnemar_p"], abs=0.01) and r.unit == "prompt" and r.procedure.p is None
     assert r.difference == pytest.approx(new.mean() - old.mean())
 
 
@@ -107,7 +107,9 @@ def test_a_prompt_is_one_unit_over_seeds_whether_or_not_the_seeds_share_it():
         and r.verdict == "significant at 0.05 (sign-flip permutation, exact)"
         and "prompts_needed" not in r.dump()
     )
-    assert r.seed_t_test_p == pytest.approx(ttest_rel([0.75, 0.65], [0.5, 0.5]).pvalue)
+    # the procedure's verdict: the t-test over the two seeds' accuracies (one run per seed and arm)
+    assert r.procedure.p == pytest.approx(ttest_rel([0.75, 0.65], [0.5, 0.5]).pvalue)
+    assert not r.procedure.significant and r.procedure.verdict == "not significant at 0.05 (paired t-test over seeds)"
     assert r.ci_low > 0 and r == paired.arms_test(old, new, 0.95, 1000, 0, "b vs a on test")  # seeded
 
     # Other prompts in each seed (the seed changed the data): each prompt its own cluster of one row.
