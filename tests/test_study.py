@@ -8,12 +8,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import mlflow
 import numpy as np
 import pytest
+import yaml
 from scipy.stats import ttest_rel
 
+from rung import config
 from rung.errors import InputError
 from rung.eval import paired
 from rung.eval.results import StudyResult
@@ -69,6 +72,39 @@ arms:
     ]:
         with pytest.raises(InputError, match=error):
             study.load(_write(tmp_path, text))
+
+
+def _design(spec: study.Study, **samples) -> list:
+    """The study's experiments' params from the repository's params.yaml, eval.samples changed by `samples`."""
+    base = yaml.safe_load(Path("params.yaml").read_text())
+    return [
+        config.parse(
+            config.with_overrides(base, {**t["point"], **{f"eval.samples.{k}": v for k, v in samples.items()}}), e
+        )
+        for e, t in study.points(spec).items()
+    ]
+
+
+def test_a_design_that_cannot_reach_a_verdict_is_refused_before_compute():
+    passk = study.load("bench/passk.yaml")
+    study.check_design(passk, "bench/passk.yaml", _design(passk))  # as committed: it can
+    # As first run: 8 prompts, 18 claim members; the sign-flip p is at least 2 / 2^8, 18 x that after Holm.
+    with pytest.raises(InputError) as e:
+        study.check_design(passk, "bench/passk.yaml", _design(passk, max_prompts=8))
+    assert str(e.value) == (
+        "bench/passk.yaml: claims: 18 members (claims x arms x eval sets) on 8 prompts (eval.samples.max_prompts): "
+        "the smallest p after Holm is 0.141, not below 0.05, whatever the effect; 10 prompts can reach it "
+        "(power needs more: docs/studies.md)"
+    )
+    study.check_design(passk, "bench/passk.yaml", _design(passk, max_prompts=10))  # 18 x 2 / 1024 = 0.035
+    # Past 12 prompts the random flips' floor 1 / (1 + resamples) holds: 72 members need 1440 to reach 0.05.
+    many = passk.model_copy(update={"claims": passk.claims * 4})
+    with pytest.raises(InputError, match=r"0\.0719, .*; over 12 prompts, eval.bootstrap.resamples 1440 can reach it"):
+        study.check_design(many, "x.yaml", _design(many, max_prompts=64))
+    # Arms over one seed have no test over seeds: no verdict about the procedure.
+    one = study.Study(name="x", seeds=[1], arms={"a": {}, "b": {}})
+    with pytest.raises(InputError, match=r"^x.yaml: seeds: 1 seed gives the arms no test over seeds"):
+        study.check_design(one, "x.yaml", [])
 
 
 def test_one_seed_is_exactly_the_mcnemar_test():
