@@ -200,6 +200,10 @@ class GreedyTest(Result):
     mcnemar_p: Number
     test: str
     """The test that gave the verdict (exact McNemar)."""
+    p_adjusted: Number | None = None
+    """With episodes: mcnemar_p Holm-adjusted over `family` (the final- and first-answer tests of one set);
+    significant and verdict read it."""
+    family: str | None = None
     significant: bool
     verdict: str
     prompts_needed: int | None = None

@@ -69,6 +69,11 @@ def interval(difference: float, low: float, high: float) -> str:
     return f"{signed_points(difference)} [{signed_points(low)}, {signed_points(high)}]"
 
 
+def mcnemar_p(test: GreedyTest) -> str:
+    """The McNemar p that gives the verdict: Holm-adjusted (marked) when the test is one of a family."""
+    return p_text(test.mcnemar_p) if test.p_adjusted is None else f"{p_text(test.p_adjusted)} (Holm over 2)"
+
+
 def seed_verdict(test: SeedTest) -> str:
     """The procedure's verdict and, when not significant, the post-hoc seeds: '; post-hoc: about N seeds at
     this effect'."""
@@ -154,7 +159,7 @@ def paired_rows(result: Comparisons) -> tuple[list[list[str]], list[list[str]]]:
                 interval(g.difference, g.ci_low, g.ci_high),
                 str(g.right_to_wrong),
                 str(g.wrong_to_right),
-                p_text(g.mcnemar_p),
+                mcnemar_p(g),
                 verdict(g),
             ]
         )
@@ -475,8 +480,9 @@ def episode_table(evals: Mapping[str, EvalResult], set_name: str) -> Table:
 FIRST_ANSWER_NOTE = (
     "With episodes the greedy table compares the final answers; this one the first answers (the first one each "
     "episode states: retry's before any feedback), with the same exact McNemar test on the prompts whose first "
-    "answer flipped. Each row is a test of its own, as a greedy row is (a family of one: not corrected for the "
-    "final-answer test beside it); each verdict names its test."
+    "answer flipped. The final- and first-answer tests of a pair on a set are one family (same prompts, same "
+    "checkpoints): their p (here and in the greedy table) are Holm-adjusted over the two, so that the pair's "
+    'verdicts together say "different" by chance at most at the level; each verdict names its test.'
 )
 
 
@@ -491,7 +497,7 @@ def first_answer_rows(result: Comparisons) -> list[list[str]]:
             interval(f.difference, f.ci_low, f.ci_high),
             str(f.right_to_wrong),
             str(f.wrong_to_right),
-            p_text(f.mcnemar_p),
+            mcnemar_p(f),
             verdict(f),
         ]
         for label, name, g in per_set(result.comparisons)
