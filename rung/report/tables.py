@@ -309,7 +309,7 @@ def arms_test_table(result: StudyResult) -> Table:
         "t-test over seeds p (Holm-adjusted)",
         "verdict (the training procedure)",
         "prompts better / worse",
-        "sign-flip over prompts p (Holm-adjusted)",
+        "test over prompts p (Holm-adjusted)",
         "verdict about these checkpoints",
     ]
     rows = [
