@@ -27,8 +27,8 @@ Which test gives each verdict (`test` of every result names it):
 - the verdict about a training procedure (arms of a study): the paired t-test over seeds
   (`seed_test`, scipy.stats.ttest_rel on each seed's accuracy of the two arms). Whole checkpoints vary
   from run to run, so the seed is the unit of a claim about the procedure: the prompt-level tests
-  hold the seeds run fixed and, with checkpoints that vary per seed by 1-2 points, give 11-41% false
-  alarms at 5 seeds; the t-test over seeds holds its level (tests/test_calibration_studies.py). It is
+  hold the seeds run fixed and, with checkpoints that vary per seed by 1 or 2 points, give 11% or 27%
+  false alarms at 5 seeds; the t-test over seeds holds its level (tests/test_calibration_studies.py). It is
   conditional on the prompts (all seeds' differences are on them). The sign-flip test over prompt
   clusters stays beside it, as what it is: about these checkpoints. Why not the exact sign-flip over
   seeds: its floor is 2 / 2^seeds (5 seeds: 0.0625), it could never reach 0.05.
@@ -254,7 +254,7 @@ def mcnemar_prompts_needed(
     truth: a post-hoc figure, a function of the observed effect). Connor's (1987) normal-approximation
     n = (z_{1-alpha/2} sqrt(psi) + z_power sqrt(psi - delta^2))^2 / delta^2 (psi = (b + c) / n the
     discordance, delta = (c - b) / n the effect) falls a little short for the exact test (at 12 flips
-    against 5 on 95 prompts, 257 prompts give it 78%: tests/test_calibration_studies.py), so from there
+    against 5 on 95 prompts, 257 prompts give it 77%: tests/test_calibration_studies.py), so from there
     the prompts step up until the exact test's power (`mcnemar_power`) reaches `power`; above
     EXACT_POWER prompts the approximation is kept. Written out because statsmodels has no McNemar power
     (its contingency_tables only test). None when the flips balance: no number of prompts detects an
@@ -515,6 +515,7 @@ def seed_test(old: Sequence[float], new: Sequence[float], alpha: float, plan: fl
 
 
 def _seed_judged(diffs: np.ndarray, p: float, alpha: float, plan: float | None) -> SeedTest:
+    """The procedure's verdict at `alpha` from its (possibly adjusted) p, with seeds needed when not significant."""
     significant = p < alpha
     needed = None if significant else units_needed(float(np.std(diffs, ddof=1)), float(np.mean(diffs)), plan or alpha)
     return SeedTest(
