@@ -434,7 +434,9 @@ def spectrum_explanation(result: StudyResult) -> list[str]:
         "its p Holm-adjusted across the members. Verdict: reproduced when that p is below the level and the "
         "difference has the claimed sign, contradicted when it is below the level with the other sign, else "
         "inside the noise (for ≥ and ≤ claims: not contradicted, not shown). The exact sign-flip p is what "
-        "decides, not the interval. Prompts and seeds needed: a paired t-test at 80% power for the study's "
+        "decides, not the interval; it holds the seeds run fixed, so a verdict is about these checkpoints. The "
+        "t-test over seeds (the training procedure's test) is Holm-adjusted over every k of every member. "
+        "Prompts and seeds needed: a paired t-test at 80% power for the study's "
         "reference effect at the family's strictest level (the level over the members), by the noncentral t "
         "from the sd of the per-prompt and per-seed differences (rung.eval.paired.units_needed): a planning "
         "figure, not post-hoc power.",
