@@ -170,14 +170,19 @@ def _track(params: config.Params, result: StudyResult, written: dict[str, Path],
 
 
 def plan(
-    definition: str, params_file: str = str(paths.PARAMS)
+    definition: str, params_file: str = str(paths.PARAMS), run: bool = True
 ) -> tuple[core.Study, str, dict[str, core.Point], dict[str, config.Params]]:
     """The study, its RL stage, its experiments (name -> arm, seed, point) and their params, every
-    point checked against the schema and preflighted: an InputError before anything is queued."""
+    point checked against the schema and preflighted, and, when it is to `run`, its design checked
+    (core.check_design: a study that cannot reach a verdict is refused): an InputError before anything
+    is queued. Aggregating experiments that already ran refuses nothing."""
     spec = core.load(definition)
     stage = core.stage_of(spec, config.load(params_file))
     todo = core.points(spec)
-    return spec, stage, todo, sweep.check({exp: t["point"] for exp, t in todo.items()}, params_file)
+    checked = sweep.check({exp: t["point"] for exp, t in todo.items()}, params_file)
+    if run:
+        core.check_design(spec, definition, list(checked.values()))
+    return spec, stage, todo, checked
 
 
 @flow(name="study")
@@ -217,7 +222,7 @@ def aggregate_only(
     """Write a study's page from experiments that already ran (at any commit), with this commit's
     statistics: nothing is trained or evaluated."""
     log = get_run_logger()
-    spec, stage, todo, checked = plan(definition, params_file)
+    spec, stage, todo, checked = plan(definition, params_file, run=False)
     params = config.load(params_file)
     refs = locate(list(todo), experiments_at)
     runs = [
@@ -246,7 +251,8 @@ def cli(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     def checked_then_run() -> None:
-        plan(args.definition)  # a bad definition or point: one line and exit 2, before Prefect starts
+        # a bad definition or point, or a design that cannot answer: one line and exit 2, before Prefect starts
+        plan(args.definition, run=not args.aggregate_only)
         if args.aggregate_only:
             locate(list(core.points(core.load(args.definition))), args.experiments_at)  # one line when one is missing
             aggregate_only(args.definition, args.experiments_at)

@@ -61,7 +61,7 @@ def test_verdict_follows_mcnemar_at_the_level_of_the_confidence():
         == "significant at 0.1 (exact McNemar)"
     )
     assert (
-        "prompts_needed" not in six.dump() and five.dump()["prompts_needed"] == 14
+        "prompts_needed" not in six.dump() and five.dump()["prompts_needed"] == 15
     )  # on disk only when not significant
 
 
@@ -85,18 +85,20 @@ def test_prompts_needed_for_80_percent_power():
     # The example of docs/evaluation.md (How rung compares checkpoints): 12 wrong -> right, 5 right -> wrong
     # on 95 prompts, p = 0.14.
     n = paired.mcnemar_prompts_needed(5, 12, 95)
-    assert n == 257 == paired.mcnemar_prompts_needed(12, 5, 95)  # the direction does not matter
-    # Connor's formula is a normal approximation; the exact test's power there is close to 80%, and far below
-    # at half the size.
-    assert 0.75 < _exact_power(5, 12, 95, n) < 0.85 and _exact_power(5, 12, 95, n // 2) < 0.5
+    assert n == 273 == paired.mcnemar_prompts_needed(12, 5, 95)  # the direction does not matter
+    # Connor's formula (257) is a normal approximation, a little short for the exact test (77%): from there the
+    # prompts step up to the first size whose exact power, checked here by enumeration, reaches 80%
+    assert _exact_power(5, 12, 95, 257) < 0.78 and _exact_power(5, 12, 95, n - 1) < 0.8 <= _exact_power(5, 12, 95, n)
+    assert paired.mcnemar_power(n, 5 / 95, 12 / 95, 0.05) == pytest.approx(_exact_power(5, 12, 95, n))
+    assert _exact_power(5, 12, 95, n // 2) < 0.5
     assert paired.mcnemar_prompts_needed(5, 12, 95, power=0.9) > n > paired.mcnemar_prompts_needed(5, 20, 95)
     assert paired.mcnemar_prompts_needed(4, 4, 95) is None and paired.mcnemar_prompts_needed(0, 0, 95) is None
     with pytest.raises(ValueError, match="do not fit"):
         paired.mcnemar_prompts_needed(50, 50, 95)
     five = paired.greedy_test(greedy([False] * 5 + [True] * 5), greedy([True] * 10), 0.95, 500, 0, "x")
     assert (
-        tables.verdict(five.model_copy(update={"prompts_needed": 257}))
-        == "not significant at 0.05 (exact McNemar); post-hoc: about 257 prompts at this effect"
+        tables.verdict(five.model_copy(update={"prompts_needed": 273}))
+        == "not significant at 0.05 (exact McNemar); post-hoc: about 273 prompts at this effect"
     )
     assert (
         tables.verdict(five.model_copy(update={"significant": True, "verdict": "significant at 0.05 (exact McNemar)"}))
@@ -226,7 +228,7 @@ def test_report_writes_the_comparisons_in_words(evaluated):
     test = c.sets["test"]
     assert (test.wrong_to_right, test.right_to_wrong) == (12, 5)
     assert test.verdict == "not significant at 0.05 (exact McNemar)"
-    assert test.prompts_needed == 162  # not significant: the prompts it would need (mcnemar_prompts_needed)
+    assert test.prompts_needed == 172  # not significant: the prompts it would need (mcnemar_prompts_needed)
     assert (
         test.ci_low < test.difference < test.ci_high
         and test.sampled
@@ -267,13 +269,13 @@ def test_report_writes_the_comparisons_in_words(evaluated):
         f"+11.7 [{signed(test.ci_low)}, {signed(test.ci_high)}] |" in row
     )
     assert row.endswith(
-        f"| 5 | 12 | {p} | not significant at 0.05 (exact McNemar); post-hoc: about 162 prompts at this effect |"
+        f"| 5 | 12 | {p} | not significant at 0.05 (exact McNemar); post-hoc: about 172 prompts at this effect |"
     )
     assert "| rl/main vs sft | test | 10 | pass@3 |" in text
     page = (evaluated / "data/reports/report.html").read_text()
     assert '<table id="paired">' in page and '<table id="paired-sampled">' in page
     assert (
-        "<td>not significant at 0.05 (exact McNemar); post-hoc: about 162 prompts at this effect</td>" in page
+        "<td>not significant at 0.05 (exact McNemar); post-hoc: about 172 prompts at this effect</td>" in page
         and "<th>exact McNemar p</th>" in page
     )
 

@@ -107,6 +107,10 @@ def test_first_answer_mcnemar_is_the_binomial_test_of_the_discordant_first_answe
     assert first.test == "exact McNemar" and first.verdict == "significant at 0.05 (exact McNemar)"
     assert (first.accuracy_old, first.accuracy_new) == (10 / 30, 20 / 30)
     assert test.mcnemar_p == pytest.approx(binomtest(10, 10, 0.5).pvalue)  # the final answers: greedy_test's
+    # the two tests of one pair on one set are one family: Holm over 2 (the smaller p doubled, then step-down)
+    assert test.family == first.family == "Holm over 2: final and first answers"
+    assert test.p_adjusted == pytest.approx(2 * test.mcnemar_p)
+    assert first.p_adjusted == pytest.approx(max(2 * test.mcnemar_p, first.mcnemar_p))
 
 
 def test_the_report_shows_episode_metrics_first_answer_tests_and_whole_episodes(reported):
@@ -115,7 +119,7 @@ def test_the_report_shows_episode_metrics_first_answer_tests_and_whole_episodes(
     assert "| rl/main | 30 | 66.7% | 80.0% | 66.7% | 1.33 | 1.00 | 0.0% | 20.0% |" in text
     assert "First answers (episodes):" in text
     row = next(line for line in text.splitlines() if line.startswith("| rl/main vs sft | test | 30 | 33.3% → 66.7%"))
-    assert row.endswith("| 2 | 12 | 0.013 | significant at 0.05 (exact McNemar) |")
+    assert row.endswith("| 2 | 12 | 0.013 (Holm over 2) | significant at 0.05 (exact McNemar) |")
     # the first 3 held-out prompts of each checkpoint, with roles, tool calls and results; fenced past the text's ```
     assert text.count("### ") == 9 and "### rl/main, prompt p2: right" in text
     assert '→ python({"code": "1"})' in text and "````text\nWhat is 0 + 1? <script>" in text

@@ -8,12 +8,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import mlflow
 import numpy as np
 import pytest
+import yaml
 from scipy.stats import ttest_rel
 
+from rung import config
 from rung.errors import InputError
 from rung.eval import paired
 from rung.eval.results import StudyResult
@@ -71,6 +74,39 @@ arms:
             study.load(_write(tmp_path, text))
 
 
+def _design(spec: study.Study, **samples) -> list:
+    """The study's experiments' params from the repository's params.yaml, eval.samples changed by `samples`."""
+    base = yaml.safe_load(Path("params.yaml").read_text())
+    return [
+        config.parse(
+            config.with_overrides(base, {**t["point"], **{f"eval.samples.{k}": v for k, v in samples.items()}}), e
+        )
+        for e, t in study.points(spec).items()
+    ]
+
+
+def test_a_design_that_cannot_reach_a_verdict_is_refused_before_compute():
+    passk = study.load("bench/passk.yaml")
+    study.check_design(passk, "bench/passk.yaml", _design(passk))  # as committed: it can
+    # As first run: 8 prompts, 18 claim members; the sign-flip p is at least 2 / 2^8, 18 x that after Holm.
+    with pytest.raises(InputError) as e:
+        study.check_design(passk, "bench/passk.yaml", _design(passk, max_prompts=8))
+    assert str(e.value) == (
+        "bench/passk.yaml: claims: 18 members (claims x arms x eval sets) on 8 prompts (eval.samples.max_prompts): "
+        "the smallest p after Holm is 0.141, not below 0.05, whatever the effect; 10 prompts can reach it "
+        "(power needs more: docs/studies.md)"
+    )
+    study.check_design(passk, "bench/passk.yaml", _design(passk, max_prompts=10))  # 18 x 2 / 1024 = 0.035
+    # Past 12 prompts the random flips' floor 1 / (1 + resamples) holds: 72 members need 1440 to reach 0.05.
+    many = passk.model_copy(update={"claims": passk.claims * 4})
+    with pytest.raises(InputError, match=r"0\.0719, .*; over 12 prompts, eval.bootstrap.resamples 1440 can reach it"):
+        study.check_design(many, "x.yaml", _design(many, max_prompts=64))
+    # Arms over one seed have no test over seeds: no verdict about the procedure.
+    one = study.Study(name="x", seeds=[1], arms={"a": {}, "b": {}})
+    with pytest.raises(InputError, match=r"^x.yaml: seeds: 1 seed gives the arms no test over seeds"):
+        study.check_design(one, "x.yaml", [])
+
+
 def test_one_seed_is_exactly_the_mcnemar_test():
     rng = np.random.default_rng(1)
     old = rng.random(80) < 0.4
@@ -81,7 +117,7 @@ def test_one_seed_is_exactly_the_mcnemar_test():
     test = paired.mcnemar(list(old), list(new))
     assert (r.units_better, r.units_worse) == (test["wrong_to_right"], test["right_to_wrong"])
     # the sign-flip test of +-1 differences is the exact McNemar test (here by 20000 random flips)
-    assert r.p == pytest.approx(test["mcnemar_p"], abs=0.01) and r.unit == "prompt" and r.seed_t_test_p is None
+    assert r.p == pytest.approx(test["mcnemar_p"], abs=0.01) and r.unit == "prompt" and r.procedure.p is None
     assert r.difference == pytest.approx(new.mean() - old.mean())
 
 
@@ -107,7 +143,9 @@ def test_a_prompt_is_one_unit_over_seeds_whether_or_not_the_seeds_share_it():
         and r.verdict == "significant at 0.05 (sign-flip permutation, exact)"
         and "prompts_needed" not in r.dump()
     )
-    assert r.seed_t_test_p == pytest.approx(ttest_rel([0.75, 0.65], [0.5, 0.5]).pvalue)
+    # the procedure's verdict: the t-test over the two seeds' accuracies (one run per seed and arm)
+    assert r.procedure.p == pytest.approx(ttest_rel([0.75, 0.65], [0.5, 0.5]).pvalue)
+    assert not r.procedure.significant and r.procedure.verdict == "not significant at 0.05 (paired t-test over seeds)"
     assert r.ci_low > 0 and r == paired.arms_test(old, new, 0.95, 1000, 0, "b vs a on test")  # seeded
 
     # Other prompts in each seed (the seed changed the data): each prompt its own cluster of one row.

@@ -46,6 +46,26 @@ def pairs(rl_inits: dict[str, str], episodic: Collection[str] = ()) -> list[tupl
     return list(dict.fromkeys(out))
 
 
+ANSWERS = "Holm over 2: final and first answers"
+"""The family of an episode comparison's two McNemar tests on one set (same prompts, same checkpoints)."""
+
+
+def one_family(tests: list[GreedyTest], alpha: float, family: str) -> list[GreedyTest]:
+    """Tests of one set held to `alpha` together (Holm): each its adjusted p, verdict and, when not
+    significant, prompts needed at the family's strictest level."""
+    strict = alpha / len(tests)
+    out = []
+    for t, p in zip(tests, paired.holm([t.mcnemar_p for t in tests]), strict=True):
+        significant = p < alpha
+        fields = {k: v for k, v in t.dump().items() if k != "prompts_needed"}
+        fields |= {"p_adjusted": p, "family": family, "significant": significant}
+        fields["verdict"] = paired.verdict(significant, alpha, t.test)
+        if not significant:
+            fields["prompts_needed"] = paired.mcnemar_prompts_needed(t.right_to_wrong, t.wrong_to_right, t.n, strict)
+        out.append(GreedyTest.model_validate(fields))
+    return out
+
+
 def _records(checkpoint: str, name: str) -> list[EvalRecord] | None:
     path = paths.EVAL / paths.checkpoint_slug(checkpoint) / name
     return cast(list[EvalRecord], files.read_jsonl(path)) if path.is_file() else None
@@ -56,8 +76,9 @@ def comparisons(
 ) -> Comparisons:
     """Paired comparisons of each (new, old) pair on every eval set both were evaluated on, from
     the per-prompt records under data/eval: greedy accuracy (paired bootstrap, flips, exact
-    McNemar) and, where both have samples, avg@n and pass@k (paired bootstrap) and the coverage
-    boundary; `compare_k` (eval.samples.compare_k) are the k the report's tables show."""
+    McNemar; with episodes also of the first answers, the two one family: one_family) and, where
+    both have samples, avg@n and pass@k (paired bootstrap) and the coverage boundary; `compare_k`
+    (eval.samples.compare_k) are the k the report's tables show."""
     out: dict[str, Comparison[GreedyTest]] = {}
     for new, old in pairs:
         sets: dict[str, GreedyTest] = {}
@@ -71,9 +92,12 @@ def comparisons(
             what = f"{new} vs {old} on {name}"
             sets[name] = paired.greedy_test(greedy_old, greedy_new, confidence, resamples, seed, what)
             if all("episode" in r["samples"][0] for r in [*greedy_old, *greedy_new]):
-                sets[name].first_answer = paired.first_answer_test(
+                first = paired.first_answer_test(
                     greedy_old, greedy_new, confidence, resamples, seed, f"{what} (first answers)"
                 )
+                # two tests of one pair on one set: held to the level together
+                sets[name], first = one_family([sets[name], first], paired.level(confidence), ANSWERS)
+                sets[name].first_answer = first
             sampled_old, sampled_new = _records(old, f"{name}.samples.jsonl"), _records(new, f"{name}.samples.jsonl")
             if sampled_old and sampled_new:
                 sets[name].sampled = paired.sampled_test(

@@ -200,6 +200,10 @@ class GreedyTest(Result):
     mcnemar_p: Number
     test: str
     """The test that gave the verdict (exact McNemar)."""
+    p_adjusted: Number | None = None
+    """With episodes: mcnemar_p Holm-adjusted over `family` (the final- and first-answer tests of one set);
+    significant and verdict read it."""
+    family: str | None = None
     significant: bool
     verdict: str
     prompts_needed: int | None = None
@@ -209,10 +213,27 @@ class GreedyTest(Result):
     """With episodes: the same test on the first answers (rung.eval.paired.first_answer_test)."""
 
 
+class SeedTest(Result):
+    """The procedure's test of a comparison of arms (rung.eval.paired.seed_test): the seed is the unit, so
+    that run-to-run variation of whole checkpoints counts; p Holm-adjusted over `family` when the study
+    corrects for one (None: fewer than 2 seeds, or differences that never vary: no test)."""
+
+    test: str
+    seeds: int
+    p: Number | None
+    family: str | None = None
+    significant: bool
+    verdict: str
+    seeds_needed: int | None = None
+    """Post-hoc (from the observed per-seed differences): seeds for 80% power at the family's strictest level."""
+
+
 class ArmsTest(Result):
-    """Arm new against arm old on one eval set, over seeds (rung.eval.paired.arms_test): a unit is a
-    prompt cluster (its rows in every seed that answered it); p the sign-flip test's, Holm-adjusted
-    over `family` when the study corrects for one; significant and verdict read that p."""
+    """Arm new against arm old on one eval set, over seeds (rung.eval.paired.arms_test). `procedure` is
+    the verdict about the training procedure (a test over seeds). The rest is about these checkpoints
+    (the seeds run, held fixed): a unit is a prompt cluster (its rows in every seed that answered it);
+    p the sign-flip test's, Holm-adjusted over `family` when the study corrects for one; significant
+    and verdict read that p."""
 
     seeds: list[int]
     unit: str
@@ -231,7 +252,7 @@ class ArmsTest(Result):
     family: str | None = None
     """The family the p is corrected over (e.g. 'Holm over 6: comparisons x eval sets')."""
     per_seed_difference: dict[str, Number]
-    seed_t_test_p: Number | None
+    procedure: SeedTest
     significant: bool
     verdict: str
     prompts_needed: int | None = None

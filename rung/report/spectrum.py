@@ -17,7 +17,9 @@ A claim over several k is contradicted when any k is, reproduced when every k is
 noise. The planning statement (not post-hoc power): prompts a paired t-test at the family's strictest
 level (level / members) would need to see the study's reference effect at 80% power, from the spread
 of the per-prompt differences, and seeds from the spread of the per-seed differences
-(rung.eval.paired.units_needed, by the noncentral t).
+(rung.eval.paired.units_needed, by the noncentral t). The t-test over seeds printed at every k (the
+procedure's test, rung.eval.paired.seed_test) is Holm-adjusted over every k of every member; the claim's
+verdict still reads the prompt-level test, so it is about the checkpoints these seeds trained.
 """
 
 from __future__ import annotations
@@ -176,6 +178,16 @@ def check_claims(
     adjusted, factors = paired.holm(members), paired.holm_factor(members)
     family = f"Holm over {len(checked)}: claims x arms x eval sets; max-T over each claim's k"
     strict = alpha / max(len(checked), 1)
+    # the t-tests over seeds printed beside them are a family of their own: every k of every member
+    tests = [t for *_, ts in checked for t in ts]
+    procedures = iter(
+        paired.correct_seeds(
+            [t.procedure for t in tests],
+            [list(t.per_seed_difference.values()) for t in tests],
+            alpha,
+            f"Holm over {len(tests)}: claims x arms x eval sets x k",
+        )
+    )
     out = []
     for (claim, new, name, ks, units, tests), member, factor in zip(checked, adjusted, factors, strict=True):
         rows = []
@@ -187,6 +199,7 @@ def check_claims(
                 "family": family,
                 "significant": p < alpha,
                 "verdict": paired.verdict(p < alpha, alpha, t.test),
+                "procedure": next(procedures),
             }
             diffs = (u.new - u.old) / u.sizes  # per-prompt mean difference over its seeds
             per_seed = list(t.per_seed_difference.values())

@@ -109,6 +109,57 @@ def points(study: Study) -> dict[str, Point]:
     }
 
 
+def _claim_members(study: Study, params: config.Params) -> int:
+    """The claim family's size: claims x their arms x the eval sets each is checked on (its `sets`, else
+    every sampled set: the held-out split and eval.sets)."""
+    sampled = 1 + len(params.eval.sets)
+    return sum(len(c.new) * (len(c.sets) if c.sets else sampled) for c in study.claims)
+
+
+def check_design(study: Study, path: str | Path, params: Sequence[config.Params]) -> None:
+    """Refuse, before any compute, a study whose design cannot give a verdict (InputError, one line naming
+    the file): arms compared over fewer than 2 seeds (the procedure's test is over seeds), or claims whose
+    sign-flip test over `eval.samples.max_prompts` prompts cannot reach the level after Holm over the
+    claim family, whatever the effect: its smallest p (paired.flip_floor) times the family's size. `params`
+    are the experiments' (the largest floor counts)."""
+    if len(study.arms) > 1 and len(study.seeds) < 2:
+        raise InputError(
+            f"{path}: seeds: {len(study.seeds)} seed gives the arms no test over seeds (the verdict about the "
+            "training procedure); a study needs 2 or more (3-5 give the t-test power)"
+        )
+    if not study.claims:
+        return
+    for p in params:
+        samples = p.eval.samples
+        if samples is None:
+            raise InputError(f"{path}: claims: need sampled evaluations, and eval.samples is null")
+        if samples.max_prompts is None:  # every prompt of the set: its size is known only after curate
+            continue
+        members, alpha, resamples = (
+            _claim_members(study, p),
+            paired.level(p.eval.bootstrap.confidence),
+            p.eval.bootstrap.resamples,
+        )
+        smallest = members * paired.flip_floor(samples.max_prompts, resamples)
+        if smallest >= alpha:
+            raise InputError(
+                f"{path}: claims: {members} members (claims x arms x eval sets) on {samples.max_prompts} prompts "
+                f"(eval.samples.max_prompts): the smallest p after Holm is {smallest:.3g}, not below {alpha:g}, "
+                f"whatever the effect; {_reach(members, samples.max_prompts, alpha)} "
+                "(power needs more: docs/studies.md)"
+            )
+
+
+def _reach(members: int, prompts: int, alpha: float) -> str:
+    """What lets a claim family of `members` reach `alpha`: more prompts while the sign-flip test enumerates
+    (floor 2 / 2^m), past that more random flips (floor 1 / (1 + resamples))."""
+    exact = range(prompts, paired.ENUMERATE + 1)
+    need = next((m for m in exact if members * paired.flip_floor(m, 0) < alpha), None)
+    if need:
+        return f"{need} prompts can reach it"
+    return f"over {paired.ENUMERATE} prompts, eval.bootstrap.resamples {int(members / alpha)} can reach it"
+
+
 def stage_of(study: Study, params: config.Params) -> str:
     """The RL stage the study compares (InputError when params has no such stage)."""
     stage = study.stage or next(iter(params.rl.stages))

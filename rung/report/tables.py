@@ -10,7 +10,7 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from rung.eval.results import ArmsTest, Comparison, Comparisons, EvalResult, GreedyTest, Spread, StudyResult
+from rung.eval.results import ArmsTest, Comparison, Comparisons, EvalResult, GreedyTest, SeedTest, Spread, StudyResult
 
 Table = tuple[list[str], list[list[str]]]  # (header, rows)
 PAIR = ["comparison (new vs old)", "eval set"]  # the first two columns of every paired table
@@ -67,6 +67,24 @@ def p_text(p: float) -> str:
 def interval(difference: float, low: float, high: float) -> str:
     """'+11.7 [+0.8, +25.0]': a difference in points with its interval."""
     return f"{signed_points(difference)} [{signed_points(low)}, {signed_points(high)}]"
+
+
+def mcnemar_p(test: GreedyTest) -> str:
+    """The McNemar p that gives the verdict: Holm-adjusted (marked) when the test is one of a family."""
+    return p_text(test.mcnemar_p) if test.p_adjusted is None else f"{p_text(test.p_adjusted)} (Holm over 2)"
+
+
+def seed_verdict(test: SeedTest) -> str:
+    """The procedure's verdict and, when not significant, the post-hoc seeds: '; post-hoc: about N seeds at
+    this effect'."""
+    if test.significant or test.p is None:
+        return test.verdict
+    n = test.seeds_needed
+    return test.verdict + (f"; post-hoc: about {n} seeds at this effect" if n else "; no effect to detect")
+
+
+def seed_p(test: SeedTest) -> str:
+    return "—" if test.p is None else p_text(test.p)
 
 
 def verdict(test: GreedyTest | ArmsTest, unit: str = "prompts") -> str:
@@ -141,7 +159,7 @@ def paired_rows(result: Comparisons) -> tuple[list[list[str]], list[list[str]]]:
                 interval(g.difference, g.ci_low, g.ci_high),
                 str(g.right_to_wrong),
                 str(g.wrong_to_right),
-                p_text(g.mcnemar_p),
+                mcnemar_p(g),
                 verdict(g),
             ]
         )
@@ -279,7 +297,8 @@ def arm_table(result: StudyResult) -> Table:
 
 
 def arms_test_table(result: StudyResult) -> Table:
-    """The paired tests between arms, one row per pair and eval set."""
+    """The paired tests between arms, one row per pair and eval set: the procedure's verdict (over seeds)
+    first, then the test over prompts about these checkpoints."""
     header = [
         *PAIR,
         "seeds",
@@ -287,10 +306,11 @@ def arms_test_table(result: StudyResult) -> Table:
         "accuracy old → new",
         f"difference, points [{100 * result.confidence:g}% CI]",
         "per-seed differences",
+        "t-test over seeds p (Holm-adjusted)",
+        "verdict (the training procedure)",
         "prompts better / worse",
-        "p (Holm-adjusted)",
-        "verdict",
-        "t-test over seeds p",
+        "test over prompts p (Holm-adjusted)",
+        "verdict about these checkpoints",
     ]
     rows = [
         [
@@ -301,10 +321,11 @@ def arms_test_table(result: StudyResult) -> Table:
             f"{pct(g.accuracy_old)} → {pct(g.accuracy_new)}",
             interval(g.difference, g.ci_low, g.ci_high),
             ", ".join(signed_points(v) for v in g.per_seed_difference.values()),
+            seed_p(g.procedure),
+            seed_verdict(g.procedure),
             f"{g.units_better} / {g.units_worse}",
             p_text(g.p),
             verdict(g),
-            "—" if g.seed_t_test_p is None else p_text(g.seed_t_test_p),
         ]
         for pair, name, g in per_set(result.comparisons)
     ]
@@ -320,17 +341,18 @@ def study_explanation(result: StudyResult) -> list[str]:
         "accuracy per step, and held-out greedy accuracy at step 0 (the checkpoint RL starts from), every "
         "rl.stages.<name>.eval_every steps when the stage sets it, and at the last step.",
         "Paired comparisons: each later arm against each earlier one, on the same prompts in each seed. "
-        "A unit is a prompt with its rows (outcomes) in every seed that answered it, one cluster whether all "
-        "seeds answered the same prompts or not. Difference: new minus old accuracy over all rows, in points, "
-        f"with its {100 * conf:g}% paired bootstrap interval ({result.resamples} resamples of the prompt "
-        "clusters, widened for small samples: the expanded percentile interval). The verdict: the sign-flip "
-        "permutation test over prompt clusters (exact, all sign patterns, up to 12 prompts; random flips "
-        "above), its p Holm-adjusted over every pair of arms and eval set of the page (one family); it is "
-        "conditional on these seeds. "
-        "The t-test over seeds compares the per-seed accuracies (scipy ttest_rel) and asks whether the arm wins "
-        f'across training runs on these prompts. "Not significant at {alpha:g}" does not mean the arms are equal; '
-        '"post-hoc: about N prompts": the prompts at which this effect (these flips) would be significant at '
-        "the family's strictest level with 80% power (rung.eval.paired.mcnemar_prompts_needed), a restatement "
+        "Difference: new minus old accuracy over all (seed, prompt) rows, in points, with its "
+        f"{100 * conf:g}% paired bootstrap interval ({result.resamples} resamples of the prompt clusters, widened "
+        "for small samples: the expanded percentile interval). "
+        "The verdict is about the training procedure, and its unit is the seed, since whole checkpoints vary "
+        "from run to run: the paired t-test over the seeds' accuracies (same seed index paired; scipy "
+        "ttest_rel), on these prompts. The sign-flip permutation test over prompt clusters (a cluster: a prompt "
+        "with its rows in every seed that answered it; exact up to 12 prompts, random flips above) holds the seeds "
+        "run fixed: its verdict is about these checkpoints, not about a rerun. Each of the two p is Holm-adjusted "
+        f'over every pair of arms and eval set of the page (one family each). "Not significant at {alpha:g}" '
+        'does not mean the arms are equal; "post-hoc: about N seeds" (or prompts): the seeds at which this mean '
+        "difference would be significant at the family's strictest level with 80% power (the noncentral t, "
+        "rung.eval.paired.units_needed; for prompts, rung.eval.paired.mcnemar_prompts_needed), a restatement "
         "of the observed effect, not a plan.",
     ]
 
@@ -365,7 +387,7 @@ def claims_table(result: StudyResult) -> Table:
         "per-seed differences",
         "prompts better / worse",
         "p (max-T over k, Holm-adjusted)",
-        "t-test over seeds p",
+        "t-test over seeds p (Holm-adjusted)",
         "verdict at this k",
         "claim's verdict",
         f"prompts needed for {effect} points",
@@ -386,7 +408,7 @@ def claims_table(result: StudyResult) -> Table:
                     ", ".join(signed_points(v) for v in g.per_seed_difference.values()),
                     f"{g.units_better} / {g.units_worse}",
                     p_text(g.p),
-                    "—" if g.seed_t_test_p is None else p_text(g.seed_t_test_p),
+                    seed_p(g.procedure),
                     f"{t.verdict} ({g.test})",
                     c.verdict,
                     str(t.prompts_needed_reference or "—"),
@@ -412,7 +434,9 @@ def spectrum_explanation(result: StudyResult) -> list[str]:
         "its p Holm-adjusted across the members. Verdict: reproduced when that p is below the level and the "
         "difference has the claimed sign, contradicted when it is below the level with the other sign, else "
         "inside the noise (for ≥ and ≤ claims: not contradicted, not shown). The exact sign-flip p is what "
-        "decides, not the interval. Prompts and seeds needed: a paired t-test at 80% power for the study's "
+        "decides, not the interval; it holds the seeds run fixed, so a verdict is about these checkpoints. The "
+        "t-test over seeds (the training procedure's test) is Holm-adjusted over every k of every member. "
+        "Prompts and seeds needed: a paired t-test at 80% power for the study's "
         "reference effect at the family's strictest level (the level over the members), by the noncentral t "
         "from the sd of the per-prompt and per-seed differences (rung.eval.paired.units_needed): a planning "
         "figure, not post-hoc power.",
@@ -458,8 +482,9 @@ def episode_table(evals: Mapping[str, EvalResult], set_name: str) -> Table:
 FIRST_ANSWER_NOTE = (
     "With episodes the greedy table compares the final answers; this one the first answers (the first one each "
     "episode states: retry's before any feedback), with the same exact McNemar test on the prompts whose first "
-    "answer flipped. Each row is a test of its own, as a greedy row is (a family of one: not corrected for the "
-    "final-answer test beside it); each verdict names its test."
+    "answer flipped. The final- and first-answer tests of a pair on a set are one family (same prompts, same "
+    "checkpoints): their p (here and in the greedy table) are Holm-adjusted over the two, so that the pair's "
+    'verdicts together say "different" by chance at most at the level; each verdict names its test.'
 )
 
 
@@ -474,7 +499,7 @@ def first_answer_rows(result: Comparisons) -> list[list[str]]:
             interval(f.difference, f.ci_low, f.ci_high),
             str(f.right_to_wrong),
             str(f.wrong_to_right),
-            p_text(f.mcnemar_p),
+            mcnemar_p(f),
             verdict(f),
         ]
         for label, name, g in per_set(result.comparisons)
