@@ -16,8 +16,9 @@ import torch
 from trl.trainer.utils import nanstd
 
 from rung import files
-from rung.config import SIGNED_OBJECTIVES, DynamicSamplingParams
-from rung.rl import curricula, objectives
+from rung.config import DynamicSamplingParams
+from rung.rl import curricula
+from rung.rl.advantages import Advantages
 from rung.train.checkpoints import CURRICULUM_STATE
 from rung.train.trl_seam import train_metrics
 
@@ -37,11 +38,10 @@ class CurriculumSampling:
     same without dynamic sampling); `dynamic_sampling/*` the groups dropped for zero variance
     (their share of what was generated) and the extra completions the refills cost.
 
-    Under a signed objective (psr, nsr, w_reinforce: rung.rl.objectives) the advantages of every
-    generated batch are replaced by the objective's, from the accuracy reward of each completion, in
-    the batch and in TRL's completions log. The curricula's learnability signal stays TRL's own
-    advantage (group-relative, or RLOO's leave-one-out) whatever the objective, so that it means the
-    same under each.
+    The advantages of every generated batch are the stage's objective's (rung.objectives: TRL's own
+    under group_relative), in the batch and in TRL's completions log. The curricula's learnability
+    signal stays TRL's own advantage (group-relative, or RLOO's leave-one-out) whatever the objective,
+    so that it means the same under each.
 
     A completion one of the rewards crashed on (rung.rl.rewards.Guarded) is unscored as a whole: NaN
     for every reward, which TRL leaves out of its group's baseline and trains with advantage 0.
@@ -56,15 +56,13 @@ class CurriculumSampling:
         curriculum: curricula.Scheduler,
         rows: list[dict[str, Any]],
         dynamic_sampling: DynamicSamplingParams | None,
-        objective: str,
-        positive_weight: float,
+        advantages: Advantages,
         **kwargs: Any,
     ) -> None:
         """TRL's trainer arguments, plus the curriculum drawing from `rows` (the dataset's rows), dynamic
-        sampling (None: off) and the advantage trained with (rl.stages.<name>.objective, positive_weight)."""
+        sampling (None: off) and the advantages trained with (rl.stages.<name>.objective)."""
         super().__init__(*args, **kwargs)
-        self.curriculum, self.rows, self.dynamic = curriculum, rows, dynamic_sampling
-        self.advantage_objective, self.positive_weight = objective, positive_weight
+        self.curriculum, self.rows, self.dynamic, self.advantages = curriculum, rows, dynamic_sampling, advantages
         self._last_rewards: torch.Tensor | None = None
 
     def scored(self, rewards: torch.Tensor, prompts: list[Any]) -> torch.Tensor:
@@ -79,17 +77,18 @@ class CurriculumSampling:
         return out
 
     def _generate_scored(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        """TRL's generation and scoring of one batch; under a signed objective, its advantages replaced."""
+        """TRL's generation and scoring of one batch, its advantages the objective's."""
         out = self.trl_generation_batch(inputs)  # type: ignore[attr-defined]
-        self._trl_advantages = out["advantages"]  # the curricula's learnability signal (_score_groups)
-        if self.advantage_objective in SIGNED_OBJECTIVES:
-            accuracy = self._last_rewards[:, self.reward_func_names.index("accuracy")]
-            local = len(out["advantages"])  # TRL's slice of the gathered batch for this process
-            start = self.accelerator.process_index * local
-            signed = objectives.signed_advantages(accuracy, self.advantage_objective, self.positive_weight)
-            out["advantages"] = signed[start : start + local].to(out["advantages"].device)
-            # TRL logged its own (gathered) advantages for the completions table: log those trained with
-            self.relog_advantages(signed.tolist())  # type: ignore[attr-defined]
+        # TRL's advantages of every process: the curricula's learnability signal (_score_groups)
+        self._trl_advantages = self.accelerator.gather(out["advantages"])
+        advantages = self.advantages(
+            self._last_rewards, self.reward_func_names, self._trl_advantages, self.num_generations
+        )
+        local = len(out["advantages"])  # TRL's slice of the gathered batch for this process
+        start = self.accelerator.process_index * local
+        out["advantages"] = advantages[start : start + local].to(out["advantages"].device)
+        # TRL logged its own (gathered) advantages for the completions table: log those trained with
+        self.relog_advantages(advantages.tolist())  # type: ignore[attr-defined]
         return out
 
     def _draw(self, n_local: int) -> tuple[list[int], list[dict[str, Any]]]:
@@ -114,7 +113,7 @@ class CurriculumSampling:
             else total
         )
         # TRL's advantage, not the objective's: a signed one's |A| is the accuracy under PSR, 1 - it under NSR
-        adv = self.accelerator.gather(self._trl_advantages).view(-1, g)
+        adv = self._trl_advantages.view(-1, g)
         std = nanstd(total, dim=1)
         highest = total.masked_fill(unscored, -torch.inf).max(dim=1).values
         lowest = total.masked_fill(unscored, torch.inf).min(dim=1).values
