@@ -13,14 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from trl.trainer.utils import nanstd
 
 from rung import files
 from rung.config import DynamicSamplingParams
 from rung.rl import curricula
 from rung.rl.advantages import Advantages
 from rung.train.checkpoints import CURRICULUM_STATE
-from rung.train.trl_seam import train_metrics
+from rung.train.trl_seam import nanstd, train_metrics
 
 
 class CurriculumSampling:

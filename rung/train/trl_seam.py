@@ -35,7 +35,11 @@ Private state and methods read or written (PRIVATE_STATE):
 - `_load_from_checkpoint(path)` (transformers' Trainer): the weights of a checkpoint: `load_checkpoint`.
 - `vllm_generation.llm.generate`: the colocated vLLM engine's generate, wrapped by `wrap_vllm_generate`.
 - `model(..., labels=, fused_lm_head=True)` returning `.log_probs` and `.entropy`: the fused LM head TRL
-  adds to the trained model: `fused_logps`.
+  adds to the trained model: `fused_logps`; SFTTrainer's `compute_loss` calls the model so (`FUSED_LM_HEAD`,
+  the keyword rung.train.prefix's stand-in model answers).
+- `aux_loss_enabled` (SFTTrainer: a mixture-of-experts router loss added to the loss): `aux_loss_enabled`.
+- The methods that run each phase of a step (`PHASES`), wrapped on an instance by `wrap_phases` (bench/'s
+  timers), and `_generate_and_score_completions` called by `generation_and_scoring` (bench/episodes.py).
 
 Return shapes relied on (tests/test_trl_seam.py checks each, on both trainers):
 - `_generate_and_score_completions`: a dict of this process's rows. `prompt_ids` / `prompt_mask`
@@ -52,7 +56,7 @@ Public but undocumented trainer attributes rung's mixins read: `num_generations`
 `reward_func_names`, `reward_weights`, `temperature`, `top_p`, `top_k`, `min_p`,
 `repetition_penalty`, `max_completion_length`, `eos_token_ids`, `use_vllm`,
 `use_transformers_continuous_batching` and `tools` (GRPO only), `model_wrapped`; and
-`trl.models.unwrap_model_for_generation`, `trl.trainer.utils.nanstd`.
+`trl.models.unwrap_model_for_generation`. TRL's utils rung uses come from here: `nanstd`, `pad`.
 
 Multi-turn episodes (EPISODE_HOOKS; nothing of them is overridden: rung's RL stages train episodes through
 GRPOTrainer's public `rollout_func`, rung.rl.episodes, whose `env_mask` TRL takes as its `tool_mask`).
@@ -70,12 +74,13 @@ on a TRL upgrade, since `rollout_func`'s contract with them (tool_mask into the 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 from trl import GRPOTrainer, RLOOTrainer
+from trl.trainer.utils import nanstd as nanstd  # for rung's modules (module docstring)
 from trl.trainer.utils import pad
 
 from rung.train.checkpoints import generation_state
@@ -119,6 +124,20 @@ EPISODE_HOOKS: dict[str, list[str]] = {
 """GRPOTrainer's private methods of TRL's own tool loop (module docstring), with their parameters in TRL 1.16:
 watched (tests/test_trl_seam.py), not overridden, since rung's episodes reach TRL through `rollout_func`."""
 
+PHASES: dict[str, str] = {
+    "generation": "_generate_single_turn",  # one turn of rollouts
+    "episodes": "_generate",  # a batch's rollouts, TRL's tool loop included
+    "rewards": "_calculate_rewards",
+    "rollout": "_generate_and_score_completions",  # the above, log-probs of the old policy and advantages
+    "loss forward": "compute_loss",
+    "step": "training_step",  # the rollout (once per generation cycle), loss forward and backward
+    "checkpoint save": "_save_checkpoint",
+}
+"""The trainer method that runs each phase of a training step (bench/phases.py times them)."""
+
+FUSED_LM_HEAD = "fused_lm_head"
+"""The keyword with which TRL's trainers call the model for log-probs through their fused LM head."""
+
 
 def train_metrics(trainer: Any) -> dict[str, list[float]]:
     """The training metrics of the current step of any TRL trainer: a list per key, which TRL averages
@@ -130,6 +149,26 @@ def load_checkpoint(trainer: Any, checkpoint: str) -> None:
     """Load the weights of `checkpoint` into the trainer's model (transformers' own loader: sharded,
     FSDP, DeepSpeed and peft checkpoints alike), without training state."""
     trainer._load_from_checkpoint(checkpoint)
+
+
+def aux_loss_enabled(trainer: Any) -> bool:
+    """Whether TRL's SFTTrainer adds a mixture-of-experts router loss to its loss."""
+    return bool(trainer.aux_loss_enabled)
+
+
+def wrap_phases(
+    trainer: Any, wrap: Callable[[str, Callable[..., Any]], Callable[..., Any]], phases: Iterable[str] = tuple(PHASES)
+) -> None:
+    """Shadow the method of each of `phases` the trainer has (`PHASES`) by `wrap(phase, method)` on the instance:
+    calls through `self.` reach the wrapper, the class's method stays TRL's."""
+    for phase in phases:
+        if hasattr(trainer, PHASES[phase]):
+            setattr(trainer, PHASES[phase], wrap(phase, getattr(trainer, PHASES[phase])))
+
+
+def generation_and_scoring(trainer: Any, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The trainer's rollout phase on `inputs` (a generation batch as the dataset holds its rows)."""
+    return trainer._generate_and_score_completions(inputs)
 
 
 class Seam:
