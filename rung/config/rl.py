@@ -16,7 +16,7 @@ from pydantic import (
     model_validator,
 )
 
-from rung.config.base import Section, deprecated
+from rung.config.base import Section, deprecated, known_or_import_path
 from rung.config.common import LaunchParams, LoraParams
 from rung.config.envs import EnvironmentParams
 from rung.objectives import OBJECTIVES
@@ -27,8 +27,6 @@ BUILTIN_REWARDS = ("accuracy", "tests_passed", "format", "format_partial", "over
 # The task a built-in reward is for: tests_passed grades code rows by the share of their tests passed and
 # any other row as accuracy does, so on data without code rows it is accuracy under a misleading name.
 REWARD_TASKS = {"tests_passed": "code"}
-IMPORT_PATH = re.compile(r"^[\w.]+:[\w.]+$")
-"""A custom reward's or objective's 'package.module:function'."""
 
 
 class RewardParams(Section):
@@ -40,7 +38,7 @@ class RewardParams(Section):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
     weight: float = 1.0
     """Multiplier of this reward in the summed reward."""
-    import_path: str | None = Field(None, alias="import", pattern=IMPORT_PATH.pattern)
+    import_path: str | None = Field(None, alias="import", pattern=r"^[\w.]+:[\w.]+$")
     """Custom reward 'package.module:callable' with TRL's signature (completions, **columns)."""
     args: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of the reward factory, e.g. overlong {buffer: 12, penalty: 1.0}."""
@@ -394,11 +392,7 @@ class RLStageParams(Section):
     @field_validator("objective")
     @classmethod
     def _known_objective(cls, value: str) -> str:
-        if value not in OBJECTIVES and not IMPORT_PATH.fullmatch(value):
-            raise ValueError(
-                f"{value!r} is neither a registered objective {list(OBJECTIVES)} nor an import path 'module:function'"
-            )
-        return value
+        return known_or_import_path(value, OBJECTIVES, "a registered objective", "module:function")
 
     @model_validator(mode="before")
     @classmethod

@@ -19,7 +19,7 @@ from rung.config import DynamicSamplingParams
 from rung.rl import curricula
 from rung.rl.advantages import Advantages
 from rung.train.checkpoints import CURRICULUM_STATE
-from rung.train.trl_seam import nanstd, train_metrics
+from rung.train.trl_seam import Generated, nanstd, train_metrics
 
 
 class CurriculumSampling:
@@ -62,7 +62,6 @@ class CurriculumSampling:
         sampling (None: off) and the advantages trained with (rl.stages.<name>.objective)."""
         super().__init__(*args, **kwargs)
         self.curriculum, self.rows, self.dynamic, self.advantages = curriculum, rows, dynamic_sampling, advantages
-        self._last_rewards: torch.Tensor | None = None
 
     def scored(self, rewards: torch.Tensor, prompts: list[Any]) -> torch.Tensor:
         out = super().scored(rewards, prompts)  # type: ignore[misc]
@@ -72,23 +71,22 @@ class CurriculumSampling:
         for func in self.reward_funcs:
             crashed[torch.tensor(getattr(func, "crashed", []), dtype=torch.long)] = 1
         out[self.accelerator.gather(crashed).bool()] = torch.nan
-        self._last_rewards = out  # (global batch, reward funcs), gathered across processes
         return out
 
-    def _generate_scored(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        """TRL's generation and scoring of one batch, its advantages the objective's."""
-        out = self.trl_generation_batch(inputs)  # type: ignore[attr-defined]
-        # TRL's advantages of every process: the curricula's learnability signal (_score_groups)
-        self._trl_advantages = self.accelerator.gather(out["advantages"])
+    def _generate_scored(self, inputs: list[dict[str, Any]]) -> Generated:
+        """TRL's generation and scoring of one batch, its advantages the objective's (`Generated.advantages`
+        stays TRL's: the curricula's learnability signal, _score_groups)."""
+        generated = self.scored_generation_batch(inputs)  # type: ignore[attr-defined]
+        out = generated.batch
         advantages = self.advantages(
-            self._last_rewards, self.reward_func_names, self._trl_advantages, self.num_generations
+            generated.rewards, self.reward_func_names, generated.advantages, self.num_generations
         )
         local = len(out["advantages"])  # TRL's slice of the gathered batch for this process
         start = self.accelerator.process_index * local
         out["advantages"] = advantages[start : start + local].to(out["advantages"].device)
         # TRL logged its own (gathered) advantages for the completions table: log those trained with
         self.relog_advantages(advantages.tolist())  # type: ignore[attr-defined]
-        return out
+        return generated
 
     def _draw(self, n_local: int) -> tuple[list[int], list[dict[str, Any]]]:
         world, rank, g = self.accelerator.num_processes, self.accelerator.process_index, self.num_generations
@@ -98,11 +96,13 @@ class CurriculumSampling:
         mine = global_idx[rank * prompts_local : (rank + 1) * prompts_local]
         return global_idx, [self.train_dataset[i] for i in mine for _ in range(g)]
 
-    def _score_groups(self, global_idx: list[int]) -> tuple[list[curricula.GroupResult], torch.Tensor]:
-        """Per-group results of the last generation (all processes) and a zero-variance flag per group
+    def _score_groups(
+        self, global_idx: list[int], generated: Generated
+    ) -> tuple[list[curricula.GroupResult], torch.Tensor]:
+        """Per-group results of a generation (all processes) and a zero-variance flag per group
         (over its scored completions; a group with none has zero variance)."""
         g = self.num_generations
-        r = self._last_rewards
+        r = generated.rewards
         weights = self.reward_weights.to(r.device)
         unscored = torch.isnan(r).all(dim=1).view(-1, g)
         total = (r * weights).nansum(dim=1).view(-1, g).masked_fill(unscored, torch.nan)
@@ -112,7 +112,7 @@ class CurriculumSampling:
             else total
         )
         # TRL's advantage, not the objective's: a signed one's |A| is the accuracy under PSR, 1 - it under NSR
-        adv = self._trl_advantages.view(-1, g)
+        adv = generated.advantages.view(-1, g)
         std = nanstd(total, dim=1)
         highest = total.masked_fill(unscored, -torch.inf).max(dim=1).values
         lowest = total.masked_fill(unscored, torch.inf).min(dim=1).values
@@ -135,40 +135,41 @@ class CurriculumSampling:
         metrics = train_metrics(self)
         marks = {k: len(metrics[k]) for k in self._reward_names()}
         global_idx, inputs = self._draw(n_local)
-        out = self._generate_scored(inputs)
-        results, zero = self._score_groups(global_idx)
+        generated = self._generate_scored(inputs)
+        results, zero = self._score_groups(global_idx, generated)
         self._log_buckets(results)
         self.curriculum.update(results, step=self.state.global_step)
         for key, value in self.curriculum.metrics().items():
             metrics[f"curriculum/{key}"].append(float(value))
         if self.dynamic is None:
             metrics["frac_zero_std_trained"].append(zero.float().mean().item())
-            self._log_rewards(self._last_rewards, self._last_rewards, marks)  # everything generated is trained on
-            return out
-        return self._refill(out, zero, n_local // g, world, rank, marks)
+            # everything generated is trained on
+            self._log_rewards(generated.rewards, generated.rewards, marks)
+            return generated.batch
+        return self._refill(generated, zero, n_local // g, world, rank, marks)
 
     def _refill(
-        self, out: dict[str, Any], zero: torch.Tensor, per_rank: int, world: int, rank: int, marks: dict[str, int]
+        self, first: Generated, zero: torch.Tensor, per_rank: int, world: int, rank: int, marks: dict[str, int]
     ) -> dict[str, Any]:
         g = self.num_generations
         Group = tuple[dict[str, Any], int, torch.Tensor]  # (generation output, local group index, its reward rows)
         kept: list[list[Group]] = [[] for _ in range(world)]  # per rank
         dropped: list[list[Group]] = [[] for _ in range(world)]
-        rewards = [self._last_rewards]  # of every generation call
+        rewards = [first.rewards]  # of every generation call
 
-        def sort(out: dict[str, Any], zero: torch.Tensor) -> None:
+        def sort(generated: Generated, zero: torch.Tensor) -> None:
             for j, z in enumerate(zero.tolist()):
                 owner, local = divmod(j, per_rank)
-                (dropped if z else kept)[owner].append((out, local, rewards[-1][j * g : (j + 1) * g]))
+                (dropped if z else kept)[owner].append((generated.batch, local, generated.rewards[j * g : (j + 1) * g]))
 
-        sort(out, zero)
+        sort(first, zero)
         generated, zero_groups, rounds = len(zero), int(zero.sum()), 0
         while rounds < self.dynamic.max_rounds and min(len(k) for k in kept) < per_rank:
             rounds += 1
             global_idx, inputs = self._draw(per_rank * g)
             more = self._generate_scored(inputs)
-            rewards.append(self._last_rewards)
-            results, more_zero = self._score_groups(global_idx)
+            rewards.append(more.rewards)
+            results, more_zero = self._score_groups(global_idx, more)
             self.curriculum.update(results, step=self.state.global_step)
             sort(more, more_zero)
             generated += len(more_zero)

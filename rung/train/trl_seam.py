@@ -75,6 +75,7 @@ on a TRL upgrade, since `rollout_func`'s contract with them (tool_mask into the 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +172,18 @@ def generation_and_scoring(trainer: Any, inputs: list[dict[str, Any]]) -> dict[s
     return trainer._generate_and_score_completions(inputs)
 
 
+@dataclass(frozen=True)
+class Generated:
+    """A generation batch as TRL made it, with the rewards and advantages of every process's rows."""
+
+    batch: dict[str, Any]
+    """This process's rows, as `_generate_and_score_completions` returns them (module docstring)."""
+    rewards: torch.Tensor
+    """(rows of all processes, reward functions), as the `scored` hook returned them to TRL."""
+    advantages: torch.Tensor
+    """(rows of all processes,) TRL's advantages of them."""
+
+
 class Seam:
     """Mixin of a TRL GRPO-family trainer (GRPOSeam, RLOOSeam): hooks whose defaults are TRL's behaviour
     for rung's mixins to override, TRL's own steps for them to call, and the private overrides that call
@@ -178,6 +191,8 @@ class Seam:
 
     ROLLOUT_LOGPROBS: bool
     """Whether the trainer's `_generate_single_turn` returns (completion ids, logprobs) or the ids alone."""
+    _scored_rewards: torch.Tensor | None = None
+    """The rewards of the generation batch TRL is making, from `_calculate_rewards` to `scored_generation_batch`."""
 
     # Hooks: TRL's behaviour unless a mixin in front overrides them.
 
@@ -221,6 +236,15 @@ class Seam:
     def trl_generation_batch(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         """TRL's generation and scoring of `inputs` (rows as the dataset holds them)."""
         return super()._generate_and_score_completions(inputs)  # type: ignore[misc]
+
+    def scored_generation_batch(self, inputs: list[dict[str, Any]]) -> Generated:
+        """TRL's generation and scoring of `inputs`, with the rewards and advantages of every process."""
+        batch = self.trl_generation_batch(inputs)
+        # TRL computes the rewards inside that call and keeps them to itself: `_calculate_rewards` left them here
+        rewards, self._scored_rewards = self._scored_rewards, None
+        if rewards is None:
+            raise RuntimeError("TRL generated a batch without scoring it through _calculate_rewards")
+        return Generated(batch, rewards, self.accelerator.gather(batch["advantages"]))  # type: ignore[attr-defined]
 
     @staticmethod
     def fused_logps(model: Any, **inputs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -266,7 +290,9 @@ class Seam:
         return self.generation_batch(inputs)
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):  # type: ignore[no-untyped-def]
-        return self.scored(super()._calculate_rewards(inputs, prompts, completions, completion_ids_list), prompts)  # type: ignore[misc]
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)  # type: ignore[misc]
+        self._scored_rewards = self.scored(rewards, prompts)
+        return self._scored_rewards
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, *args, **kwargs):  # type: ignore[no-untyped-def]
         ids = self.rollout(prompt_ids, images, multimodal_fields)
