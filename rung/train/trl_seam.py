@@ -191,7 +191,7 @@ class Seam:
 
     ROLLOUT_LOGPROBS: bool
     """Whether the trainer's `_generate_single_turn` returns (completion ids, logprobs) or the ids alone."""
-    _scored_rewards: torch.Tensor | None = None
+    pending_rewards: torch.Tensor | None = None
     """The rewards of the generation batch TRL is making, from `_calculate_rewards` to `scored_generation_batch`."""
 
     # Hooks: TRL's behaviour unless a mixin in front overrides them.
@@ -241,7 +241,7 @@ class Seam:
         """TRL's generation and scoring of `inputs`, with the rewards and advantages of every process."""
         batch = self.trl_generation_batch(inputs)
         # TRL computes the rewards inside that call and keeps them to itself: `_calculate_rewards` left them here
-        rewards, self._scored_rewards = self._scored_rewards, None
+        rewards, self.pending_rewards = self.pending_rewards, None
         if rewards is None:
             raise RuntimeError("TRL generated a batch without scoring it through _calculate_rewards")
         return Generated(batch, rewards, self.accelerator.gather(batch["advantages"]))  # type: ignore[attr-defined]
@@ -291,8 +291,8 @@ class Seam:
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):  # type: ignore[no-untyped-def]
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)  # type: ignore[misc]
-        self._scored_rewards = self.scored(rewards, prompts)
-        return self._scored_rewards
+        self.pending_rewards = self.scored(rewards, prompts)
+        return self.pending_rewards
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, *args, **kwargs):  # type: ignore[no-untyped-def]
         ids = self.rollout(prompt_ids, images, multimodal_fields)
