@@ -17,6 +17,7 @@ import argparse
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -29,6 +30,7 @@ from rung.data.curate import curate
 from rung.envs import FinalAnswer, check, template
 from rung.envs.loop import run, sampler
 from rung.rl.trainers import prompts
+from rung.train import trl_seam
 
 
 def main() -> None:
@@ -75,23 +77,26 @@ def main() -> None:
         environment_factory=env.factory(fmt),
     )
     timed: dict[str, float] = {}
-    generate = trainer._generate
 
-    def timed_generate(prompts_: list) -> tuple:
-        t0 = time.perf_counter()
-        out = generate(prompts_)
-        timed["trl"] = time.perf_counter() - t0
-        timed["trl_tokens"] = sum(map(sum, out[2])) if out[2] is not None else sum(map(len, out[1]))
-        return out
+    def timing(_: str, generate: Callable[[list], tuple]) -> Callable[[list], tuple]:
+        def timed_generate(prompts_: list) -> tuple:
+            t0 = time.perf_counter()
+            out = generate(prompts_)
+            timed["trl"] = time.perf_counter() - t0
+            timed["trl_tokens"] = sum(map(sum, out[2])) if out[2] is not None else sum(map(len, out[1]))
+            return out
 
-    trainer._generate = timed_generate  # TRL's generation and tool loop only, not its rewards and log-probs
+        return timed_generate
+
+    # TRL's generation and tool loop only, not its rewards and log-probs
+    trl_seam.wrap_phases(trainer, timing, ["episodes"])
     sampling = SamplingParams(temperature=1.0, max_new_tokens=args.max_completion, batch_size=len(batch))
     print(f"{len(batch)} episodes ({args.prompts} prompts x {args.generations}), {torch.get_num_threads()} threads")
     print(f"{'round':6}{'contender':11}{'tokens':>8}{'seconds':>9}{'tokens/s':>10}{'turns':>7}{'calls':>7}")
     ratios = []
     for r in range(args.repeats):  # alternating, so that the machine's load falls on both alike
         torch.manual_seed(r)
-        trainer._generate_and_score_completions(batch)
+        trl_seam.generation_and_scoring(trainer, batch)
         t0 = time.perf_counter()
         episodes = run(
             sampler(trainer.model, trainer.eos_token_ids),

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from rung.train import trl_seam
+
 PHASES = (
     "generation",
     "rewards",
@@ -22,14 +24,8 @@ PHASES = (
     "optimizer + rest",
     "checkpoint save",
 )
-METHODS = (  # (timer, the trainer's method it wraps)
-    ("generation", "_generate_single_turn"),
-    ("rewards", "_calculate_rewards"),
-    ("rollout", "_generate_and_score_completions"),
-    ("loss forward", "compute_loss"),
-    ("step", "training_step"),
-    ("checkpoint save", "_save_checkpoint"),
-)
+TIMED = ("generation", "rewards", "rollout", "loss forward", "step", "checkpoint save")
+"""The trainer's phases (rung.train.trl_seam.PHASES) whose methods are timed."""
 
 
 def _sync() -> None:
@@ -60,10 +56,12 @@ def instrument(trainer: Any, spent: dict[str, float] | None = None) -> dict[str,
     `self.` are timed once, at the outermost level; a method the trainer lacks, SFT's rollouts, is
     skipped) and count generated completion tokens; returns `spent` (default: a new one)."""
     spent = defaultdict(float) if spent is None else spent
-    for name, method in METHODS:
-        if hasattr(trainer, method):
-            count = (lambda out: sum(len(ids) for ids in out[0])) if name == "generation" else None
-            setattr(trainer, method, timed(spent, name, getattr(trainer, method), count))
+
+    def wrap(phase: str, method: Callable[..., Any]) -> Callable[..., Any]:
+        count = (lambda out: sum(len(ids) for ids in out[0])) if phase == "generation" else None
+        return timed(spent, phase, method, count)
+
+    trl_seam.wrap_phases(trainer, wrap, TIMED)
     return spent
 
 

@@ -16,6 +16,7 @@ LAYERS = [
     {"rung.redaction"},
     {"rung.errors"},
     {"rung.seeding", "rung.files", "rung.paths", "rung.placement", "rung.onednn", "rung.compat", "rung.sandbox"},
+    {"rung.objectives"},
     {"rung.config"},
     {"rung.answers", "rung.models"},
     {"rung.generate"},

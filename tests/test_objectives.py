@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rung import objectives
 from rung.config import ConfigError, RLStageParams, parse, read_yaml
-from rung.rl import objectives, trainers
+from rung.errors import InputError
+from rung.rl import advantages, trainers
 from tests.conftest import ROOT
 from tests.test_rl import ONE_STEP, _job, _stage
 
@@ -147,3 +149,35 @@ def test_passk_study_says_what_each_arm_optimises():
         optimised = [name for name, r in stage.rewards.items() if r.weight != 0] + (["KL"] if stage.beta else [])
         assert all(word in comments[arm] for word in optimised), (arm, optimised, comments[arm])
     assert "optimise the same reward" not in path.read_text()
+
+
+def halved(rewards, reward_names, trl_advantages, group_size, settings):
+    """An objective given by its import path: TRL's advantages halved."""
+    return trl_advantages / 2
+
+
+def not_an_objective(completions):
+    return completions
+
+
+def test_an_objective_is_a_registered_name_or_an_import_path_checked_in_one_line(tmp_path):
+    assert list(objectives.OBJECTIVES)[:4] == ["group_relative", "psr", "nsr", "w_reinforce"]
+    with pytest.raises(ConfigError, match=r"^params.yaml: rl.stages.main.objective: 'reinforce' is neither"):
+        parse({**read_yaml(ROOT / "params.yaml"), "rl": {"stages": {"main": {"objective": "reinforce"}}}})
+    stage = RLStageParams.model_validate({"objective": "tests.test_objectives:halved"})
+    adv = advantages.Advantages.of(stage, "rl.stages.main")
+    assert adv(torch.zeros(4, 1), ["accuracy"], torch.tensor([2.0, -2.0, 0.0, 4.0]), 2).tolist() == [1, -1, 0, 2]
+    for path, message in [
+        ("tests.test_objectives:missing", "rl.stages.main.objective: cannot load 'tests.test_objectives:missing'"),
+        ("tests.test_objectives:not_an_objective", "rl.stages.main.objective: .* must be a function \\(rewards,"),
+    ]:
+        with pytest.raises(InputError, match=f"^{message}"):
+            advantages.resolve(RLStageParams.model_validate({"objective": path}), "rl.stages.main")
+
+
+def test_an_imported_objective_registered_where_it_is_defined_keeps_its_constraints():
+    """A function registered with constraints refuses, given by its import path, what its name refuses."""
+    stage = RLStageParams.model_validate({"objective": "rung.objectives.signed:nsr", "rewards": {"accuracy": 1.0}})
+    assert advantages.resolve(stage, "rl.stages.main") is objectives.OBJECTIVES["nsr"]
+    with pytest.raises(InputError, match=r"^rl.stages.main.loss_type: objective nsr .* token mean"):
+        advantages.resolve(stage.model_copy(update={"loss_type": "grpo"}), "rl.stages.main")

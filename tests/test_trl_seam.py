@@ -83,18 +83,54 @@ def _reads(tree: ast.Module, names: set[str]) -> list[str]:
     return found
 
 
-PRIVATE = set(trl_seam.OVERRIDDEN) | set(trl_seam.PRIVATE_STATE) | set(trl_seam.EPISODE_HOOKS)
+PRIVATE = (
+    set(trl_seam.OVERRIDDEN)
+    | set(trl_seam.PRIVATE_STATE)
+    | set(trl_seam.EPISODE_HOOKS)
+    | {m for m in trl_seam.PHASES.values() if m.startswith("_")}
+    | {"aux_loss_enabled", trl_seam.FUSED_LM_HEAD}
+)
+
+
+def _by_string(tree: ast.Module, names: set[str]) -> list[str]:
+    """Where a module names one of `names` by a string (setattr / getattr / mock.patch.object) or a keyword."""
+    return [
+        f"{node.value!r} (line {node.lineno})"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and node.value in names
+    ] + [
+        f"{node.arg}= (line {node.value.lineno})"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.keyword) and node.arg in names
+    ]
 
 
 def test_only_the_seam_touches_trls_private_methods_and_state():
     seam = imports.ROOT / "rung" / "train" / "trl_seam.py"
+    paths = [*imports.modules().values(), *sorted((imports.ROOT / "bench").rglob("*.py"))]
     elsewhere = {
         str(path.relative_to(imports.ROOT)): hits
-        for path in imports.modules().values()
-        if path != seam and (hits := _reads(ast.parse(path.read_text()), PRIVATE))
+        for path in paths
+        if path != seam and (hits := _reads(tree := ast.parse(path.read_text()), PRIVATE) + _by_string(tree, PRIVATE))
     }
     assert elsewhere == {}
     assert _reads(ast.parse(seam.read_text()), PRIVATE)  # the scan sees the seam's own
+
+
+def test_the_scan_sees_a_private_name_by_string_and_by_keyword():
+    tree = ast.parse("setattr(t, '_generate', f)\nmodel(x, fused_lm_head=True)\nt.aux_loss_enabled")
+    assert _by_string(tree, PRIVATE) == ["'_generate' (line 1)", "fused_lm_head= (line 2)"]
+    assert _reads(tree, PRIVATE) == [".aux_loss_enabled (line 3)"]
+
+
+def test_the_phase_methods_and_the_sft_trainers_fused_call_are_trls():
+    """bench/'s timers wrap TRL's methods of each phase; rung.train.prefix's stand-in model answers SFTTrainer's
+    fused-head call and steps aside for its router loss."""
+    for trl in (GRPOTrainer, RLOOTrainer):
+        missing = {p: m for p, m in trl_seam.PHASES.items() if not hasattr(trl, m)}
+        assert missing == {}
+    source = inspect.getsource(SFTTrainer.compute_loss)
+    assert f"{trl_seam.FUSED_LM_HEAD}=True" in source and "self.aux_loss_enabled" in source
 
 
 @pytest.mark.parametrize("cls", [trainers.GRPO, trainers.RLOO])

@@ -1,6 +1,7 @@
 """What the RL stages need before they start: the tested TRL / transformers versions, a launch that
-can run here, vLLM where a stage asks for it, LoRA target modules that the model has, and custom
-rewards that resolve to callables taking the completions."""
+can run here, vLLM where a stage asks for it, LoRA target modules that the model has, custom
+rewards that resolve to callables taking the completions, and custom objectives that resolve to advantage
+functions."""
 
 from __future__ import annotations
 
@@ -10,13 +11,13 @@ from rung import compat
 from rung.checks.models import lora_targets
 from rung.config import Params
 from rung.errors import InputError
-from rung.rl import rewards, vllm_rollouts
+from rung.rl import advantages, rewards, vllm_rollouts
 from rung.train import launch
 
 
 def rl_stages(params: Params) -> None:
     """Per RL stage: the tested trainer versions, its launch, vLLM where asked for, its LoRA targets, its
-    custom rewards."""
+    custom rewards and objective."""
     compat.check()
     for name, stage in params.rl.stages.items():
         key = f"rl.stages.{name}"
@@ -30,6 +31,7 @@ def rl_stages(params: Params) -> None:
         for reward, spec in stage.rewards.items():
             if spec.import_path is not None:
                 _reward(spec.import_path, bool(spec.args), f"{key}.rewards.{reward}")
+        advantages.resolve(stage, key)  # an objective given by its import path: loaded, its signature checked
 
 
 def _reward(path: str, factory: bool, key: str) -> None:

@@ -19,6 +19,7 @@ from rung import paths
 from rung.config import Params
 from rung.config.envs import BUILTIN_ENVIRONMENTS
 from rung.errors import InputError
+from rung.objectives import OBJECTIVES
 
 ENVIRONMENT_STAGES = ("difficulty", "rl", "eval_base", "eval_sft", "eval_rl")
 """The dvc.yaml stages (a foreach as one) that run the experiment's environment. The traces stage runs only the
@@ -41,7 +42,7 @@ class UserCode:
 
 
 def named(params: Params) -> list[UserCode]:
-    """Every import path of `params` that a stage runs: environment classes and reward functions."""
+    """Every import path of `params` that a stage runs: environment classes, reward functions and objectives."""
     out = []
     if params.environment and params.environment.name not in BUILTIN_ENVIRONMENTS:
         out.append(UserCode("environment.name", params.environment.name, ENVIRONMENT_STAGES))
@@ -53,6 +54,8 @@ def named(params: Params) -> list[UserCode]:
             for reward, spec in stage.rewards.items()
             if spec.import_path is not None
         ]
+        if stage.objective not in OBJECTIVES:
+            out.append(UserCode(f"rl.stages.{name}.objective", stage.objective, ("rl",)))
     return out
 
 

@@ -4,6 +4,8 @@ anywhere in it; the error type; and how a deprecated key is still read, with a o
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, model_validator
@@ -57,3 +59,15 @@ def deprecated(
         raise ValueError(f"{path + '.' if path else ''}{old}: renamed {new}; set {new} only, not both")
     log.warning(f"{where}: deprecated, renamed {new}; read as {new} (rename it)")
     return {**data, new: value}
+
+
+IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+"""'package.module:attr', as a custom environment or objective is named."""
+
+
+def known_or_import_path(value: str, known: Iterable[str], kind: str, form: str) -> str:
+    """`value` where it is one of `known` or an import path (`form`: what it names); ValueError naming both else."""
+    known = list(known)
+    if value not in known and not IMPORT_PATH.match(value):
+        raise ValueError(f"{value!r} is neither {kind} ({', '.join(known)}) nor an import path {form}")
+    return value

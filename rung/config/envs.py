@@ -5,12 +5,11 @@ The built-ins and the checks that need the model's tokenizer live in rung.envs (
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from rung.config.base import Section
+from rung.config.base import Section, known_or_import_path
 
 # The most turns an episode may take. Every turn t adds a metric per RL step (`episodes/success_within_<t>`) and per
 # eval set, and a column to the report's episode table; 32 is beyond the turns the multi-turn RL recipes train (UFO:
@@ -19,7 +18,6 @@ MAX_TURNS = 32
 # The names of rung.envs.BUILTINS (tests/test_envs.py checks it), here so that params validate without
 # importing the environments and the sandbox.
 BUILTIN_ENVIRONMENTS = ("retry", "python")
-_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
 class EnvironmentParams(Section):
@@ -53,8 +51,4 @@ class EnvironmentParams(Section):
     @field_validator("name")
     @classmethod
     def _name(cls, name: str) -> str:
-        if name not in BUILTIN_ENVIRONMENTS and not _IMPORT_PATH.match(name):
-            raise ValueError(
-                f"{name!r} is neither a built-in ({', '.join(BUILTIN_ENVIRONMENTS)}) nor an import path module:Class"
-            )
-        return name
+        return known_or_import_path(name, BUILTIN_ENVIRONMENTS, "a built-in", "module:Class")

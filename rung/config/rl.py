@@ -16,9 +16,10 @@ from pydantic import (
     model_validator,
 )
 
-from rung.config.base import Section, deprecated
+from rung.config.base import Section, deprecated, known_or_import_path
 from rung.config.common import LaunchParams, LoraParams
 from rung.config.envs import EnvironmentParams
+from rung.objectives import OBJECTIVES
 
 # The names of rung.rl.rewards.REGISTRY (tests/test_rewards.py checks it), here so that params validate
 # without importing the rewards and their verifiers.
@@ -197,9 +198,6 @@ class DynamicSamplingParams(Section):
     filled with dropped groups, which carry no gradient."""
 
 
-# The objectives that replace TRL's group-relative advantage by the sign of the accuracy reward.
-SIGNED_OBJECTIVES = ("psr", "nsr", "w_reinforce")
-
 # Published recipes a stage selects with `preset`; keys the stage sets itself win.
 PRESETS: dict[str, dict[str, Any]] = {
     # DeepSeekMath GRPO: sequence-mean loss, group std scaling, KL 0.04.
@@ -224,20 +222,17 @@ PRESETS: dict[str, dict[str, Any]] = {
         "epsilon": 3e-4,
         "epsilon_high": 4e-4,
     },
-    # Zhu et al. 2025 (arXiv:2506.01347): REINFORCE on +1/-1 rewards, split into positive and negative
-    # sample reinforcement; token-level loss, no KL, the accuracy reward alone (rung.rl.objectives).
-    **{
-        name: {"objective": name, "loss_type": "dapo", "beta": 0.0, "epsilon": 0.2, "epsilon_high": None}
-        for name in SIGNED_OBJECTIVES
-    },
+    # Each objective's own recipe where it registers one (rung.objectives: psr, nsr, w_reinforce).
+    **{name: {"objective": name, **o.preset} for name, o in OBJECTIVES.items() if o.preset is not None},
 }
 
 
 class RLStageParams(Section):
     """One RL stage; field names follow TRL's GRPOConfig (RLOOConfig for algorithm rloo)."""
 
-    preset: Literal["grpo", "dr_grpo", "dapo", "gspo", "psr", "nsr", "w_reinforce"] | None = None
-    """A published recipe (rung.config.PRESETS) whose settings this stage's own keys override."""
+    preset: str | None = None
+    """A published recipe whose settings this stage's own keys override: grpo, dr_grpo, dapo, gspo, or an
+    objective's (psr, nsr, w_reinforce; rung.config.PRESETS)."""
     algorithm: Literal["grpo", "rloo"] = "grpo"
     """TRL trainer: GRPOTrainer, or RLOOTrainer (leave-one-out baseline; Ahmadian et al. 2024)."""
     init: str = "sft"
@@ -277,8 +272,9 @@ class RLStageParams(Section):
     """Upper clip (DAPO clip-higher: 0.28); None uses epsilon."""
     scale_rewards: Literal["group", "batch", "none"] = "group"
     """Advantages divided by the reward std of the group, of the batch, or not at all (Dr. GRPO)."""
-    objective: Literal["group_relative", "psr", "nsr", "w_reinforce"] = "group_relative"
-    """The advantage each completion is trained with (rung.rl.objectives). group_relative: TRL's
+    objective: str = "group_relative"
+    """The advantage each completion is trained with: an objective registered in rung.objectives, or the
+    import path (`module:function`) of a function of their signature (rung.objectives.registry). group_relative: TRL's
     (reward minus its group's mean, scaled per scale_rewards). psr, nsr, w_reinforce (Zhu et al. 2025,
     "The Surprising Effectiveness of Negative Reinforcement in LLM Reasoning"): +1 for a correct
     completion and -1 for a wrong one (the accuracy reward), no group normalisation; psr keeps the
@@ -286,7 +282,8 @@ class RLStageParams(Section):
     w_reinforce both with the correct ones weighted by positive_weight (lambda * PSR + NSR). Needs
     algorithm grpo, no dynamic sampling (it drops groups that carry gradient here), every reward
     but accuracy at weight 0, and the paper's gradient: loss_type dapo (token mean over the batch)
-    and beta 0 (no KL term); other loss types and a KL penalty are refused."""
+    and beta 0 (no KL term); other loss types and a KL penalty are refused. Each objective's registration says
+    which settings it refuses."""
     positive_weight: float = Field(0.1, ge=0, le=1)
     """w_reinforce's lambda, the weight of the correct completions (the paper's 0.1); unused otherwise."""
     importance_sampling_level: Literal["token", "sequence"] = "token"
@@ -385,6 +382,18 @@ class RLStageParams(Section):
             msg = first["msg"].removeprefix("Value error, ")
             raise ValueError(f"{where}: {msg}" if where else msg) from None
 
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, value: str | None) -> str | None:
+        if value is not None and value not in PRESETS:
+            raise ValueError(f"{value!r} is not a preset {list(PRESETS)}")
+        return value
+
+    @field_validator("objective")
+    @classmethod
+    def _known_objective(cls, value: str) -> str:
+        return known_or_import_path(value, OBJECTIVES, "a registered objective", "module:function")
+
     @model_validator(mode="before")
     @classmethod
     def _apply_preset(cls, data: Any) -> Any:
@@ -403,38 +412,20 @@ class RLStageParams(Section):
                 f"prompts_per_step: {self.prompts_per_step} is not divisible by "
                 f"launch.num_processes {self.launch.num_processes}"
             )
-        if self.objective in SIGNED_OBJECTIVES:
-            self._signed_objective()
+        if self.objective in OBJECTIVES:  # one given by its import path is checked once loaded (rung.checks.rl)
+            OBJECTIVES[self.objective].check(
+                self.algorithm,
+                self.loss_type,
+                self.beta,
+                self.dynamic_sampling is not None,
+                {name: reward.weight for name, reward in self.rewards.items()},
+            )
         for name, reward in self.rewards.items():
             if reward.import_path is None and name not in BUILTIN_REWARDS:
                 raise ValueError(
                     f"rewards.{name}: not a built-in reward {list(BUILTIN_REWARDS)}; give its 'import' path"
                 )
         return self
-
-    def _signed_objective(self) -> None:
-        """psr / nsr / w_reinforce train on the accuracy reward's sign alone: say which setting breaks that."""
-        why = f"objective {self.objective} trains on the accuracy reward's sign alone"
-        if self.algorithm != "grpo":
-            raise ValueError(f"algorithm: {why}, through GRPOTrainer; use algorithm grpo")
-        if self.dynamic_sampling is not None:
-            raise ValueError(f"dynamic_sampling: {why}; groups of equal rewards carry gradient there, set it to null")
-        # The paper's gradient: sum over completions of A(y) * grad log pi(y), over the batch's token count
-        # (tests/test_objectives.py checks it for loss_type dapo). Other aggregations reweight completions.
-        if self.loss_type != "dapo":
-            raise ValueError(
-                f"loss_type: objective {self.objective} trains on the paper's token mean over the batch; "
-                f"loss_type {self.loss_type} weights the completions otherwise, use dapo"
-            )
-        if self.beta != 0:
-            raise ValueError(
-                f"beta: objective {self.objective} has no KL term; a KL penalty changes its gradient, use 0"
-            )
-        if "accuracy" not in self.rewards:
-            raise ValueError(f"rewards: {why}; add accuracy")
-        for name, reward in self.rewards.items():
-            if name != "accuracy" and reward.weight != 0:
-                raise ValueError(f"rewards.{name}: {why}; set its weight to 0 or remove it")
 
 
 class RLParams(Section):

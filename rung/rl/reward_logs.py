@@ -8,10 +8,9 @@ from collections import defaultdict
 from statistics import mean
 
 import torch
-from trl.trainer.utils import nanstd
 
 from rung.rl import curricula
-from rung.train.trl_seam import train_metrics
+from rung.train.trl_seam import nanstd, train_metrics
 
 
 class RewardLogs:

@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from trl.trainer.utils import nanstd
 
 from rung import files
-from rung.config import SIGNED_OBJECTIVES, DynamicSamplingParams
-from rung.rl import curricula, objectives
+from rung.config import DynamicSamplingParams
+from rung.rl import curricula
+from rung.rl.advantages import Advantages
 from rung.train.checkpoints import CURRICULUM_STATE
-from rung.train.trl_seam import train_metrics
+from rung.train.trl_seam import Generated, nanstd, train_metrics
 
 
 class CurriculumSampling:
@@ -37,11 +37,10 @@ class CurriculumSampling:
     same without dynamic sampling); `dynamic_sampling/*` the groups dropped for zero variance
     (their share of what was generated) and the extra completions the refills cost.
 
-    Under a signed objective (psr, nsr, w_reinforce: rung.rl.objectives) the advantages of every
-    generated batch are replaced by the objective's, from the accuracy reward of each completion, in
-    the batch and in TRL's completions log. The curricula's learnability signal stays TRL's own
-    advantage (group-relative, or RLOO's leave-one-out) whatever the objective, so that it means the
-    same under each.
+    The advantages of every generated batch are the stage's objective's (rung.objectives: TRL's own
+    under group_relative), in the batch and in TRL's completions log. The curricula's learnability
+    signal stays TRL's own advantage (group-relative, or RLOO's leave-one-out) whatever the objective,
+    so that it means the same under each.
 
     A completion one of the rewards crashed on (rung.rl.rewards.Guarded) is unscored as a whole: NaN
     for every reward, which TRL leaves out of its group's baseline and trains with advantage 0.
@@ -56,16 +55,13 @@ class CurriculumSampling:
         curriculum: curricula.Scheduler,
         rows: list[dict[str, Any]],
         dynamic_sampling: DynamicSamplingParams | None,
-        objective: str,
-        positive_weight: float,
+        advantages: Advantages,
         **kwargs: Any,
     ) -> None:
         """TRL's trainer arguments, plus the curriculum drawing from `rows` (the dataset's rows), dynamic
-        sampling (None: off) and the advantage trained with (rl.stages.<name>.objective, positive_weight)."""
+        sampling (None: off) and the advantages trained with (rl.stages.<name>.objective)."""
         super().__init__(*args, **kwargs)
-        self.curriculum, self.rows, self.dynamic = curriculum, rows, dynamic_sampling
-        self.advantage_objective, self.positive_weight = objective, positive_weight
-        self._last_rewards: torch.Tensor | None = None
+        self.curriculum, self.rows, self.dynamic, self.advantages = curriculum, rows, dynamic_sampling, advantages
 
     def scored(self, rewards: torch.Tensor, prompts: list[Any]) -> torch.Tensor:
         out = super().scored(rewards, prompts)  # type: ignore[misc]
@@ -75,22 +71,22 @@ class CurriculumSampling:
         for func in self.reward_funcs:
             crashed[torch.tensor(getattr(func, "crashed", []), dtype=torch.long)] = 1
         out[self.accelerator.gather(crashed).bool()] = torch.nan
-        self._last_rewards = out  # (global batch, reward funcs), gathered across processes
         return out
 
-    def _generate_scored(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        """TRL's generation and scoring of one batch; under a signed objective, its advantages replaced."""
-        out = self.trl_generation_batch(inputs)  # type: ignore[attr-defined]
-        self._trl_advantages = out["advantages"]  # the curricula's learnability signal (_score_groups)
-        if self.advantage_objective in SIGNED_OBJECTIVES:
-            accuracy = self._last_rewards[:, self.reward_func_names.index("accuracy")]
-            local = len(out["advantages"])  # TRL's slice of the gathered batch for this process
-            start = self.accelerator.process_index * local
-            signed = objectives.signed_advantages(accuracy, self.advantage_objective, self.positive_weight)
-            out["advantages"] = signed[start : start + local].to(out["advantages"].device)
-            # TRL logged its own (gathered) advantages for the completions table: log those trained with
-            self.relog_advantages(signed.tolist())  # type: ignore[attr-defined]
-        return out
+    def _generate_scored(self, inputs: list[dict[str, Any]]) -> Generated:
+        """TRL's generation and scoring of one batch, its advantages the objective's (`Generated.advantages`
+        stays TRL's: the curricula's learnability signal, _score_groups)."""
+        generated = self.scored_generation_batch(inputs)  # type: ignore[attr-defined]
+        out = generated.batch
+        advantages = self.advantages(
+            generated.rewards, self.reward_func_names, generated.advantages, self.num_generations
+        )
+        local = len(out["advantages"])  # TRL's slice of the gathered batch for this process
+        start = self.accelerator.process_index * local
+        out["advantages"] = advantages[start : start + local].to(out["advantages"].device)
+        # TRL logged its own (gathered) advantages for the completions table: log those trained with
+        self.relog_advantages(advantages.tolist())  # type: ignore[attr-defined]
+        return generated
 
     def _draw(self, n_local: int) -> tuple[list[int], list[dict[str, Any]]]:
         world, rank, g = self.accelerator.num_processes, self.accelerator.process_index, self.num_generations
@@ -100,11 +96,13 @@ class CurriculumSampling:
         mine = global_idx[rank * prompts_local : (rank + 1) * prompts_local]
         return global_idx, [self.train_dataset[i] for i in mine for _ in range(g)]
 
-    def _score_groups(self, global_idx: list[int]) -> tuple[list[curricula.GroupResult], torch.Tensor]:
-        """Per-group results of the last generation (all processes) and a zero-variance flag per group
+    def _score_groups(
+        self, global_idx: list[int], generated: Generated
+    ) -> tuple[list[curricula.GroupResult], torch.Tensor]:
+        """Per-group results of a generation (all processes) and a zero-variance flag per group
         (over its scored completions; a group with none has zero variance)."""
         g = self.num_generations
-        r = self._last_rewards
+        r = generated.rewards
         weights = self.reward_weights.to(r.device)
         unscored = torch.isnan(r).all(dim=1).view(-1, g)
         total = (r * weights).nansum(dim=1).view(-1, g).masked_fill(unscored, torch.nan)
@@ -114,7 +112,7 @@ class CurriculumSampling:
             else total
         )
         # TRL's advantage, not the objective's: a signed one's |A| is the accuracy under PSR, 1 - it under NSR
-        adv = self.accelerator.gather(self._trl_advantages).view(-1, g)
+        adv = generated.advantages.view(-1, g)
         std = nanstd(total, dim=1)
         highest = total.masked_fill(unscored, -torch.inf).max(dim=1).values
         lowest = total.masked_fill(unscored, torch.inf).min(dim=1).values
@@ -137,40 +135,41 @@ class CurriculumSampling:
         metrics = train_metrics(self)
         marks = {k: len(metrics[k]) for k in self._reward_names()}
         global_idx, inputs = self._draw(n_local)
-        out = self._generate_scored(inputs)
-        results, zero = self._score_groups(global_idx)
+        generated = self._generate_scored(inputs)
+        results, zero = self._score_groups(global_idx, generated)
         self._log_buckets(results)
         self.curriculum.update(results, step=self.state.global_step)
         for key, value in self.curriculum.metrics().items():
             metrics[f"curriculum/{key}"].append(float(value))
         if self.dynamic is None:
             metrics["frac_zero_std_trained"].append(zero.float().mean().item())
-            self._log_rewards(self._last_rewards, self._last_rewards, marks)  # everything generated is trained on
-            return out
-        return self._refill(out, zero, n_local // g, world, rank, marks)
+            # everything generated is trained on
+            self._log_rewards(generated.rewards, generated.rewards, marks)
+            return generated.batch
+        return self._refill(generated, zero, n_local // g, world, rank, marks)
 
     def _refill(
-        self, out: dict[str, Any], zero: torch.Tensor, per_rank: int, world: int, rank: int, marks: dict[str, int]
+        self, first: Generated, zero: torch.Tensor, per_rank: int, world: int, rank: int, marks: dict[str, int]
     ) -> dict[str, Any]:
         g = self.num_generations
         Group = tuple[dict[str, Any], int, torch.Tensor]  # (generation output, local group index, its reward rows)
         kept: list[list[Group]] = [[] for _ in range(world)]  # per rank
         dropped: list[list[Group]] = [[] for _ in range(world)]
-        rewards = [self._last_rewards]  # of every generation call
+        rewards = [first.rewards]  # of every generation call
 
-        def sort(out: dict[str, Any], zero: torch.Tensor) -> None:
+        def sort(generated: Generated, zero: torch.Tensor) -> None:
             for j, z in enumerate(zero.tolist()):
                 owner, local = divmod(j, per_rank)
-                (dropped if z else kept)[owner].append((out, local, rewards[-1][j * g : (j + 1) * g]))
+                (dropped if z else kept)[owner].append((generated.batch, local, generated.rewards[j * g : (j + 1) * g]))
 
-        sort(out, zero)
+        sort(first, zero)
         generated, zero_groups, rounds = len(zero), int(zero.sum()), 0
         while rounds < self.dynamic.max_rounds and min(len(k) for k in kept) < per_rank:
             rounds += 1
             global_idx, inputs = self._draw(per_rank * g)
             more = self._generate_scored(inputs)
-            rewards.append(self._last_rewards)
-            results, more_zero = self._score_groups(global_idx)
+            rewards.append(more.rewards)
+            results, more_zero = self._score_groups(global_idx, more)
             self.curriculum.update(results, step=self.state.global_step)
             sort(more, more_zero)
             generated += len(more_zero)

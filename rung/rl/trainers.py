@@ -25,6 +25,7 @@ from rung.eval.evaluate import grade
 from rung.generate.api import generate
 from rung.generate.completion import encode
 from rung.rl import curricula, episodes, rewards, vllm_rollouts
+from rung.rl.advantages import Advantages
 from rung.rl.reward_logs import RewardLogs
 from rung.rl.rollouts import Rollouts
 from rung.rl.sampling import CurriculumSampling
@@ -122,7 +123,7 @@ def trl_config(
 
 class GRPO(CurriculumSampling, RewardLogs, Rollouts, GRPOSeam):
     """TRL's GRPOTrainer with rung's prompt selection, reward logs and rollouts; TRL's arguments plus
-    CurriculumSampling's (curriculum, rows, dynamic_sampling, objective, positive_weight)."""
+    CurriculumSampling's (curriculum, rows, dynamic_sampling, advantages)."""
 
 
 class RLOO(CurriculumSampling, RewardLogs, Rollouts, RLOOSeam):
@@ -242,8 +243,7 @@ def trainer_for(job: RLJob, callbacks: list[Any] | None = None) -> GRPO | RLOO:
         ),
         rows=rows,
         dynamic_sampling=stage.dynamic_sampling,
-        objective=stage.objective,
-        positive_weight=stage.positive_weight,
+        advantages=Advantages.of(stage, job.key),
         **episodic,
     )
     if stage.eval_every is not None and job.heldout is not None:

@@ -11,6 +11,7 @@ from transformers import DynamicCache
 from trl import SFTTrainer
 
 from rung.generate.decode import shared_prefix
+from rung.train.trl_seam import FUSED_LM_HEAD, aux_loss_enabled
 
 MIN_SHARED_PREFIX = 8
 """Below this many shared tokens, encoding them once saves less than the extra forward costs."""
@@ -45,7 +46,7 @@ class _PrefixOnce:
         self.model, self.p = model, p
 
     def __call__(self, **inputs: Any) -> Any:
-        if not inputs.get("fused_lm_head"):
+        if not inputs.get(FUSED_LM_HEAD):
             return self.model(**inputs)
         ids, mask, labels = inputs.pop("input_ids"), inputs.pop("attention_mask"), inputs.pop("labels")
         positions = inputs.pop("position_ids", None)
@@ -81,7 +82,7 @@ class SharedPrefixSFT(SFTTrainer):
             or "labels" not in inputs
             or self.accelerator.num_processes > 1
             or getattr(model, "peft_config", None)
-            or self.aux_loss_enabled
+            or aux_loss_enabled(self)
             or len(inputs["input_ids"]) < 2
         ):
             return 0

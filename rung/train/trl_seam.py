@@ -35,7 +35,11 @@ Private state and methods read or written (PRIVATE_STATE):
 - `_load_from_checkpoint(path)` (transformers' Trainer): the weights of a checkpoint: `load_checkpoint`.
 - `vllm_generation.llm.generate`: the colocated vLLM engine's generate, wrapped by `wrap_vllm_generate`.
 - `model(..., labels=, fused_lm_head=True)` returning `.log_probs` and `.entropy`: the fused LM head TRL
-  adds to the trained model: `fused_logps`.
+  adds to the trained model: `fused_logps`; SFTTrainer's `compute_loss` calls the model so (`FUSED_LM_HEAD`,
+  the keyword rung.train.prefix's stand-in model answers).
+- `aux_loss_enabled` (SFTTrainer: a mixture-of-experts router loss added to the loss): `aux_loss_enabled`.
+- The methods that run each phase of a step (`PHASES`), wrapped on an instance by `wrap_phases` (bench/'s
+  timers), and `_generate_and_score_completions` called by `generation_and_scoring` (bench/episodes.py).
 
 Return shapes relied on (tests/test_trl_seam.py checks each, on both trainers):
 - `_generate_and_score_completions`: a dict of this process's rows. `prompt_ids` / `prompt_mask`
@@ -52,7 +56,7 @@ Public but undocumented trainer attributes rung's mixins read: `num_generations`
 `reward_func_names`, `reward_weights`, `temperature`, `top_p`, `top_k`, `min_p`,
 `repetition_penalty`, `max_completion_length`, `eos_token_ids`, `use_vllm`,
 `use_transformers_continuous_batching` and `tools` (GRPO only), `model_wrapped`; and
-`trl.models.unwrap_model_for_generation`, `trl.trainer.utils.nanstd`.
+`trl.models.unwrap_model_for_generation`. TRL's utils rung uses come from here: `nanstd`, `pad`.
 
 Multi-turn episodes (EPISODE_HOOKS; nothing of them is overridden: rung's RL stages train episodes through
 GRPOTrainer's public `rollout_func`, rung.rl.episodes, whose `env_mask` TRL takes as its `tool_mask`).
@@ -70,12 +74,14 @@ on a TRL upgrade, since `rollout_func`'s contract with them (tool_mask into the 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from trl import GRPOTrainer, RLOOTrainer
+from trl.trainer.utils import nanstd as nanstd  # for rung's modules (module docstring)
 from trl.trainer.utils import pad
 
 from rung.train.checkpoints import generation_state
@@ -119,6 +125,20 @@ EPISODE_HOOKS: dict[str, list[str]] = {
 """GRPOTrainer's private methods of TRL's own tool loop (module docstring), with their parameters in TRL 1.16:
 watched (tests/test_trl_seam.py), not overridden, since rung's episodes reach TRL through `rollout_func`."""
 
+PHASES: dict[str, str] = {
+    "generation": "_generate_single_turn",  # one turn of rollouts
+    "episodes": "_generate",  # a batch's rollouts, TRL's tool loop included
+    "rewards": "_calculate_rewards",
+    "rollout": "_generate_and_score_completions",  # the above, log-probs of the old policy and advantages
+    "loss forward": "compute_loss",
+    "step": "training_step",  # the rollout (once per generation cycle), loss forward and backward
+    "checkpoint save": "_save_checkpoint",
+}
+"""The trainer method that runs each phase of a training step (bench/phases.py times them)."""
+
+FUSED_LM_HEAD = "fused_lm_head"
+"""The keyword with which TRL's trainers call the model for log-probs through their fused LM head."""
+
 
 def train_metrics(trainer: Any) -> dict[str, list[float]]:
     """The training metrics of the current step of any TRL trainer: a list per key, which TRL averages
@@ -132,6 +152,38 @@ def load_checkpoint(trainer: Any, checkpoint: str) -> None:
     trainer._load_from_checkpoint(checkpoint)
 
 
+def aux_loss_enabled(trainer: Any) -> bool:
+    """Whether TRL's SFTTrainer adds a mixture-of-experts router loss to its loss."""
+    return bool(trainer.aux_loss_enabled)
+
+
+def wrap_phases(
+    trainer: Any, wrap: Callable[[str, Callable[..., Any]], Callable[..., Any]], phases: Iterable[str] = tuple(PHASES)
+) -> None:
+    """Shadow the method of each of `phases` the trainer has (`PHASES`) by `wrap(phase, method)` on the instance:
+    calls through `self.` reach the wrapper, the class's method stays TRL's."""
+    for phase in phases:
+        if hasattr(trainer, PHASES[phase]):
+            setattr(trainer, PHASES[phase], wrap(phase, getattr(trainer, PHASES[phase])))
+
+
+def generation_and_scoring(trainer: Any, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The trainer's rollout phase on `inputs` (a generation batch as the dataset holds its rows)."""
+    return trainer._generate_and_score_completions(inputs)
+
+
+@dataclass(frozen=True)
+class Generated:
+    """A generation batch as TRL made it, with the rewards and advantages of every process's rows."""
+
+    batch: dict[str, Any]
+    """This process's rows, as `_generate_and_score_completions` returns them (module docstring)."""
+    rewards: torch.Tensor
+    """(rows of all processes, reward functions), as the `scored` hook returned them to TRL."""
+    advantages: torch.Tensor
+    """(rows of all processes,) TRL's advantages of them."""
+
+
 class Seam:
     """Mixin of a TRL GRPO-family trainer (GRPOSeam, RLOOSeam): hooks whose defaults are TRL's behaviour
     for rung's mixins to override, TRL's own steps for them to call, and the private overrides that call
@@ -139,6 +191,8 @@ class Seam:
 
     ROLLOUT_LOGPROBS: bool
     """Whether the trainer's `_generate_single_turn` returns (completion ids, logprobs) or the ids alone."""
+    pending_rewards: torch.Tensor | None = None
+    """The rewards of the generation batch TRL is making, from `_calculate_rewards` to `scored_generation_batch`."""
 
     # Hooks: TRL's behaviour unless a mixin in front overrides them.
 
@@ -182,6 +236,15 @@ class Seam:
     def trl_generation_batch(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         """TRL's generation and scoring of `inputs` (rows as the dataset holds them)."""
         return super()._generate_and_score_completions(inputs)  # type: ignore[misc]
+
+    def scored_generation_batch(self, inputs: list[dict[str, Any]]) -> Generated:
+        """TRL's generation and scoring of `inputs`, with the rewards and advantages of every process."""
+        batch = self.trl_generation_batch(inputs)
+        # TRL computes the rewards inside that call and keeps them to itself: `_calculate_rewards` left them here
+        rewards, self.pending_rewards = self.pending_rewards, None
+        if rewards is None:
+            raise RuntimeError("TRL generated a batch without scoring it through _calculate_rewards")
+        return Generated(batch, rewards, self.accelerator.gather(batch["advantages"]))  # type: ignore[attr-defined]
 
     @staticmethod
     def fused_logps(model: Any, **inputs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -227,7 +290,9 @@ class Seam:
         return self.generation_batch(inputs)
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):  # type: ignore[no-untyped-def]
-        return self.scored(super()._calculate_rewards(inputs, prompts, completions, completion_ids_list), prompts)  # type: ignore[misc]
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)  # type: ignore[misc]
+        self.pending_rewards = self.scored(rewards, prompts)
+        return self.pending_rewards
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, *args, **kwargs):  # type: ignore[no-untyped-def]
         ids = self.rollout(prompt_ids, images, multimodal_fields)
