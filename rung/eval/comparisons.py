@@ -69,10 +69,10 @@ def comparisons(
             if greedy_old is None or greedy_new is None:
                 continue
             what = f"{new} vs {old} on {name}"
-            sets[name] = paired.greedy_test(greedy_old, greedy_new, confidence, resamples, seed, what)
+            sets[name] = paired.greedy_test(greedy_old, greedy_new, confidence, what)
             if all("episode" in r["samples"][0] for r in [*greedy_old, *greedy_new]):
                 sets[name].first_answer = paired.first_answer_test(
-                    greedy_old, greedy_new, confidence, resamples, seed, f"{what} (first answers)"
+                    greedy_old, greedy_new, confidence, f"{what} (first answers)"
                 )
             sampled_old, sampled_new = _records(old, f"{name}.samples.jsonl"), _records(new, f"{name}.samples.jsonl")
             if sampled_old and sampled_new:
