@@ -21,6 +21,7 @@ from rung.config import EvalParams
 from rung.eval import metrics, paired
 from rung.eval.evaluate import summarize_greedy
 from tests.records import greedy
+from tests.test_calibration import mcnemar_size
 
 REPS = 2000
 LEVEL = 0.95
@@ -146,3 +147,18 @@ def test_greedy_paired_interval(prompts, accuracy, discordant, effect):
     draws = np.random.default_rng(prompts).multinomial(prompts, cells, size=REPS)
     simulated = np.mean([_covers(*paired.mcnemar_interval(x, y, prompts)[1:], effect) for x, y in draws[:, 1:3]])
     assert exact >= FLOOR and abs(simulated - exact) < 3 * np.sqrt(exact * (1 - exact) / REPS), (simulated, exact)
+
+
+@pytest.mark.parametrize("prompts, samples", [(50, 4), (305, 16)])
+def test_coverage_boundary_mcnemar(prompts, samples):
+    # sampled_test's boundary: the exact McNemar test on the prompts one checkpoint solves at least once in its
+    # samples and the other never, for two checkpoints that do not differ; given the flips each goes either way
+    # alike, so the test's exact rate is known from their number and the simulation must sit near it
+    rng = np.random.default_rng(prompts + samples)
+    rates = _rates(rng, 0.3, 1.4, REPS, prompts)
+    old, new = (rng.binomial(samples, rates) > 0 for _ in range(2))
+    tests = [paired.mcnemar(o, n) for o, n in zip(old, new, strict=True)]
+    alarms = np.mean([t["mcnemar_p"] < 1 - LEVEL for t in tests])
+    flips = np.array([t["right_to_wrong"] + t["wrong_to_right"] for t in tests])
+    expected = np.array([mcnemar_size(d) for d in range(flips.max() + 1)])[flips].mean()
+    assert abs(alarms - expected) < 3 * np.sqrt(expected * (1 - expected) / REPS) and expected <= 1 - LEVEL
