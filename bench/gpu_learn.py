@@ -120,8 +120,6 @@ def compare(params: Params, dirs: dict[str, Path], inputs: dict[str, Path]) -> l
                 files.read_jsonl(inputs[name]),
                 greedy_records(params, model_dir, rows),
                 b.confidence,
-                b.resamples,
-                params.seed,
                 f"{name}: CPU against GPU",
             ).model_dump(),
         }

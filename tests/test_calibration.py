@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 import pytest
-from scipy.stats import ttest_rel
+from scipy.stats import binom, ttest_rel
 
 from rung.eval import metrics, paired
 from tests.records import sampled
@@ -37,15 +37,34 @@ def _excludes_zero(low: np.ndarray, high: np.ndarray) -> np.ndarray:
     return (low > 0) | (high < 0)
 
 
-@pytest.mark.parametrize("prompts", [8, 40])
-def test_greedy_mcnemar_and_its_interval(prompts):
-    rng = np.random.default_rng(prompts)
+def mcnemar_size(discordant: int) -> float:
+    """The exact McNemar test's false-alarm rate given `discordant` flips: under no difference each flip
+    goes either way alike, so the binomial probability of the counts whose p is below the level (the two-sided
+    binomial p at 1/2 is twice the smaller tail, as scipy's binomtest computes it)."""
+    ups = np.arange(discordant + 1)
+    p = np.minimum(1, 2 * binom.cdf(np.minimum(ups, discordant - ups), discordant, 0.5))
+    return float(binom.pmf(ups, discordant, 0.5)[p < ALPHA].sum())
+
+
+@pytest.mark.parametrize("prompts, flips", [(40, 0.15), (305, 0.05)])
+def test_greedy_mcnemar_and_its_interval(prompts, flips):
+    # two checkpoints that do not differ, where a prompt flips between them with chance `flips` (at most twice
+    # its chance of the rarer outcome), either way alike: the 5-15% real checkpoints show (independent draws of
+    # the two would flip about 29%). The exact test's own rate is known given the flips: the simulated rate
+    # must sit near it, not only below the line
+    rng = np.random.default_rng(prompts + int(100 * flips))
     p = _difficulty(rng, REPS, prompts)
-    old, new = rng.random((REPS, prompts)) < p, rng.random((REPS, prompts)) < p
-    mcnemar = np.mean([paired.mcnemar(o, n)["mcnemar_p"] < ALPHA for o, n in zip(old, new, strict=True)])
-    _, low, high = paired.intervals((new.astype(float) - old)[:, None], np.ones(prompts), 0.95, 1000, 0)
-    assert mcnemar <= UPPER  # exact: conservative with few discordant prompts
-    assert _excludes_zero(low, high).mean() <= UPPER
+    half = np.minimum(flips, 2 * np.minimum(p, 1 - p)) / 2
+    u = rng.random((REPS, prompts))
+    old, new = u < p, (u < p - half) | ((u >= p) & (u < p + half))
+    tests = [paired.mcnemar(o, n) for o, n in zip(old, new, strict=True)]
+    alarms = np.mean([t["mcnemar_p"] < ALPHA for t in tests])
+    discordant = np.array([t["right_to_wrong"] + t["wrong_to_right"] for t in tests])
+    expected = np.array([mcnemar_size(d) for d in range(discordant.max() + 1)])[discordant].mean()
+    assert abs(alarms - expected) < 3 * math.sqrt(expected * (1 - expected) / REPS) and expected <= ALPHA
+    intervals = [paired.mcnemar_interval(t["right_to_wrong"], t["wrong_to_right"], prompts) for t in tests]
+    excluded = np.mean([lo > 0 or hi < 0 for _, lo, hi in intervals])
+    assert excluded <= UPPER
 
 
 @pytest.mark.parametrize("prompts", [8, 40])

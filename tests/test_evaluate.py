@@ -39,7 +39,7 @@ RECORDS = [
 
 
 def test_greedy_summary_by_hand():
-    m = summarize_greedy(RECORDS, EvalParams(), seed=0)
+    m = summarize_greedy(RECORDS, EvalParams())
     assert m.n == 3 and m.accuracy == pytest.approx(1 / 3)  # only prompt 1's first sample is right
     assert m.format_rate == pytest.approx(2 / 3) and m.truncation_rate == pytest.approx(2 / 3)
     assert m.mean_tokens == pytest.approx(8) and m.median_tokens == 8
@@ -66,7 +66,7 @@ def test_sampled_summary_by_hand():
 
 
 def test_markdown_report_shows_interval_and_samples():
-    greedy = summarize_greedy(RECORDS, EvalParams(), seed=0)
+    greedy = summarize_greedy(RECORDS, EvalParams())
     metrics = EvalResult.model_validate(
         {
             "sampling": {"temperature": 0.0},

@@ -51,7 +51,7 @@ def page() -> str:
 def test_tables_and_numbers(page):
     for table_id in ("headline", "by-source", "settings"):
         assert page.count(f'<table id="{table_id}">') == 1
-    assert "<caption>Held-out results per checkpoint (accuracy with its bootstrap confidence" in page
+    assert "<caption>Held-out results per checkpoint (accuracy with its Clopper-Pearson confidence" in page
     # accuracy 0.12 with CI [0.08, 0.165] -> 12.0% [8.0, 16.5]; the CI is only where given
     assert '<td class="num">12.0% <span class="ci">[8.0, 16.5]</span></td>' in page
     assert '<td class="num">42.0%</td>' in page

@@ -7,11 +7,21 @@ import random
 from collections import Counter
 from fractions import Fraction
 
+import numpy as np
 import pytest
+from scipy.stats import binomtest
 
 from rung.answers import verify
 from rung.eval.evaluate import summarize_sampled
-from rung.eval.metrics import avg_at_n, bootstrap_ci, maj_at_k, maj_at_ks, mean_pass_at_k, pass_at_k
+from rung.eval.metrics import (
+    avg_at_n,
+    bootstrap_ci,
+    maj_at_k,
+    maj_at_ks,
+    mean_pass_at_k,
+    pass_at_k,
+    share_interval,
+)
 
 
 @pytest.mark.parametrize(
@@ -183,3 +193,34 @@ def test_bootstrap_ci_rejects_bad_arguments():
     for kwargs in ({"values": []}, {"values": [1.0], "confidence": 1.0}, {"values": [1.0], "resamples": 0}):
         with pytest.raises(ValueError):
             bootstrap_ci(**kwargs)
+
+
+def test_share_interval_is_clopper_pearson_for_right_and_wrong():
+    for right, n in [(0, 50), (3, 50), (147, 305), (8, 8)]:
+        exact = binomtest(right, n).proportion_ci(0.95, method="exact")
+        low, high = share_interval([1.0] * right + [0.0] * (n - right), 0.95)
+        assert (float(low), float(high)) == pytest.approx((exact.low, exact.high), abs=1e-9)
+
+
+def test_share_interval_stays_open_at_the_boundary():
+    # an arm with every prompt solved (the study printed "dapo 100.0 [100.0, 100.0]"): a lower bound below 100%,
+    # at most Clopper-Pearson's for as many 0/1 prompts; values all alike still leave room for a missed prompt
+    low, high = share_interval([1.0] * 8)
+    assert high == 1 and low == pytest.approx(0.025 ** (1 / 8))
+    low, high = share_interval([0.0] * 8, weights=[3.0] * 8)  # 8 prompt clusters of 3 seeds each: 8 prompts
+    assert low == 0 and high == pytest.approx(1 - 0.025 ** (1 / 8))
+    low, high = share_interval([0.5] * 50)
+    assert 0.4 < low < 0.5 < high < 0.6
+    # values that vary less than 0/1 ones give a narrower interval than the share of right answers
+    narrow, wide = share_interval([0.5, 0.4] * 25), share_interval([1.0, 0.0] * 25)
+    assert wide[0] < narrow[0] < 0.45 < narrow[1] < wide[1]
+
+
+def test_share_interval_is_vectorised_and_rejects_bad_input():
+    rows = np.array([[1.0, 0.5, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
+    low, high = share_interval(rows)
+    assert [float(low[1]), float(high[1])] == [pytest.approx(float(share_interval(rows[1])[0])), 1.0]
+    assert float(low[0]) == pytest.approx(float(share_interval(rows[0])[0]))
+    for values, kwargs in (([], {}), ([1.2], {}), ([0.5], {"confidence": 1.0}), ([0.5, 1], {"weights": [1.0]})):
+        with pytest.raises(ValueError):
+            share_interval(values, **kwargs)

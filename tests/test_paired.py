@@ -43,8 +43,8 @@ def test_mcnemar_one_sided_flips(flips, p):
 
 
 def test_verdict_follows_mcnemar_at_the_level_of_the_confidence():
-    six = paired.greedy_test(greedy([False] * 6 + [True] * 4), greedy([True] * 10), 0.95, 500, 0, "x")
-    five = paired.greedy_test(greedy([False] * 5 + [True] * 5), greedy([True] * 10), 0.95, 500, 0, "x")
+    six = paired.greedy_test(greedy([False] * 6 + [True] * 4), greedy([True] * 10), 0.95, "x")
+    five = paired.greedy_test(greedy([False] * 5 + [True] * 5), greedy([True] * 10), 0.95, "x")
     assert (six.mcnemar_p, six.significant, six.verdict) == (
         pytest.approx(0.03125),
         True,
@@ -57,7 +57,7 @@ def test_verdict_follows_mcnemar_at_the_level_of_the_confidence():
     )
     assert five.difference == pytest.approx(0.5) and five.accuracy_old == 0.5 and five.accuracy_new == 1.0
     assert (
-        paired.greedy_test(greedy([False] * 5 + [True] * 5), greedy([True] * 10), 0.9, 500, 0, "x").verdict
+        paired.greedy_test(greedy([False] * 5 + [True] * 5), greedy([True] * 10), 0.9, "x").verdict
         == "significant at 0.1 (exact McNemar)"
     )
     assert (
@@ -95,7 +95,7 @@ def test_prompts_needed_for_80_percent_power():
     assert paired.mcnemar_prompts_needed(4, 4, 95) is None and paired.mcnemar_prompts_needed(0, 0, 95) is None
     with pytest.raises(ValueError, match="do not fit"):
         paired.mcnemar_prompts_needed(50, 50, 95)
-    five = paired.greedy_test(greedy([False] * 5 + [True] * 5), greedy([True] * 10), 0.95, 500, 0, "x")
+    five = paired.greedy_test(greedy([False] * 5 + [True] * 5), greedy([True] * 10), 0.95, "x")
     assert (
         tables.verdict(five.model_copy(update={"prompts_needed": 273}))
         == "not significant at 0.05 (exact McNemar); post-hoc: about 273 prompts at this effect"
@@ -106,28 +106,28 @@ def test_prompts_needed_for_80_percent_power():
     )
 
 
-def test_paired_bootstrap_is_seeded_and_covers_the_true_difference():
+def test_mcnemar_interval_is_bonett_price_and_narrower_than_unpaired():
+    # Bonett and Price (2012), by hand: 3 right -> wrong, 9 wrong -> right of 40: (4/42, 10/42)
+    diff, lo, hi = paired.mcnemar_interval(3, 9, 40, 0.95)
+    half = 1.959964 * math.sqrt((14 / 42 - (6 / 42) ** 2) / 42)
+    assert diff == 6 / 40 and (lo, hi) == pytest.approx((6 / 42 - half, 6 / 42 + half), abs=1e-6)
     rng = np.random.default_rng(1)
     old = rng.random(400) < 0.45
     new = np.where(rng.random(400) < 0.2, ~old, old)  # 20% of prompts flip, either way
-    first = paired.paired_bootstrap(old, new, 0.95, 2000, seed=3)
-    assert paired.paired_bootstrap(old, new, 0.95, 2000, seed=3) == first
-    assert paired.paired_bootstrap(old, new, 0.95, 2000, seed=4) != first
-    diff, lo, hi = first
+    flips = paired.mcnemar(old, new)
+    diff, lo, hi = paired.mcnemar_interval(flips["right_to_wrong"], flips["wrong_to_right"], 400)
     assert diff == pytest.approx(new.mean() - old.mean()) and lo < diff < hi
     # the paired interval is narrower than the one from two independent samples would be
     se_unpaired = math.sqrt(old.mean() * (1 - old.mean()) / 400 + new.mean() * (1 - new.mean()) / 400)
     assert hi - lo < 2 * 1.96 * se_unpaired
-
-
-def test_paired_bootstrap_of_a_constant_difference_is_that_difference():
-    assert paired.paired_bootstrap([0.1, 0.5, 0.2], [0.3, 0.7, 0.4]) == pytest.approx((0.2, 0.2, 0.2))
+    with pytest.raises(ValueError, match="do not fit"):
+        paired.mcnemar_interval(5, 6, 10)
 
 
 def test_an_interval_stays_inside_what_the_metric_can_take():
     """49 of 50 prompts gained, 1 unchanged (the tools recipe's avg@4 over base): the widened interval reached
     +101.2 points; a difference of shares is cut to -1..1, a share to 0..1, and both still hold the estimate."""
-    diff, lo, hi = paired.paired_bootstrap([0.0] * 50, [1.0] * 49 + [0.0])
+    diff, lo, hi = paired.mcnemar_interval(0, 49, 50)
     assert lo < diff == 0.98 and hi == 1.0
     est, low, high = paired.intervals(np.array([[1.0] * 49 + [0.0]]), np.ones(50), 0.95, 1000, 0, bounds=(0.0, 1.0))
     assert low[0] < est[0] == 0.98 and high[0] == 1.0
@@ -168,14 +168,14 @@ def test_holm_adjusts_a_family_step_down():
 def test_records_pair_by_id_and_refuse_different_prompts():
     old = greedy([True, False, False], ids=["a", "b", "c"])
     new = greedy([False, True, True], ids=["c", "b", "a"])  # same prompts, another order
-    g = paired.greedy_test(old, new, 0.95, 200, 0, "new vs old on test")
+    g = paired.greedy_test(old, new, 0.95, "new vs old on test")
     assert (g.right_to_wrong, g.wrong_to_right, g.both_right, g.both_wrong) == (0, 1, 1, 1)
     with pytest.raises(
         InputError,
         match=r"^sft vs base on test: the two checkpoints were evaluated on different prompts "
         r"\(1 ids only in the first, 1 only in the second, e.g. 'c'\)",
     ):
-        paired.greedy_test(old, greedy([True, True, True], ids=["a", "b", "d"]), 0.95, 200, 0, "sft vs base on test")
+        paired.greedy_test(old, greedy([True, True, True], ids=["a", "b", "d"]), 0.95, "sft vs base on test")
     with pytest.raises(InputError, match="duplicate prompt ids"):
         paired.align(old, greedy([True, True, True], ids=["a", "a", "b"]), "x")
 

@@ -11,8 +11,8 @@ from rung.config.data import Source
 
 class SampledEvalParams(SamplingParams):
     """n samples per prompt for avg@n, pass@k (k = 1..n), maj@k (at the spectrum's k: powers of two, n
-    and compare_k), the pass@k spectrum (a bootstrap band at every power of two up to n) and coverage
-    (the share of prompts solved at least once)."""
+    and compare_k), the pass@k spectrum (a band over prompts at every power of two up to n,
+    rung.eval.metrics.share_interval) and coverage (the share of prompts solved at least once)."""
 
     n: int = Field(4, ge=1)
     """Samples per prompt; pass@k is reported for every k <= n, maj@k at the spectrum's k."""
@@ -33,7 +33,7 @@ class SampledEvalParams(SamplingParams):
 
 class BootstrapParams(Section):
     resamples: int = Field(1000, ge=100)
-    """Bootstrap resamples of the prompts (seeded)."""
+    """Bootstrap resamples of the prompts (seeded) for the paired comparisons' intervals."""
     confidence: float = Field(0.95, gt=0, lt=1)
     """Interval coverage; 1 - confidence is the level of the paired tests' verdicts."""
 
@@ -44,7 +44,8 @@ class EvalParams(Section):
     samples: SampledEvalParams | None = SampledEvalParams()
     """Sampled decoding for avg@n / pass@k / maj@k; null skips it."""
     bootstrap: BootstrapParams = BootstrapParams()
-    """Percentile-bootstrap confidence interval of the headline accuracy."""
+    """Confidence of every interval (the headline accuracy's Clopper-Pearson interval, the pass@k bands, the
+    paired comparisons' intervals) and the resamples of the paired comparisons' bootstrap."""
     sets: list[Source] = Field(default_factory=list)
     """Eval sets besides the held-out in-domain split ('test'): out-of-domain reasoning-gym
     tasks, benchmark files (GSM8K / MATH-500 / AIME style) or HF datasets. The curate stage

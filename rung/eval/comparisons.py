@@ -90,11 +90,9 @@ def comparisons(
             if greedy_old is None or greedy_new is None:
                 continue
             what = f"{new} vs {old} on {name}"
-            sets[name] = paired.greedy_test(greedy_old, greedy_new, confidence, resamples, seed, what)
+            sets[name] = paired.greedy_test(greedy_old, greedy_new, confidence, what)
             if all("episode" in r["samples"][0] for r in [*greedy_old, *greedy_new]):
-                first = paired.first_answer_test(
-                    greedy_old, greedy_new, confidence, resamples, seed, f"{what} (first answers)"
-                )
+                first = paired.first_answer_test(greedy_old, greedy_new, confidence, f"{what} (first answers)")
                 # two tests of one pair on one set: held to the level together
                 sets[name], first = one_family([sets[name], first], paired.level(confidence), ANSWERS)
                 sets[name].first_answer = first

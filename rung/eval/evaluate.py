@@ -1,4 +1,4 @@
-"""Evaluation of one checkpoint on one eval set: greedy accuracy with a bootstrap interval,
+"""Evaluation of one checkpoint on one eval set: greedy accuracy with its Clopper-Pearson interval,
 format compliance, lengths, breakdowns by source and difficulty, and (with n samples per
 prompt) avg@n and unbiased pass@k for every k <= n, maj@k at the k of the spectrum."""
 
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from rung import files, paths
 from rung.answers import formats
 from rung.answers.verify import GraderFailed, answer_class, is_correct
-from rung.config import BootstrapParams, EvalParams, FormatParams, SamplingParams
+from rung.config import EvalParams, FormatParams, SamplingParams
 from rung.data.rows import difficulty_label
 from rung.eval import metrics
 from rung.eval.results import EvalRecord, EvalResult, Graded, SetMetrics
@@ -64,14 +64,16 @@ def _by(records: list[Record], key: str) -> dict[str, float]:
     return {k: mean(v) for k, v in sorted(groups.items())}
 
 
-def summarize_greedy(records: list[Record], params: EvalParams, seed: int) -> SetMetrics:
-    """Headline metrics of one completion per prompt (the first), with a bootstrap interval."""
+def summarize_greedy(records: list[Record], params: EvalParams) -> SetMetrics:
+    """Headline metrics of one completion per prompt (the first), accuracy with its Clopper-Pearson interval
+    (metrics.share_interval)."""
     first = [r["samples"][0] for r in records]
     correct = [float(s["correct"]) for s in first]
+    low, high = metrics.share_interval(correct, params.bootstrap.confidence)
     return SetMetrics(
         n=len(records),
         accuracy=mean(correct),
-        accuracy_ci=list(metrics.bootstrap_ci(correct, params.bootstrap.confidence, params.bootstrap.resamples, seed)),
+        accuracy_ci=[float(low), float(high)],
         accuracy_lenient=mean(float(s["correct_lenient"]) for s in first),
         format_rate=mean(float(s["extracted"] is not None) for s in first),
         mean_tokens=mean(s["tokens"] for s in first),
@@ -85,8 +87,7 @@ def summarize_greedy(records: list[Record], params: EvalParams, seed: int) -> Se
 
 def summarize_sampled(
     records: list[Record],
-    bootstrap: BootstrapParams | None = None,
-    seed: int = 0,
+    confidence: float | None = None,
     compare_k: Sequence[int] = (),
     classes: Sequence[metrics.Classify] | None = None,
 ) -> dict[str, Any]:
@@ -94,24 +95,18 @@ def summarize_sampled(
     count, with a warning when some prompt has more), and maj@k at the k of the spectrum and
     `compare_k` (metrics.spectrum_ks), voting on the answers' `classes` (one function per record,
     verify.answer_class of its row), else on strings: the fields of SetMetrics that need samples, avg@n under a key
-    named for n; with `bootstrap`, the band of pass@k over prompts at every k of the spectrum."""
+    named for n; with `confidence`, the band of pass@k over prompts at every k of the spectrum (the interval of
+    the mean of the prompts' pass@k, metrics.share_interval)."""
     n = metrics.common_n(records, "sampled evaluation")
     per_prompt = [[s["correct"] for s in r["samples"][:n]] for r in records]
     counts = [sum(c) for c in per_prompt]
     votes = [[(s["extracted"], s["correct"]) for s in r["samples"][:n]] for r in records]
     maj = metrics.maj_at_ks(votes, metrics.spectrum_ks(n, compare_k), classes)
-    band = (
-        {
-            str(k): list(
-                metrics.bootstrap_ci(
-                    [metrics.pass_at_k(n, c, k) for c in counts], bootstrap.confidence, bootstrap.resamples, seed
-                )
-            )
-            for k in metrics.spectrum_ks(n)
-        }
-        if bootstrap
-        else {}
-    )
+    ks = metrics.spectrum_ks(n)
+    band = {}
+    if confidence is not None:
+        low, high = metrics.share_interval([[metrics.pass_at_k(n, c, k) for c in counts] for k in ks], confidence)
+        band = {str(k): [float(lo), float(hi)] for k, lo, hi in zip(ks, low, high, strict=True)}
     return {
         f"avg@{n}": metrics.avg_at_n(per_prompt),
         "pass_at_k": {str(k): metrics.mean_pass_at_k(counts, n, k) for k in range(1, n + 1)},
@@ -171,7 +166,7 @@ def evaluate(
         return grade_episodes(subset, episodes.run(gen, environment, subset, fmt, sampling, n, seed), fmt)
 
     greedy = answer(rows, params.sampling, 1, seed, "eval greedy")
-    result = summarize_greedy(greedy, params, seed)
+    result = summarize_greedy(greedy, params)
     progress(f"greedy accuracy {result.accuracy:.3f} on {len(rows)} prompts")
     if environment is not None:
         from rung.eval import episodes
@@ -184,7 +179,9 @@ def evaluate(
         s = params.samples
         subset = rows[: s.max_prompts]
         sampled = answer(subset, s, s.n, seed + 1, f"eval x{s.n}")
-        summary = summarize_sampled(sampled, params.bootstrap, seed, s.compare_k, [answer_class(r) for r in subset])
+        summary = summarize_sampled(
+            sampled, params.bootstrap.confidence, s.compare_k, [answer_class(r) for r in subset]
+        )
         result = SetMetrics(**result.dump(), **summary)
     return greedy, sampled, result
 

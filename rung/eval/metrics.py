@@ -1,6 +1,6 @@
-"""Evaluation metrics over sampled completions: pass@k, avg@n, maj@k, bootstrap intervals.
+"""Evaluation metrics over sampled completions: pass@k, avg@n, maj@k, and their intervals.
 
-Pure functions on plain Python values (numpy only), so they can be tested without a model and
+Pure functions on plain Python values (numpy and scipy only), so they can be tested without a model and
 reused by any stage that has per-sample correctness.
 """
 
@@ -12,6 +12,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from scipy.stats import beta
 
 log = logging.getLogger(__name__)
 
@@ -216,3 +217,49 @@ def bootstrap_ci(
     alpha = (1 - confidence) / 2
     lo, hi = np.quantile(bootstrap_means(values, resamples, seed), [alpha, 1 - alpha])
     return float(lo), float(hi)
+
+
+def share_interval(
+    values: Sequence[float] | np.ndarray, confidence: float = 0.95, weights: Sequence[float] | np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Confidence interval of the mean of values in [0, 1] over their last axis (a share of right answers, the
+    mean of per-prompt pass@k, a study's prompt clusters with `weights` rows each), vectorised over leading axes.
+
+    For 0/1 values it is the Clopper-Pearson (exact binomial) interval, whose coverage is at least `confidence`
+    at every true share and size, 0% and 100% included. For other values it is Clopper-Pearson at an effective
+    number of prompts, n / rho: rho is the variance of the least favourable distribution at each bound (the
+    observed values with mass moved to the far end, 0 for the low bound, 1 for the high: a prompt the sample
+    missed) over bound * (1 - bound); for 0/1 values rho = 1. The far-end mass is what keeps the interval
+    honest near 0% and 100%, where the mean of pass@k is set by a few hard prompts a sample often lacks; with
+    equal weights n is the number of values, else Kish's effective number (sum w)^2 / sum w^2. Coverage
+    measured in tests/test_calibration_intervals.py and docs/evaluation.md; written out because no library
+    gives an interval for the mean of bounded values that holds at the boundary."""
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    x = np.asarray(values, dtype=float)
+    w = np.ones(x.shape[-1]) if weights is None else np.asarray(weights, dtype=float)
+    if x.shape[-1] == 0 or w.shape != x.shape[-1:] or np.any(w <= 0):
+        raise ValueError(f"need values (..., n) with n >= 1 and n positive weights, got {x.shape} and {w.shape}")
+    if np.any((x < 0) | (x > 1)):
+        raise ValueError("share_interval: values must lie in [0, 1]")
+    mean = x @ w / w.sum()
+    spread = (x - mean[..., None]) ** 2 @ w / w.sum()
+    n, tail = w.sum() ** 2 / (w**2).sum(), (1 - confidence) / 2
+    return _low_bound(mean, spread, n, tail), 1 - _low_bound(1 - mean, spread, n, tail)
+
+
+def _low_bound(mean: np.ndarray, spread: np.ndarray, n: float, tail: float) -> np.ndarray:
+    """share_interval's low bound: the largest L with L = Clopper-Pearson's low bound of `mean` at n / rho(L),
+    found by iterating from L = mean (each step lowers L; the steps shrink fast, 8 give 1e-5)."""
+    bound = mean.copy()
+    for _ in range(100):
+        far = np.divide(mean - bound, mean, out=np.zeros_like(mean), where=mean > 0)  # the mass moved to 0
+        variance = (1 - far) * spread + far * (1 - far) * mean**2
+        rho = np.divide(variance, bound * (1 - bound), out=np.ones_like(mean), where=(bound > 0) & (bound < 1))
+        size = n / np.clip(rho, 1e-12, 1)
+        hits = mean * size
+        new = np.where(mean > 0, beta.ppf(tail, np.maximum(hits, 1e-300), size - hits + 1), 0.0)
+        if np.all(np.abs(new - bound) < 1e-9):
+            return new
+        bound = new
+    return bound

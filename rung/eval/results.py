@@ -72,7 +72,7 @@ class SetMetrics(Result):
     accuracy_by_difficulty: dict[str, Number] = {}
     pass_at_k: dict[str, Number] = {}
     pass_at_k_band: dict[str, list[Number]] = {}
-    """Bootstrap interval over prompts of pass@k at every power of two up to n (and n): [low, high]."""
+    """Interval over prompts of pass@k at every power of two up to n (and n), metrics.share_interval: [low, high]."""
     coverage: Number | None = None
     """Share of prompts solved at least once in the n samples (= pass@n)."""
     maj_at_k: dict[str, Number] = {}
@@ -183,8 +183,8 @@ class SampledTest(Result):
 
 
 class GreedyTest(Result):
-    """Greedy accuracy of new against old on one eval set: difference with its paired bootstrap
-    interval, the flips, the exact McNemar test; prompts_needed only when not significant (None
+    """Greedy accuracy of new against old on one eval set: difference with its paired
+    interval (Bonett-Price), the flips, the exact McNemar test; prompts_needed only when not significant (None
     when the flips balance); sampled when both checkpoints have samples."""
 
     n: int
@@ -345,7 +345,7 @@ class StudyResult(Result):
     """Per arm: reward, train_accuracy and held_out_accuracy as (step, mean, min, max)."""
     spectrum: dict[str, dict[str, list[Band]]] = {}
     """Per sampled eval set, per arm (and the init checkpoint): (k, pass@k mean over seeds, low, high),
-    the band a bootstrap interval over prompts of the seed-averaged per-prompt pass@k."""
+    the band the interval over prompt clusters of the seed-averaged per-prompt pass@k (metrics.share_interval)."""
     coverage: dict[str, dict[str, Spread]] = {}
     """Per sampled eval set, per arm (and the init checkpoint): coverage (solved at least once in n) over seeds."""
     claims: list[ClaimResult] = []

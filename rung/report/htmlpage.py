@@ -141,7 +141,7 @@ def _headline(evals: Mapping[str, Mapping[str, Any]]) -> str:
     header = ["checkpoint", *(title for _, title, _, _ in columns), *(["sampling"] if with_sampling else [])]
     caption = "Held-out results per checkpoint"
     if any(m.get("accuracy_ci") for m in evals.values()):
-        caption += " (accuracy with its bootstrap confidence interval, in points)"
+        caption += " (accuracy with its Clopper-Pearson confidence interval, in points)"
     return _table("headline", caption, header, body)
 
 
@@ -342,8 +342,8 @@ def render(
                 "plot-pass-at-k",
                 lambda: pass_at_k_plot(evals, colors),
                 "pass@k per checkpoint: the chance that at least one of k samples is correct "
-                "(unbiased estimator of Chen et al. 2021); the band, where drawn, is the bootstrap "
-                "interval over prompts at each power of two.",
+                "(unbiased estimator of Chen et al. 2021); the band, where drawn, is the "
+                "interval over prompts at each power of two (Clopper-Pearson at the effective number of prompts).",
             ),
             (
                 "plot-by-source",

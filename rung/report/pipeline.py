@@ -106,7 +106,8 @@ BOUNDARY_NOTE = (
 )
 SPECTRUM_NOTE = (
     "pass@k (unbiased estimator, Chen et al. 2021) at every power of two up to n, with its {conf:g}% "
-    "bootstrap interval over prompts (of that checkpoint alone), and coverage (solved at least once in n)."
+    "interval over prompts (of that checkpoint alone; Clopper-Pearson at the effective number of prompts, which "
+    "holds at 0% and 100%), and coverage (solved at least once in n)."
 )
 
 
@@ -191,7 +192,7 @@ def markdown(
     confidence = _confidence(evals)
     notes = [
         f"Held-out split: {n} prompts; headline decoding: {sampling}; "
-        f"accuracy with its {100 * confidence:.0f}% bootstrap interval "
+        f"accuracy with its {100 * confidence:.0f}% Clopper-Pearson interval "
         "(of that checkpoint alone: whether two checkpoints differ is read from the paired comparisons, "
         "not from overlapping intervals)."
     ]

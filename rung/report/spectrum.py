@@ -1,5 +1,5 @@
 """A study's pass@k spectrum: per arm (and the checkpoint the arms start from) pass@k at every power
-of two up to n with a bootstrap interval over prompts, coverage over seeds, and published claims about
+of two up to n with its interval over prompt clusters, coverage over seeds, and published claims about
 the curve checked with paired tests across prompts and seeds. Every arm is read at the smallest n of
 the eval set, pass@k and coverage alike (a warning names the counts when some arm drew more).
 
@@ -74,12 +74,13 @@ def _values(by_seed: Mapping[int, Sequence[EvalRecord]], k: int, n: int) -> dict
 
 
 def curves(
-    sampled: Sampled, confidence: float, resamples: int, seed: int
+    sampled: Sampled, confidence: float
 ) -> tuple[dict[str, dict[str, list[Band]]], dict[str, dict[str, Spread]]]:
     """Per eval set and arm: the spectrum (k, mean pass@k, band low, band high) and coverage over seeds,
     both at the smallest number of samples of the set over every arm and seed (metrics.common_n warns
-    when some record has more), so that arms that drew different n compare at one n. The interval at
-    each k resamples prompt clusters (paired.unit_values, paired.intervals)."""
+    when some record has more), so that arms that drew different n compare at one n. The band at each k
+    is the interval of the mean over prompt clusters (paired.unit_values; metrics.share_interval, each
+    cluster's mean weighted by its rows): it stays open at 0% and 100%."""
     spectrum: dict[str, dict[str, list[Band]]] = {}
     coverage: dict[str, dict[str, Spread]] = {}
     names = dict.fromkeys(name for seeds in sampled.values() for sets in seeds.values() for name in sets)
@@ -92,11 +93,12 @@ def curves(
         for arm, by_seed in by_arm.items():
             ks = metrics.spectrum_ks(n)
             clusters = [paired.unit_values(_values(by_seed, k, n)) for k in ks]
-            sums = np.array([c[0] for c in clusters])[:, None, :]  # (k, one metric each, clusters)
-            est, low, high = paired.intervals(sums, clusters[0][1], confidence, resamples, seed, bounds=(0.0, 1.0))
+            sizes = clusters[0][1]
+            means = np.array([c[0] for c in clusters]) / sizes  # (k, clusters): each cluster's mean over its rows
+            low, high = metrics.share_interval(means, confidence, sizes)
             spectrum.setdefault(name, {})[arm] = [
-                (k, float(e), float(lo), float(hi))
-                for k, e, lo, hi in zip(ks, est[:, 0], low[:, 0], high[:, 0], strict=True)
+                (k, float(m @ sizes / sizes.sum()), float(lo), float(hi))
+                for k, m, lo, hi in zip(ks, means, low, high, strict=True)
             ]
             cov = [
                 metrics.coverage([sum(s["correct"] for s in r["samples"][:n]) for r in recs])

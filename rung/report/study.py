@@ -266,7 +266,7 @@ def aggregate(
     sampled = spectrum.sampled_records(runs, init)
     extra: dict[str, Any] = {}
     if sampled:
-        extra["spectrum"], extra["coverage"] = spectrum.curves(sampled, confidence, resamples, seed)
+        extra["spectrum"], extra["coverage"] = spectrum.curves(sampled, confidence)
         extra["claims"] = spectrum.check_claims(
             study.claims, sampled, confidence, resamples, seed, study.reference_effect
         )

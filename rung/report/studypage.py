@@ -83,7 +83,8 @@ def plots(result: StudyResult) -> list[htmlpage.Plot]:
                     for arm, points in arms.items()
                 }
             ),
-            f"pass@k on {name} per arm: mean over seeds, band the bootstrap interval over prompts.",
+            f"pass@k on {name} per arm: mean over seeds, band the interval over prompt clusters "
+            "(Clopper-Pearson at the effective number of prompts).",
         )
         for name, arms in result.spectrum.items()
     ]

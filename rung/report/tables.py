@@ -240,12 +240,13 @@ def paired_explanation(result: Comparisons) -> list[str]:
     conf, alpha = result.confidence, result.level
     return [
         "Each row compares two checkpoints on the same prompts. Difference: new minus old, in percentage points, "
-        f"with its {100 * conf:g}% paired bootstrap interval ({result.resamples} resamples of the prompts, "
-        "widened for small samples: the expanded percentile interval). "
+        f"with its {100 * conf:g}% paired interval (Bonett and Price's adjusted Wald interval from the flips, which "
+        "holds near 0% and 100% and with few flips). "
         "Right → wrong and wrong → right count the prompts whose greedy answer changed grade; "
         "the exact McNemar test asks whether those flips lean one way more than chance would, and gives the "
         "verdict of the accuracy row. avg@n and pass@k at every k of a row's eval set are one family: their "
-        f"interval is the {100 * conf:g}% bootstrap band over the family (sup-t, widened the same way) and their "
+        f"interval is the {100 * conf:g}% paired bootstrap band over the family ({result.resamples} resamples of the "
+        "prompts; sup-t, widened for small samples: the expanded percentile interval) and their "
         "verdict the sign-flip permutation test over prompts with the max-T statistic over the family (exact, "
         "all sign patterns, up to 12 prompts; random flips above), so that a verdict read at every k keeps "
         "the level. Each verdict names its test.",
@@ -359,7 +360,7 @@ def study_explanation(result: StudyResult) -> list[str]:
 
 def study_spectrum_table(result: StudyResult, set_name: str) -> Table:
     """Per arm (and the init checkpoint): pass@k at every k of the spectrum, mean over seeds with the
-    bootstrap band over prompts, and coverage mean ± sd over seeds."""
+    band over prompt clusters (metrics.share_interval), and coverage mean ± sd over seeds."""
     arms = result.spectrum.get(set_name, {})
     ks = sorted({int(p[0]) for points in arms.values() for p in points})
     header = ["arm", *(f"pass@{k} %" for k in ks), "coverage %"]
