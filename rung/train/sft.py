@@ -24,10 +24,11 @@ from rung.train.prefix import SharedPrefixSFT
 def examples(traces: list[dict[str, Any]], fmt: FormatParams, tok: PreTrainedTokenizerBase) -> Dataset:
     """Each trace tokenized as TRL's SFTTrainer tokenizes a prompt/completion pair (the conversation through the
     chat template, a retry trace's `history` ending its prompt and an episode's `messages` and tools' schemas
-    its completion; or the plain text and EOS), with a `completion_mask` of the trained tokens: the response,
-    and with any episode among the traces only what the template marks as the assistant's (never a tool's
-    output). Unlike TRL, every text is tokenized as plain text (rung.envs.template.render_ids): a target, a
-    tool's output or a wrong answer written by a model that spells `<|im_end|>` cannot close its turn."""
+    its completion; or the plain text and EOS), with the mask of the trained tokens as `assistant_masks` (TRL
+    applies that column whatever its config): the response, and with any episode among the traces only what the
+    template marks as the assistant's (never a tool's output). Unlike TRL, every text is tokenized as plain text
+    (rung.envs.template.render_ids): a target, a tool's output or a wrong answer written by a model that spells
+    `<|im_end|>` cannot close its turn."""
     assistant_only = episodes(traces)
     return Dataset.from_list([_example(t, fmt, tok, assistant_only) for t in traces])
 
@@ -42,11 +43,15 @@ def _example(
     else:
         tools = json.loads(trace["tools"]) if trace.get("tools") else None
         completion = trace.get("messages") or [{"role": "assistant", "content": trace["target"]}]
-        ids, generated = template.render_masked(tok, [*prompt, *completion], tools)
+        conversation = [*prompt, *completion]
+        if assistant_only:
+            ids, trained = template.render_masked(tok, conversation, tools)
+        else:  # no generation markers needed (SmolLM2's own template has none)
+            ids = template.render_ids(tok, conversation, tools)
+            trained = [1] * len(ids)
         prompt_ids = template.render_ids(tok, prompt, tools, add_generation_prompt=True)
-        trained = generated if assistant_only else [1] * len(ids)
     start = common_prefix_length(prompt_ids, ids)  # where TRL starts the completion
-    return {"input_ids": ids, "completion_mask": [int(i >= start and m) for i, m in enumerate(trained)]}
+    return {"input_ids": ids, "assistant_masks": [int(i >= start and m) for i, m in enumerate(trained)]}
 
 
 def _prompt(trace: dict[str, Any], fmt: FormatParams) -> list[dict[str, str]] | str:
@@ -80,7 +85,6 @@ def train(job: SFTJob) -> JobResult:
         warmup_steps=params.warmup_ratio,  # transformers 5: a float < 1 is a ratio of the steps
         lr_scheduler_type="cosine",
         max_length=params.max_length,
-        completion_only_loss=True,  # the examples' completion_mask (TRL refuses assistant_only_loss on token ids)
         packing=params.packing,
     )
     trainer = SharedPrefixSFT(
