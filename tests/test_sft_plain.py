@@ -5,8 +5,10 @@ prompt/completion conversations, the same ids and the same trained tokens, for e
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+import trl
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import SFTConfig, SFTTrainer
@@ -65,16 +67,24 @@ def trls(traces: list[dict], fmt: FormatParams) -> Dataset:
     return Dataset.from_list(rows)
 
 
+QWEN2_5 = (Path(trl.__file__).parent / "chat_templates" / "qwen2_5.jinja").read_text()
+"""A template without generation markers for which TRL has a training template that has them."""
+
+
 @pytest.mark.parametrize(
-    "fmt, kind",
-    [(FormatParams(), single), (FormatParams(), tool_calls), (FormatParams(template="plain"), single)],
-    ids=["chat", "episodes", "plain"],
+    "fmt, kind, chat_template",
+    [
+        (FormatParams(), single, None),  # SmolLM2's own template, the demo's
+        (FormatParams(), tool_calls, template.TEMPLATE),
+        (FormatParams(), tool_calls, QWEN2_5),
+        (FormatParams(template="plain"), single, None),
+    ],
+    ids=["chat", "episodes", "episodes-trl-training-template", "plain"],
 )
-def test_examples_are_trls_on_ordinary_text(tiny_model, tmp_path, fmt, kind):
+def test_examples_are_trls_on_ordinary_text(tiny_model, tmp_path, fmt, kind, chat_template):
     episodes = kind is tool_calls
-    tok = AutoTokenizer.from_pretrained(tiny_model)  # SmolLM2's own template, the demo's
-    if episodes:
-        template.apply(tok)
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    tok.chat_template = chat_template or tok.chat_template
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
     traces = kind(fmt)
 

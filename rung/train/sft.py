@@ -3,12 +3,14 @@ every text plain (`examples`), optional LoRA (peft) and packing."""
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
 from datasets import Dataset
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from trl import SFTConfig
+from trl.chat_template_utils import get_training_chat_template, has_generation_markers
 from trl.data_utils import common_prefix_length
 
 from rung import files
@@ -30,6 +32,9 @@ def examples(traces: list[dict[str, Any]], fmt: FormatParams, tok: PreTrainedTok
     (rung.envs.template.render_ids): a target, a tool's output or a wrong answer written by a model that spells
     `<|im_end|>` cannot close its turn."""
     assistant_only = episodes(traces)
+    if assistant_only and not has_generation_markers(tok.chat_template):
+        tok = copy.deepcopy(tok)  # TRL's own swap: its training template for the model's family marks them
+        tok.chat_template = get_training_chat_template(tok)
     return Dataset.from_list([_example(t, fmt, tok, assistant_only) for t in traces])
 
 
