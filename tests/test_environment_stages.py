@@ -113,13 +113,12 @@ def test_tool_call_traces_run_the_tool_and_sft_trains_only_the_assistants_tokens
         report_to=[],
         use_cpu=True,
         completion_only_loss=True,
-        assistant_only_loss=True,
         seed=0,
     )
     trainer = SFTTrainer(
         model=AutoModelForCausalLM.from_pretrained(tiny_model),
         args=args,
-        train_dataset=examples(traces, FMT),
+        train_dataset=examples(traces, FMT, tools_tok),
         processing_class=tools_tok,
     )
     example = trainer.train_dataset[0]

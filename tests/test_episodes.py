@@ -324,6 +324,58 @@ def test_environment_text_cannot_forge_a_turn(tok):
     assert_environment_text_is_plain(tok, e, [Forger().echo])
 
 
+def test_sft_traces_keep_tool_and_model_text_plain(tiny_model, tok, tmp_path, monkeypatch):
+    """The SFT stage's training examples (rung.train.sft, TRL's SFTTrainer): a tool's output in an episode, a
+    model's wrong answer in a retry trace's history and a sampled target that spell special tokens get the ids
+    of their characters; the loss covers the assistant's turns exactly."""
+    from transformers import AutoModelForCausalLM
+
+    from rung import files
+    from rung.answers import formats
+    from rung.config import SFTParams
+    from rung.train import sft
+    from rung.train.jobs import SFTJob
+    from tests.tiny_model import job
+
+    code = {"type": "function", "function": {"name": "python", "arguments": {"code": "print(1 + 1)"}}}
+    episode = [
+        {"role": "assistant", "content": "", "tool_calls": [code]},
+        {"role": "tool", "name": "python", "content": FORGE},
+        {"role": "assistant", "content": "Answer: 2"},
+    ]
+    retry = [{"role": "assistant", "content": FORGE}, {"role": "user", "content": "Again."}]
+    traces = [
+        {"id": "episode", "prompt": "1 + 1?", "target": "Answer: 2", "messages": episode},
+        {"id": "retry", "prompt": "1 + 1?", "history": retry, "target": "Answer: 2"},
+        {"id": "sampled", "prompt": "1 + 1?", "target": f"So {FORGE}"},
+    ]
+    init, data = tmp_path / "model", tmp_path / "traces.jsonl"
+    AutoModelForCausalLM.from_pretrained(tiny_model).save_pretrained(init)
+    tok.save_pretrained(init)
+    files.write_jsonl(data, traces)
+    captured = {}
+
+    def fit(trainer, *args) -> None:  # rung's fit, after keeping the examples TRL trains on
+        captured["rows"] = list(trainer.train_dataset)
+        fit_as_shipped(trainer, *args)
+
+    fit_as_shipped = sft.fit
+    monkeypatch.setattr(sft, "fit", fit)
+    params = SFTParams(max_steps=1, per_device_train_batch_size=3, max_length=256)
+    sft.train(job(SFTJob, init, data, tmp_path / "work", key="sft", params=params, seed=0))
+    call_turn = '<tool_call>\n{"name": "python", "arguments": {"code": "print(1 + 1)"}}\n</tool_call><|im_end|>'
+    learned = [call_turn + "Answer: 2<|im_end|>", "Answer: 2<|im_end|>", f"So {FORGE}<|im_end|>"]
+    for trace, row, expected in zip(traces, captured["rows"], learned, strict=True):
+        completion = trace.get("messages") or [{"role": "assistant", "content": trace["target"]}]
+        conversation = [*formats.prompt(trace["prompt"], FMT), *trace.get("history", []), *completion]
+        harmless = [{**m, "content": m["content"].replace(FORGE, "x")} for m in conversation]
+        assert specials(tok, row["input_ids"]) == specials(tok, tok.apply_chat_template(harmless, return_dict=False))
+        assert tok.decode(row["input_ids"]).count(FORGE) == 1
+        assert tok.decode([i for i, label in zip(row["input_ids"], row["labels"], strict=True) if label != -100]) == (
+            expected
+        )
+
+
 def test_env_turn_ids_refuse_a_template_that_is_not_prefix_preserving(tok):
     bad = copy.deepcopy(tok)
     bad.chat_template = "{{ messages | length }}" + tok.chat_template  # earlier turns change as messages follow

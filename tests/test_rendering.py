@@ -50,7 +50,7 @@ def _trl_ids(model_dir, fmt, tmp_path) -> tuple[list[list[int]], list[list[int]]
     sft = SFTTrainer(
         model=str(model_dir),
         args=SFTConfig(tmp_path / "sft", max_length=128, completion_only_loss=True, **common),
-        train_dataset=examples(traces, fmt),
+        train_dataset=examples(traces, fmt, tok),
         processing_class=tok,
     )
     # the prompt: the tokens before the first one with a label (TRL masks the prompt with -100)

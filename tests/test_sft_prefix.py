@@ -22,12 +22,13 @@ def test_shared_prefix_loss_and_gradients_equal_trls(tiny_model, tmp_path, syste
         {"prompt": r["prompt"] + " Explain." * (i % 3), "target": f"{r['solution']}\nAnswer: {r['answer']}"}
         for i, r in enumerate(sums(6, lambda i: i % 4 + 1, solutions=True))
     ]
+    tok = AutoTokenizer.from_pretrained(tiny_model)
     torch.manual_seed(0)
     trainer = SharedPrefixSFT(
         model=AutoModelForCausalLM.from_pretrained(tiny_model),
         args=SFTConfig(output_dir=str(tmp_path), per_device_train_batch_size=6, use_cpu=True, report_to=[]),
-        train_dataset=examples(traces, fmt),
-        processing_class=AutoTokenizer.from_pretrained(tiny_model),
+        train_dataset=examples(traces, fmt, tok),
+        processing_class=tok,
     )
     batch = next(iter(trainer.get_train_dataloader()))
     model = trainer.model

@@ -123,19 +123,16 @@ def _why(error: str) -> str:
 _SLOT = re.compile("\ue000(\\d+)\ue001")  # private-use code points: where a message's text goes
 
 
-def render_ids(
+def _pieces(
     tokenizer: PreTrainedTokenizerBase,
     messages: list[dict[str, Any]],
-    tools: list[Callable[..., Any] | dict[str, Any]] | None = None,
-    add_generation_prompt: bool = False,
-) -> list[int]:
-    """`messages` through the chat template as `apply_chat_template(tokenize=True)` gives them, but the text of
-    every message not the assistant's (a tool's output, the environment's reply and observation, the prompt)
-    tokenized as plain text (`split_special_tokens`): text that spells a special token (`<|im_end|>`) gets the
-    ids of its characters, never the token, so that it cannot close its turn and forge the next one. Each text
-    is rendered as a slot and tokenized alone; raises InputError for a template that rewrites message text."""
+    tools: list[Callable[..., Any] | dict[str, Any]] | None,
+    add_generation_prompt: bool,
+) -> list[str]:
+    """The rendered chat cut into the template's markup (even places) and the messages' texts (odd places).
+    An empty text stays in the markup: templates test it (`if message['content']`) to decide what they write."""
     slotted = [
-        {**m, "content": f"\ue000{i}\ue001"} if m["role"] != "assistant" and isinstance(m.get("content"), str) else m
+        {**m, "content": f"\ue000{i}\ue001"} if isinstance(m.get("content"), str) and m["content"] else m
         for i, m in enumerate(messages)
     ]
     kwargs: dict[str, Any] = {"tools": tools, "add_generation_prompt": add_generation_prompt, "tokenize": False}
@@ -143,11 +140,61 @@ def render_ids(
     texts = [messages[int(p)]["content"] if i % 2 else p for i, p in enumerate(parts)]
     if "".join(texts) != tokenizer.apply_chat_template(messages, **kwargs):
         raise InputError(f"the chat template rewrites message text: rung cannot keep it plain; fix: {FIX}")
+    return texts
+
+
+def _encode(tokenizer: PreTrainedTokenizerBase, pieces: list[str], **kwargs: Any) -> list[Any]:
+    """Each piece's encoding: the markup with its special tokens, a text as plain text."""
+    return [
+        tokenizer(p, add_special_tokens=False, split_special_tokens=bool(i % 2), **kwargs) for i, p in enumerate(pieces)
+    ]
+
+
+def render_ids(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[dict[str, Any]],
+    tools: list[Callable[..., Any] | dict[str, Any]] | None = None,
+    add_generation_prompt: bool = False,
+) -> list[int]:
+    """`messages` through the chat template as `apply_chat_template(tokenize=True)` gives them, but the text of
+    every message (a tool's output, the environment's reply and observation, the prompt, an assistant turn the
+    model or a dataset wrote) tokenized as plain text (`split_special_tokens`): text that spells a special token
+    (`<|im_end|>`) gets the ids of its characters, never the token, so that it cannot close its turn and forge
+    the next one. Each text is rendered as a slot and tokenized alone; raises InputError for a template that
+    rewrites message text."""
+    pieces = _pieces(tokenizer, messages, tools, add_generation_prompt)
+    return [t for encoding in _encode(tokenizer, pieces) for t in encoding.input_ids]
+
+
+def render_masked(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[dict[str, Any]],
+    tools: list[Callable[..., Any] | dict[str, Any]] | None = None,
+) -> tuple[list[int], list[int]]:
+    """`render_ids` of a whole conversation, and its assistant mask: 1 on each token that overlaps what the
+    template's `{% generation %}` blocks wrote (the assistant's turns), as `apply_chat_template(
+    return_assistant_tokens_mask=True)` marks its own tokens. The blocks are located in the rendered text, not
+    in tokens, so a text that spells a special token moves no boundary."""
+    pieces = _pieces(tokenizer, messages, tools, False)
+    marked = tokenizer.apply_chat_template(
+        messages,
+        tools=tools,
+        return_dict=True,
+        return_assistant_tokens_mask=True,
+        tokenizer_kwargs={"return_offsets_mapping": True},
+    )
+    generated = [False] * sum(map(len, pieces))  # per character of the rendered chat
+    for (a, b), m in zip(marked["offset_mapping"], marked["assistant_masks"], strict=True):
+        if m:
+            generated[a:b] = [True] * (b - a)
     ids: list[int] = []
-    for i, text in enumerate(texts):
-        if text:
-            ids += tokenizer.encode(text, add_special_tokens=False, split_special_tokens=bool(i % 2))
-    return ids
+    mask: list[int] = []
+    start = 0
+    for piece, encoding in zip(pieces, _encode(tokenizer, pieces, return_offsets_mapping=True), strict=True):
+        ids += encoding.input_ids
+        mask += [int(any(generated[start + a : start + b])) for a, b in encoding.offset_mapping]
+        start += len(piece)
+    return ids, mask
 
 
 def tool_calling_problem(tokenizer: PreTrainedTokenizerBase) -> str | None:

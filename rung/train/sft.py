@@ -1,38 +1,62 @@
-"""SFT warm-start with TRL's SFTTrainer: completion-only loss on chat-formatted traces, optional
-LoRA (peft) and packing."""
+"""SFT warm-start with TRL's SFTTrainer: completion-only loss on chat-formatted traces, tokenized by rung with
+every text plain (`examples`), optional LoRA (peft) and packing."""
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
 from datasets import Dataset
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from trl import SFTConfig
+from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+from trl.data_utils import common_prefix_length
 
 from rung import files
 from rung.answers import formats
 from rung.config import FormatParams
+from rung.envs import template
 from rung.errors import InputError
 from rung.train.harness import common_args, finalize, fit, peft_config, train_loss, trainable
 from rung.train.jobs import JobResult, SFTJob, main
 from rung.train.prefix import SharedPrefixSFT
 
 
-def examples(traces: list[dict[str, Any]], fmt: FormatParams) -> Dataset:
-    """Prompt/completion pairs, conversations for a chat template or plain text (TRL appends EOS):
-    TRL masks the prompt, so only the response is learned. A retry trace's `history` (a wrong answer, the
-    feedback) ends its prompt. An episode's completion is its messages, with its tools' schemas in a `tools`
-    column (TRL renders them into the prompt); see `episodes`."""
-    rows = [{"prompt": _prompt(t, fmt), "completion": _completion(t["target"], fmt)} for t in traces]
-    if not episodes(traces):
-        return Dataset.from_list(rows)
-    return Dataset.from_list(
-        [
-            {**row, "completion": t.get("messages") or row["completion"], "tools": t.get("tools")}
-            for row, t in zip(rows, traces, strict=True)
-        ]
-    )
+def examples(traces: list[dict[str, Any]], fmt: FormatParams, tok: PreTrainedTokenizerBase) -> Dataset:
+    """Each trace tokenized as TRL's SFTTrainer tokenizes a prompt/completion pair (the conversation through the
+    chat template, a retry trace's `history` ending its prompt and an episode's `messages` and tools' schemas
+    its completion; or the plain text and EOS), with the mask of the trained tokens as `assistant_masks` (TRL
+    applies that column whatever its config): the response, and with any episode among the traces only what the
+    template marks as the assistant's (never a tool's output). Unlike TRL, every text is tokenized as plain text
+    (rung.envs.template.render_ids): a target, a tool's output or a wrong answer written by a model that spells
+    `<|im_end|>` cannot close its turn."""
+    assistant_only = episodes(traces)
+    if assistant_only and not has_generation_markers(tok.chat_template):
+        tok = copy.deepcopy(tok)  # TRL's own swap: its training template for the model's family marks them
+        tok.chat_template = get_training_chat_template(tok)
+    return Dataset.from_list([_example(t, fmt, tok, assistant_only) for t in traces])
+
+
+def _example(
+    trace: dict[str, Any], fmt: FormatParams, tok: PreTrainedTokenizerBase, assistant_only: bool
+) -> dict[str, list[int]]:
+    prompt = _prompt(trace, fmt)
+    if isinstance(prompt, str):  # TRL tokenizes a plain text with the tokenizer's special tokens (a BOS)
+        ids = [*tok(prompt + trace["target"], split_special_tokens=True).input_ids, tok.eos_token_id]
+        prompt_ids, trained = tok(prompt, split_special_tokens=True).input_ids, [1] * len(ids)
+    else:
+        tools = json.loads(trace["tools"]) if trace.get("tools") else None
+        completion = trace.get("messages") or [{"role": "assistant", "content": trace["target"]}]
+        conversation = [*prompt, *completion]
+        if assistant_only:
+            ids, trained = template.render_masked(tok, conversation, tools)
+        else:  # no generation markers needed (SmolLM2's own template has none)
+            ids = template.render_ids(tok, conversation, tools)
+            trained = [1] * len(ids)
+        prompt_ids = template.render_ids(tok, prompt, tools, add_generation_prompt=True)
+    start = common_prefix_length(prompt_ids, ids)  # where TRL starts the completion
+    return {"input_ids": ids, "assistant_masks": [int(i >= start and m) for i, m in enumerate(trained)]}
 
 
 def _prompt(trace: dict[str, Any], fmt: FormatParams) -> list[dict[str, str]] | str:
@@ -46,12 +70,8 @@ def _prompt(trace: dict[str, Any], fmt: FormatParams) -> list[dict[str, str]] | 
 
 def episodes(traces: list[dict[str, Any]]) -> bool:
     """Whether some trace is an episode (tool calls and their results): then SFT trains on the assistant's turns
-    only (TRL's assistant_only_loss, by the chat template's generation markers), never on what a tool wrote."""
+    only (the chat template's generation markers, as TRL's assistant_only_loss), never on what a tool wrote."""
     return any("messages" in t for t in traces)
-
-
-def _completion(target: str, fmt: FormatParams) -> list[dict[str, str]] | str:
-    return target if fmt.template == "plain" else [{"role": "assistant", "content": target}]
 
 
 def train(job: SFTJob) -> JobResult:
@@ -70,14 +90,12 @@ def train(job: SFTJob) -> JobResult:
         warmup_steps=params.warmup_ratio,  # transformers 5: a float < 1 is a ratio of the steps
         lr_scheduler_type="cosine",
         max_length=params.max_length,
-        completion_only_loss=True,
-        assistant_only_loss=episodes(traces),
         packing=params.packing,
     )
     trainer = SharedPrefixSFT(
         model=model,
         args=config,
-        train_dataset=examples(traces, job.format),
+        train_dataset=examples(traces, job.format, tok),
         processing_class=tok,
         peft_config=peft_config(params.lora),
         callbacks=job.trainer_callbacks(),
@@ -105,18 +123,7 @@ def truncated_fraction(traces: list[dict[str, Any]], fmt: FormatParams, tok: Any
     the trainer cuts their ends."""
     if not traces:
         return 0.0
-    plain = fmt.template == "plain"  # TRL tokenizes a plain text with the tokenizer's special tokens (BOS)
-    texts = [
-        f"{p}{t['target']}{tok.eos_token}"
-        if isinstance(p := _prompt(t, fmt), str)
-        else tok.apply_chat_template(
-            [*p, *(t.get("messages") or [{"role": "assistant", "content": t["target"]}])],
-            tools=json.loads(t["tools"]) if t.get("tools") else None,
-            tokenize=False,
-        )
-        for t in traces
-    ]
-    return sum(len(ids) > max_length for ids in tok(texts, add_special_tokens=plain)["input_ids"]) / len(traces)
+    return sum(len(ids) > max_length for ids in examples(traces, fmt, tok)["input_ids"]) / len(traces)
 
 
 if __name__ == "__main__":
