@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from rung import files, paths
 from rung.answers import formats
-from rung.answers.verify import GraderFailed, is_correct
+from rung.answers.grading import grade
+from rung.answers.verify import GraderFailed
 from rung.config import DifficultyParams, FormatParams
 from rung.errors import InputError
 
@@ -67,7 +68,7 @@ def pass_rates(
         all_texts = episode_texts(gen, environment, rows, fmt, params, seed)
     out = []
     for row, texts in zip(rows, all_texts, strict=True):
-        scores = [float(is_correct(formats.extract(t, fmt), row)) for t in texts]  # as rung.rl.rewards.Accuracy
+        scores = [float(grade(t, row, fmt).verdict()) for t in texts]  # as rung.rl.rewards.Accuracy
         rate = mean(scores)
         out.append(
             {
@@ -76,7 +77,7 @@ def pass_rates(
                 "pass_rate": rate,
                 "bucket": bucket(rate, params.buckets),
                 "scores": scores,
-                "lenient_pass_rate": mean(float(is_correct(formats.extract_lenient(t, fmt), row)) for t in texts),
+                "lenient_pass_rate": mean(float(grade(t, row, fmt, lenient=True).verdict()) for t in texts),
             }
         )
     return out

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from rung import files, paths
 from rung.answers import formats
+from rung.answers.grading import Grade, grade
 from rung.answers.verify import is_correct
 from rung.config import (
     EnvironmentParams,
@@ -47,11 +48,7 @@ def from_solutions(
     its answer column): training on them would teach a format the rewards do not read."""
     used = [r for r in rows if r.get("solution") or src.answer_only]
     targets = [formats.target(r["answer"], r.get("solution"), fmt) for r in used]
-    bad = [
-        r["id"]
-        for r, t in zip(used, targets, strict=True)
-        if not formats.follows_format(t, fmt) or not is_correct(formats.extract(t, fmt), r)
-    ]
+    bad = [r["id"] for r, t in zip(used, targets, strict=True) if not _stated(grade(t, r, fmt))]
     if bad:
         raise InputError(
             f"{key}: {len(bad)} of {len(used)} solution targets do not state the row's answer in format.style "
@@ -61,6 +58,11 @@ def from_solutions(
         {"id": r["id"], "prompt": r["prompt"], "target": t, "origin": "solutions"}
         for r, t in zip(used, targets, strict=True)
     ]
+
+
+def _stated(target: Grade) -> bool:
+    """Whether a target states the row's answer in the format (raises GraderFailed where the grader failed)."""
+    return target.follows and target.verdict()
 
 
 def from_tool_calls(rows: list[dict[str, Any]], src: ToolTraces, fmt: FormatParams) -> list[Trace]:
@@ -86,7 +88,8 @@ def from_tool_calls(rows: list[dict[str, Any]], src: ToolTraces, fmt: FormatPara
         target = formats.target(row["answer"], None, fmt)
         if env.episode.unscored is not None:
             raise InputError(f"sft.traces: the python tool's sandbox failed on row {row['id']}: {env.episode.unscored}")
-        if not is_correct(output.strip(), row) or not is_correct(formats.extract(target, fmt), row):
+        # the tool's output is a bare answer (nothing to extract): the verifier alone
+        if not is_correct(output.strip(), row) or not grade(target, row, fmt).verdict():
             continue
         call = {"type": "function", "function": {"name": "python", "arguments": {"code": code}}}
         messages = [
@@ -112,13 +115,13 @@ def graded(text: str, row: dict[str, Any], fmt: FormatParams) -> tuple[str, bool
     follows the format, else with its answer (read leniently) added in the format; None when it states
     no answer, or the added answer line would not follow the format (e.g. stray tags of its own)."""
     text = text.strip()
-    if formats.follows_format(text, fmt):
-        return text, is_correct(formats.extract(text, fmt), row)
-    answer = formats.extract_lenient(text, fmt)
-    if answer is None:
+    got = grade(text, row, fmt, lenient=True)  # lenient: the strict answer where the text follows the format
+    if got.follows:
+        return text, got.verdict()
+    if got.answer is None:
         return None
-    fixed = formats.style(fmt).appended(text, answer)
-    return (fixed, is_correct(answer, row)) if formats.follows_format(fixed, fmt) else None
+    fixed = formats.style(fmt).appended(text, got.answer)
+    return (fixed, got.verdict()) if formats.follows_format(fixed, fmt) else None
 
 
 def in_format(text: str, row: dict[str, Any], fmt: FormatParams) -> str | None:

@@ -11,8 +11,8 @@ from statistics import mean, median
 from typing import TYPE_CHECKING, Any
 
 from rung import files, paths
-from rung.answers import formats
-from rung.answers.verify import GraderFailed, answer_class, is_correct
+from rung.answers import formats, grading
+from rung.answers.verify import GraderFailed, answer_class
 from rung.config import BootstrapParams, EvalParams, FormatParams, SamplingParams
 from rung.data.rows import difficulty_label
 from rung.eval import metrics
@@ -32,13 +32,13 @@ def grade(rows: list[dict[str, Any]], samples: list[list[Completion]], fmt: Form
     for row, completions in zip(rows, samples, strict=True):
         graded = []
         for c in completions:
-            strict = formats.extract(c.text, fmt)
+            strict = grading.grade(c.text, row, fmt)
             graded.append(
                 Graded(
                     completion=c.text,
-                    extracted=strict,
-                    correct=is_correct(strict, row),
-                    correct_lenient=is_correct(formats.extract_lenient(c.text, fmt), row),
+                    extracted=strict.answer,
+                    correct=strict.verdict(),
+                    correct_lenient=grading.grade(c.text, row, fmt, lenient=True).verdict(),
                     tokens=c.tokens,
                     truncated=c.truncated,
                 )
