@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from rung import files, paths
 from rung.answers import formats
 from rung.answers.grading import grade
+from rung.answers.rows import Row
 from rung.answers.verify import GraderFailed
 from rung.config import DifficultyParams, FormatParams
 from rung.errors import InputError
@@ -29,7 +30,7 @@ if TYPE_CHECKING:  # types only: torch is imported by whoever loads the model (t
 def episode_texts(
     gen: Generator,
     environment: Environment,
-    rows: list[dict[str, Any]],
+    rows: list[Row],
     fmt: FormatParams,
     params: DifficultyParams,
     seed: int,
@@ -49,7 +50,7 @@ def episode_texts(
 
 def pass_rates(
     gen: Generator,
-    rows: list[dict[str, Any]],
+    rows: list[Row],
     fmt: FormatParams,
     params: DifficultyParams,
     seed: int,
@@ -115,7 +116,7 @@ def histogram(scores: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def run(
     gen: Generator,
-    rows: list[dict[str, Any]],
+    rows: list[Row],
     fmt: FormatParams,
     params: DifficultyParams,
     seed: int,

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from rung import files, paths
 from rung.answers import formats, grading
+from rung.answers.rows import Row
 from rung.answers.verify import GraderFailed, answer_class
 from rung.config import BootstrapParams, EvalParams, FormatParams, SamplingParams
 from rung.data.rows import difficulty_label
@@ -26,7 +27,7 @@ if TYPE_CHECKING:  # types only: torch is imported by whoever loads the model (t
 Record = EvalRecord
 
 
-def grade(rows: list[dict[str, Any]], samples: list[list[Completion]], fmt: FormatParams) -> list[Record]:
+def grade(rows: list[Row], samples: list[list[Completion]], fmt: FormatParams) -> list[Record]:
     """One record per row: its completions with the extracted answers and their grades."""
     records = []
     for row, completions in zip(rows, samples, strict=True):
@@ -122,7 +123,7 @@ def summarize_sampled(
     }
 
 
-def grade_episodes(rows: list[dict[str, Any]], samples: list[list[Trajectory]], fmt: FormatParams) -> list[Record]:
+def grade_episodes(rows: list[Row], samples: list[list[Trajectory]], fmt: FormatParams) -> list[Record]:
     """One record per row from its episodes: each graded as a completion (its last assistant turn, the final
     answer, graded by the task's verifier as single-turn completions are) with the whole episode in `episode`.
     A grader that failed inside an episode (the sandbox of a python tool) stops evaluation in one line, as it
@@ -148,7 +149,7 @@ def _final(trajectory: Trajectory) -> Completion:
 
 def evaluate(
     gen: Generator,
-    rows: list[dict[str, Any]],
+    rows: list[Row],
     fmt: FormatParams,
     params: EvalParams,
     seed: int,
@@ -163,7 +164,7 @@ def evaluate(
     """
     prompts = [] if environment else gen.render([formats.prompt(r["prompt"], fmt) for r in rows])
 
-    def answer(subset: list[dict[str, Any]], sampling: SamplingParams, n: int, seed: int, desc: str) -> list[Record]:
+    def answer(subset: list[Row], sampling: SamplingParams, n: int, seed: int, desc: str) -> list[Record]:
         if environment is None:
             return grade(subset, gen.generate(prompts[: len(subset)], sampling, n=n, seed=seed, desc=desc), fmt)
         from rung.eval import episodes
