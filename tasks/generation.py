@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.retry import unless_input_error
+from tasks.retries import unless_input_error
 
 if TYPE_CHECKING:
     from rung.config import GenerationParams, ModelParams

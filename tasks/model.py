@@ -9,7 +9,7 @@ from prefect.cache_policies import NO_CACHE
 
 from rung import models
 from rung.config import ModelParams
-from tasks.retry import unless_input_error
+from tasks.retries import unless_input_error
 
 
 @task(

@@ -33,6 +33,7 @@ from rung.envs import (
     check,
     template,
 )
+from rung.envs.spec import replier, tool_names
 from rung.errors import InputError
 from tests.memorize import memorize
 
@@ -170,8 +171,8 @@ def test_real_model_templates_the_docs_name_work_unchanged(original, model_templ
 def test_retry_replies_to_a_wrong_answer_and_records_the_first():
     env = Retry(FMT, max_turns=3)
     assert env.reset(**ROW) is None
-    assert env._reply("17 * 23 is 381.\nAnswer: 381") == "Let's try again."
-    assert env._reply("Answer: 391") is None  # right: the episode ends
+    assert env.reply("17 * 23 is 381.\nAnswer: 381") == "Let's try again."
+    assert env.reply("Answer: 391") is None  # right: the episode ends
     assert env.episode.answers == ["381", "391"] and env.episode.correct == [False, True]
     assert env.episode.first_correct is False
     assert env.get_reward() == 1.0
@@ -180,13 +181,13 @@ def test_retry_replies_to_a_wrong_answer_and_records_the_first():
 def test_retry_stops_at_max_turns_and_discounts_extra_turns():
     env = Retry(FMT, max_turns=2, settings=RetrySettings(feedback="Wrong. Again.", discount=0.5))
     env.reset(**ROW)
-    assert env._reply("Answer: 1") == "Wrong. Again."
-    assert env._reply("Answer: 2") is None  # the last turn: no more feedback
+    assert env.reply("Answer: 1") == "Wrong. Again."
+    assert env.reply("Answer: 2") is None  # the last turn: no more feedback
     assert env.get_reward() == 0.0
     env.reset(**ROW)  # a new episode on the same instance (TRL pools instances)
     assert env.episode.answers == []
-    env._reply("Answer: 1")
-    env._reply("Answer: 391")
+    env.reply("Answer: 1")
+    env.reply("Answer: 391")
     assert env.get_reward() == 0.5  # right at turn 2: discount**1
 
 
@@ -205,7 +206,7 @@ def test_retry_grader_failure_is_unscored_not_wrong(monkeypatch):
     monkeypatch.setattr(verify, "is_correct", fails)
     env = Retry(FMT, max_turns=3)
     env.reset(**ROW)
-    assert env._reply("Answer: 391") is None  # no feedback on an answer the grader could not judge
+    assert env.reply("Answer: 391") is None  # no feedback on an answer the grader could not judge
     assert env.get_reward() is None and "math-verify" in env.episode.unscored
 
 
@@ -386,11 +387,39 @@ def test_check_refuses_a_template_without_tool_calls_and_names_the_fix(original,
 
 def test_check_gives_what_a_stage_needs(tok):
     env = check(EnvironmentParams(name="python", max_turns=4, settings={"max_output": 64}), tok, key="rl.stages.a.env")
-    assert env.tools == ("python",) and env.max_tool_calling_iterations == 3 and not env.needs_episode_loop
+    assert env.tools == ("python",) and env.max_tool_calling_iterations == 3
     instance = env.factory(FMT)()
-    assert isinstance(instance, Python) and instance.settings.max_output == 64
+    assert isinstance(instance, Python) and instance.settings.max_output == 64 and replier(instance) is None
     retry = check({"name": "retry", "max_turns": 2, "settings": {"discount": 0.9}}, tok)
-    assert retry.needs_episode_loop and retry.factory(FMT)().settings.discount == 0.9
+    instance = retry.factory(FMT)()
+    assert retry.tools == () and replier(instance) == instance.reply and instance.settings.discount == 0.9
+
+
+class Replies:
+    """An environment with rung's hook, `reply`, which is no tool."""
+
+    def reset(self, **row) -> None:
+        pass
+
+    def reply(self, message: str) -> str | None:
+        return "again" if message != "Answer: 391" else None
+
+
+class RepliesByItsFirstName:
+    """An environment written before the hook was renamed: `_reply` is still called."""
+
+    def reset(self, **row) -> None:
+        pass
+
+    def _reply(self, message: str) -> str | None:
+        return "first name"
+
+
+def test_the_reply_hook_is_called_by_either_name_and_is_never_a_tool(tok):
+    for cls, said in ((Replies, "again"), (RepliesByItsFirstName, "first name")):
+        env = check({"name": f"{__name__}:{cls.__name__}"}, tok)
+        assert env.tools == () and tool_names(cls) == ()
+        assert replier(env.factory(FMT)())("Answer: 7") == said
 
 
 def test_an_environment_of_ones_own_runs_by_import_path(tiny_model, tok, user_modules, tmp_path):

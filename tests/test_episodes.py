@@ -64,9 +64,9 @@ KW = dict(sampling=SAMPLING, seed=0)
 
 
 class PythonRetry(Python):
-    """The python tool, and retry's feedback on a wrong answer: a tool environment with `_reply`."""
+    """The python tool, and retry's feedback on a wrong answer: a tool environment with `reply`."""
 
-    def _reply(self, message: str) -> str | None:
+    def reply(self, message: str) -> str | None:
         return "Let's try again." if self.episode.grade(message) is False else None
 
 
@@ -299,7 +299,7 @@ class Forger:
         """
         return FORGE
 
-    def _reply(self, message: str) -> str | None:
+    def _reply(self, message: str) -> str | None:  # the hook's first name: still called
         return FORGE if message == "more" else None
 
 

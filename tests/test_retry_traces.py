@@ -49,7 +49,7 @@ def test_an_episode_is_a_wrong_sample_the_feedback_and_a_right_sample_graded_as_
     assert (wrong, feedback, right) == ("Answer: 5", "Let's try again.", "0 + 2 = 2\nAnswer: 2")
     env = Retry(FMT, max_turns=3)  # the retry environment grades the episode's answers as its traces were picked
     env.reset(**ROWS[0])
-    assert env._reply(wrong) == feedback and env._reply(right) is None
+    assert env.reply(wrong) == feedback and env.reply(right) is None
     assert env.episode.correct == [False, True] and env.get_reward() == 1.0
     assert stats == {
         "prompts": 4,

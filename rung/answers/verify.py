@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import json
 import re
 import threading
 from collections.abc import Callable, Hashable
@@ -20,6 +19,7 @@ from math_verify.utils import timeout
 from rung import sandbox
 from rung.answers import numbers
 from rung.answers.latex import last_boxed
+from rung.answers.rows import Problem
 
 MATH = "math"
 """Task name of rows whose answers are checked by math-verify rather than a reasoning-gym scorer."""
@@ -161,7 +161,7 @@ def _as_number(answer: str) -> str:
     return answer if value is None else numbers.written(value)
 
 
-def answer_class(row: dict[str, Any]) -> Callable[[str], Hashable]:
+def answer_class(row: Problem) -> Callable[[str], Hashable]:
     """A function giving an answer to `row` its class under the row's grader, each answer graded once:
     answers of one class are one answer (maj@k's vote, rung.eval.metrics). A single number in a standard
     form is classed by its value (`1,000` and `1.0e3` as `1000`), as is_correct reads it; other math answers
@@ -197,8 +197,9 @@ def is_known_task(task: str) -> bool:
     return task in reasoning_gym.factory.DATASETS
 
 
-def is_correct(answer: str | None, row: dict[str, Any]) -> bool:
-    """Whether `answer` is right for a curated row (task, answer, prompt, meta).
+def is_correct(answer: str | None, row: Problem) -> bool:
+    """Whether `answer` (an answer already read from a completion: rung.answers.grading.grade reads and grades
+    one) is right for a row.
 
     Only a full score counts: reasoning-gym's default scorer gives partial credit when the
     reference is a substring of the answer ('114' for '14'), which a policy learns to exploit. Nor does
@@ -209,7 +210,6 @@ def is_correct(answer: str | None, row: dict[str, Any]) -> bool:
     if answer is None:
         return False
     meta = row["meta"]
-    meta = json.loads(meta) if isinstance(meta, str) else meta
     if row["task"] == CODE:
         return passes_tests(answer, meta["test"], meta["entry_point"], meta.get("context", ""))
     # One reading of numbers and hedges before every family's scorer, so that each grades a form alike.

@@ -8,8 +8,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from rung.answers.rows import Row
 from rung.config import CodeSource
-from rung.data.rows import Row, row_id
+from rung.data.rows import row_id
 from rung.seeding import derive
 
 TASK = "code"

@@ -1,13 +1,6 @@
 """Curated data: sources normalised to one row schema, deduplicated and split.
 
-Row schema (one JSON object per line, keys sorted):
-  id        content hash of (task, prompt, answer): stable across runs and machines
-  source    the params label of the source
-  task      verifier name: a reasoning-gym dataset, math (math-verify) or code (tests in rung.sandbox)
-  prompt    the problem text
-  answer    the reference answer (string)
-  solution  a short worked solution, or null
-  meta      the generator's metadata (difficulty knobs), verbatim; a code row's tests and entry point
+Rows: rung.answers.rows.Row, one JSON object per line, keys sorted.
 """
 
 from __future__ import annotations
@@ -18,9 +11,10 @@ from typing import Any
 
 from rung import files, paths
 from rung.answers import verify
+from rung.answers.rows import Row
 from rung.config import CodeSource, CurateParams, EvalParams, ReasoningGymSource, Source
 from rung.data import code, filters, generators
-from rung.data.rows import Row, difficulty_label
+from rung.data.rows import difficulty_label
 from rung.errors import InputError
 from rung.seeding import derive
 

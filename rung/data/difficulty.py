@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from rung import files, paths
 from rung.answers import formats
-from rung.answers.verify import GraderFailed, is_correct
+from rung.answers.grading import grade
+from rung.answers.rows import Row
+from rung.answers.verify import GraderFailed
 from rung.config import DifficultyParams, FormatParams
 from rung.errors import InputError
 
@@ -28,7 +30,7 @@ if TYPE_CHECKING:  # types only: torch is imported by whoever loads the model (t
 def episode_texts(
     gen: Generator,
     environment: Environment,
-    rows: list[dict[str, Any]],
+    rows: list[Row],
     fmt: FormatParams,
     params: DifficultyParams,
     seed: int,
@@ -48,7 +50,7 @@ def episode_texts(
 
 def pass_rates(
     gen: Generator,
-    rows: list[dict[str, Any]],
+    rows: list[Row],
     fmt: FormatParams,
     params: DifficultyParams,
     seed: int,
@@ -67,7 +69,7 @@ def pass_rates(
         all_texts = episode_texts(gen, environment, rows, fmt, params, seed)
     out = []
     for row, texts in zip(rows, all_texts, strict=True):
-        scores = [float(is_correct(formats.extract(t, fmt), row)) for t in texts]  # as rung.rl.rewards.Accuracy
+        scores = [float(grade(t, row, fmt).verdict()) for t in texts]  # as rung.rl.rewards.Accuracy
         rate = mean(scores)
         out.append(
             {
@@ -76,7 +78,7 @@ def pass_rates(
                 "pass_rate": rate,
                 "bucket": bucket(rate, params.buckets),
                 "scores": scores,
-                "lenient_pass_rate": mean(float(is_correct(formats.extract_lenient(t, fmt), row)) for t in texts),
+                "lenient_pass_rate": mean(float(grade(t, row, fmt, lenient=True).verdict()) for t in texts),
             }
         )
     return out
@@ -114,7 +116,7 @@ def histogram(scores: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def run(
     gen: Generator,
-    rows: list[dict[str, Any]],
+    rows: list[Row],
     fmt: FormatParams,
     params: DifficultyParams,
     seed: int,

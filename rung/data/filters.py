@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rung.answers import numbers
-from rung.data.rows import Row
+from rung.answers.rows import Row
 
 # Sentence punctuation only: math symbols at the ends carry meaning ("-5 + 3" is not "5 + 3",
 # "(2 + 3) * 4" must keep its bracket), while "Calculate 5 - 3." and "Calculate 5 - 3?" are the

@@ -10,8 +10,9 @@ import reasoning_gym.factory
 from reasoning_gym.composite import DatasetSpec
 
 from rung.answers import verify
+from rung.answers.rows import Row
 from rung.config import ReasoningGymSource
-from rung.data.rows import Row, plain_json, row_id
+from rung.data.rows import plain_json, row_id
 from rung.data.solutions import arithmetic_steps
 from rung.errors import InputError
 from rung.seeding import derive

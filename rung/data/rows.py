@@ -1,4 +1,5 @@
-"""The curated row: its type, its id, and its metadata as plain JSON (shared by every source)."""
+"""The curated row's id, its metadata as plain JSON (shared by every source) and its difficulty label; its type is
+rung.answers.rows.Row."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import hashlib
 import json
 from typing import Any
 
-Row = dict[str, Any]
+from rung.answers.rows import Row
 
 
 def row_id(task: str, prompt: str, answer: str) -> str:

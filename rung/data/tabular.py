@@ -25,9 +25,10 @@ from datasets.exceptions import DatasetNotFoundError, DatasetsError
 
 from rung import files
 from rung.answers.latex import last_boxed
+from rung.answers.rows import Row
 from rung.answers.verify import is_known_task
 from rung.config import FileSource, HFSource, _TabularSource
-from rung.data.rows import Row, plain_json, row_id
+from rung.data.rows import plain_json, row_id
 from rung.errors import InputError
 from rung.seeding import derive
 

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from rung import files, paths
 from rung.answers import formats
+from rung.answers.grading import Grade, grade
+from rung.answers.rows import Row
 from rung.answers.verify import is_correct
 from rung.config import (
     EnvironmentParams,
@@ -37,9 +39,7 @@ if TYPE_CHECKING:  # solution traces need no model: torch is imported by whoever
 Trace = dict[str, Any]  # id, prompt, target, origin
 
 
-def from_solutions(
-    rows: list[dict[str, Any]], src: SolutionTraces, fmt: FormatParams, key: str = "sft.traces"
-) -> list[Trace]:
+def from_solutions(rows: list[Row], src: SolutionTraces, fmt: FormatParams, key: str = "sft.traces") -> list[Trace]:
     """The worked solution (or, with answer_only, the bare answer) of each row, in the style.
 
     Refused when a target would not follow the style or would state another answer than the row's
@@ -47,11 +47,7 @@ def from_solutions(
     its answer column): training on them would teach a format the rewards do not read."""
     used = [r for r in rows if r.get("solution") or src.answer_only]
     targets = [formats.target(r["answer"], r.get("solution"), fmt) for r in used]
-    bad = [
-        r["id"]
-        for r, t in zip(used, targets, strict=True)
-        if not formats.follows_format(t, fmt) or not is_correct(formats.extract(t, fmt), r)
-    ]
+    bad = [r["id"] for r, t in zip(used, targets, strict=True) if not _stated(grade(t, r, fmt))]
     if bad:
         raise InputError(
             f"{key}: {len(bad)} of {len(used)} solution targets do not state the row's answer in format.style "
@@ -63,7 +59,12 @@ def from_solutions(
     ]
 
 
-def from_tool_calls(rows: list[dict[str, Any]], src: ToolTraces, fmt: FormatParams) -> list[Trace]:
+def _stated(target: Grade) -> bool:
+    """Whether a target states the row's answer in the format (raises GraderFailed where the grader failed)."""
+    return target.follows and target.verdict()
+
+
+def from_tool_calls(rows: list[Row], src: ToolTraces, fmt: FormatParams) -> list[Trace]:
     """An episode per row with an arithmetic expression: `python(code="print(<expression>)")` run in the
     sandbox by the python environment's own tool (the text the model will read in RL and evaluation), then
     the answer in the style; kept only when the tool printed the row's answer and the target is graded right."""
@@ -86,7 +87,8 @@ def from_tool_calls(rows: list[dict[str, Any]], src: ToolTraces, fmt: FormatPara
         target = formats.target(row["answer"], None, fmt)
         if env.episode.unscored is not None:
             raise InputError(f"sft.traces: the python tool's sandbox failed on row {row['id']}: {env.episode.unscored}")
-        if not is_correct(output.strip(), row) or not is_correct(formats.extract(target, fmt), row):
+        # the tool's output is a bare answer (nothing to extract): the verifier alone
+        if not is_correct(output.strip(), row) or not grade(target, row, fmt).verdict():
             continue
         call = {"type": "function", "function": {"name": "python", "arguments": {"code": code}}}
         messages = [
@@ -107,29 +109,27 @@ def from_tool_calls(rows: list[dict[str, Any]], src: ToolTraces, fmt: FormatPara
     return traces
 
 
-def graded(text: str, row: dict[str, Any], fmt: FormatParams) -> tuple[str, bool] | None:
+def graded(text: str, row: Row, fmt: FormatParams) -> tuple[str, bool] | None:
     """The completion as a target and whether the task's verifier accepts its answer: unchanged when it
     follows the format, else with its answer (read leniently) added in the format; None when it states
     no answer, or the added answer line would not follow the format (e.g. stray tags of its own)."""
     text = text.strip()
-    if formats.follows_format(text, fmt):
-        return text, is_correct(formats.extract(text, fmt), row)
-    answer = formats.extract_lenient(text, fmt)
-    if answer is None:
+    got = grade(text, row, fmt, lenient=True)  # lenient: the strict answer where the text follows the format
+    if got.follows:
+        return text, got.verdict()
+    if got.answer is None:
         return None
-    fixed = formats.style(fmt).appended(text, answer)
-    return (fixed, is_correct(answer, row)) if formats.follows_format(fixed, fmt) else None
+    fixed = formats.style(fmt).appended(text, got.answer)
+    return (fixed, got.verdict()) if formats.follows_format(fixed, fmt) else None
 
 
-def in_format(text: str, row: dict[str, Any], fmt: FormatParams) -> str | None:
+def in_format(text: str, row: Row, fmt: FormatParams) -> str | None:
     """The completion as a target if its answer is correct (see `graded`); None when it is wrong or states none."""
     got = graded(text, row, fmt)
     return got[0] if got is not None and got[1] else None
 
 
-def samples(
-    gen: Generator, rows: list[dict[str, Any]], src: ModelTraces, fmt: FormatParams, seed: int
-) -> list[list[Completion]]:
+def samples(gen: Generator, rows: list[Row], src: ModelTraces, fmt: FormatParams, seed: int) -> list[list[Completion]]:
     """`src.num_samples` completions of each row's prompt, in row order: the one sampling path of every source
     sampled from a model (rejection, distill, retry)."""
     prompts = gen.render([formats.prompt(r["prompt"], fmt) for r in rows])
@@ -137,7 +137,7 @@ def samples(
 
 
 def sampled(
-    gen: Generator, rows: list[dict[str, Any]], src: SampledTraces, fmt: FormatParams, seed: int
+    gen: Generator, rows: list[Row], src: SampledTraces, fmt: FormatParams, seed: int
 ) -> tuple[list[Trace], dict[str, Any]]:
     """Verified-correct samples, at most `max_per_prompt` distinct ones per prompt; with counts."""
     rows = rows[: src.max_prompts]
@@ -178,7 +178,7 @@ def retry_feedback(environment: EnvironmentParams | None) -> str:
 
 
 def retry_episodes(
-    gen: Generator, rows: list[dict[str, Any]], src: RetryTraces, fmt: FormatParams, seed: int, feedback: str
+    gen: Generator, rows: list[Row], src: RetryTraces, fmt: FormatParams, seed: int, feedback: str
 ) -> tuple[list[Trace], dict[str, Any]]:
     """Wrong-then-right episodes (see RetryTraces): for each prompt with a wrong and a right sample, its first
     wrong one, `feedback` as the user's turn, its first right one (the wrong one and the feedback as the
@@ -219,7 +219,7 @@ def retry_episodes(
 
 
 def build(
-    rows: list[dict[str, Any]],
+    rows: list[Row],
     sources: list[TraceSource],
     fmt: FormatParams,
     seed: int,
@@ -259,7 +259,7 @@ def build(
 
 
 def run(
-    rows: list[dict[str, Any]],
+    rows: list[Row],
     sft: SFTParams,
     fmt: FormatParams,
     seed: int,

@@ -24,13 +24,14 @@ The gap: an environment never sees a plain answer, so feedback after one (`retry
 and an environment cannot grade the final answer (rung.envs.FinalAnswer grades it as a reward function).
 TRL's way in for such loops is `rollout_func` (returns prompt_ids, completion_ids, logprobs and an
 `env_mask` that becomes the tool mask). rung's episode loop (rung.envs.loop: one loop for difficulty, RL
-rollouts and eval) extends the contract by one hook, invisible to TRL because its name starts with `_`:
+rollouts and eval) extends the contract by one hook:
 
-    _reply(self, message: str) -> str | None
+    reply(self, message: str) -> str | None
 
 called after each assistant turn without tool calls with its text; a string is the next user turn, None
-ends the episode (no `_reply`: the episode ends at the first plain answer, as in TRL). Everything else is
-TRL's contract, so a class written for TRL runs in both loops.
+ends the episode (no `reply`: the episode ends at the first plain answer, as in TRL). rung never takes it for a
+tool; TRL's own loop would, but an environment that replies needs rung's loop anyway. Its first name, `_reply`,
+still works. Everything else is TRL's contract, so a class written for TRL runs in both loops.
 """
 
 from rung.envs.episode import Episode, FinalAnswer

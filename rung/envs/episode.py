@@ -3,30 +3,12 @@ graded by the task's own verifier, tool calls and their errors, and whether the 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from rung.answers import formats, verify
+from rung.answers.grading import grade
+from rung.answers.rows import Problem
 from rung.config import FormatParams
-
-
-def row_of(columns: dict[str, Any]) -> dict[str, Any]:
-    """The row `rung.answers.verify.is_correct` grades, from the columns `reset(**columns)` gets: an RL
-    dataset's (prompt as messages, the problem in prompt_text, meta as JSON) or a curated row's (prompt as
-    text, meta as a mapping)."""
-    prompt = columns.get("prompt_text")
-    if prompt is None:
-        prompt = columns.get("prompt")
-        if not isinstance(prompt, str):  # messages: the problem is the last user turn
-            prompt = next(m["content"] for m in reversed(prompt or []) if m.get("role") == "user")
-    meta = columns.get("meta") or {}
-    return {
-        "answer": columns["answer"],
-        "task": columns["task"],
-        "prompt": prompt,
-        "meta": json.loads(meta) if isinstance(meta, str) else meta,
-    }
 
 
 @dataclass
@@ -34,7 +16,8 @@ class Episode:
     """What happened in one episode; an environment's `episode` attribute (an attribute, so TRL does not take
     it for a tool). `answers`/`correct` hold every graded answer in order: `answers[0]` is the first."""
 
-    row: dict[str, Any]
+    row: Problem
+    """What the grader reads of the row the episode answers (rung.answers.rows.problem of reset's columns)."""
     fmt: FormatParams
     answers: list[str | None] = field(default_factory=list)
     correct: list[bool | None] = field(default_factory=list)
@@ -47,15 +30,11 @@ class Episode:
     def grade(self, text: str) -> bool | None:
         """Record `text` as an answer: its answer where the format puts it (strict, as rewards read it),
         whether the task's verifier accepts it; None (and the episode unscored) if the verifier failed."""
-        answer = formats.extract(text, self.fmt)
-        try:
-            ok: bool | None = verify.is_correct(answer, self.row)
-        except verify.GraderFailed as e:
-            ok = None
-            self.unscored = self.unscored or str(e)
-        self.answers.append(answer)
-        self.correct.append(ok)
-        return ok
+        graded = grade(text, self.row, self.fmt)
+        self.unscored = self.unscored or graded.unscored
+        self.answers.append(graded.answer)
+        self.correct.append(graded.correct)
+        return graded.correct
 
     @property
     def first_correct(self) -> bool | None:

@@ -5,7 +5,7 @@ Each turn, every live episode generates one assistant turn in one batched call t
 (rung.generate.api.generate_ids, stopped at the end-of-turn token); the turn is parsed for tool calls with the
 parser TRL uses (rung.envs.template.parse); the tools run (the environment's public methods, called and their
 failures reported exactly as TRL's `GRPOTrainer._tool_call_loop` does) or, for a turn without tool calls, the
-environment's `_reply(text)` gives the next user turn (rung's one hook beyond TRL's contract, rung/envs/__init__.py);
+environment's `reply(text)` gives the next user turn (rung's one hook beyond TRL's contract, rung/envs/__init__.py);
 the tool or user turn is appended by token concatenation: the generated ids are kept exactly, the env turn's ids
 are rendered as TRL renders tool results (`_get_tool_suffix_ids`'s dummy-conversation difference, which also
 checks the template is prefix-preserving). An episode ends at a turn without a tool call that gets no reply,
@@ -40,7 +40,7 @@ from trl.models import unwrap_model_for_generation
 from rung.answers import formats
 from rung.config import FormatParams, SamplingParams
 from rung.envs.episode import Episode
-from rung.envs.spec import Environment, tool_names
+from rung.envs.spec import Environment, replier, tool_names
 from rung.envs.template import FIX, parse, render_ids, tool_calling_problem
 from rung.errors import InputError
 from rung.generate.api import Engine, generate_ids, positions
@@ -89,7 +89,7 @@ class Turn(TypedDict):
     """Calls that raised (TRL's tool failures: unknown tool, bad arguments) plus the errors the environment
     itself counted (a rung Episode's tool_errors: the python tool's failed code)."""
     reply: str | None
-    """The environment's next user turn (`_reply`), None where it gave none."""
+    """The environment's next user turn (`reply`), None where it gave none."""
     answer: str | None
     """The answer graded at this turn (rung's environments: the task's verifier), None if none was."""
     correct: bool | None
@@ -298,13 +298,13 @@ class _Turns:
         elif calls:
             if not (last or truncated):  # TRL runs no calls past max_tool_calling_iterations
                 env_messages += self._run(live, calls, turn)
-        elif callable(getattr(env, "_reply", None)):
-            turn["reply"] = env._reply(turn["text"])
+        elif (reply := replier(env)) is not None:
+            turn["reply"] = reply(turn["text"])
             if turn["reply"] is not None:
                 env_messages.append({"role": "user", "content": turn["reply"]})
         if episode is not None:
             turn["tool_errors"] += episode.tool_errors - counted
-            if len(episode.answers) > graded:  # `_reply` graded it
+            if len(episode.answers) > graded:  # `reply` graded it
                 turn["answer"], turn["correct"] = episode.answers[-1], episode.correct[-1]
         if env_messages and not (last or truncated):
             suffix = self._suffix(env_messages)
@@ -317,7 +317,7 @@ class _Turns:
             t.truncated = True  # the env turn does not fit: the episode ends here, as TRL's rollout does
         t.cut = last and (bool(turn["tool_calls"]) or turn["reply"] is not None or self._retry_wrong(env, turn))
         t.truncated = t.truncated or truncated
-        self._end(live, turn, shown=not turn["tool_calls"] and callable(getattr(env, "_reply", None)))
+        self._end(live, turn, shown=not turn["tool_calls"] and replier(env) is not None)
 
     def _run(self, live: _Live, calls: list[dict[str, Any]], turn: Turn) -> list[dict[str, Any]]:
         """The turn's calls, one after another, as TRL runs them, until the turn's tool time is spent: a call
@@ -339,7 +339,7 @@ class _Turns:
     @staticmethod
     def _retry_wrong(env: Any, turn: Turn) -> bool:
         # an environment that replies stops replying at its own max_turns (retry): a wrong last answer was cut
-        return callable(getattr(env, "_reply", None)) and turn["correct"] is False
+        return replier(env) is not None and turn["correct"] is False
 
     def _suffix(self, messages: list[dict[str, Any]]) -> list[int]:
         if messages[0]["role"] == "tool":
@@ -351,7 +351,7 @@ class _Turns:
 
     @staticmethod
     def _end(live: _Live, turn: Turn, shown: bool) -> None:
-        """The episode is over: its last turn, where `_reply` was not `shown` it (no `_reply`: TRL's contract, the
+        """The episode is over: its last turn, where `reply` was not `shown` it (no `reply`: TRL's contract, the
         python tool; or a tool call cut at max_turns), is graded as its final answer, as rung.envs.FinalAnswer
         grades it in TRL's loop (a turn without an answer: wrong)."""
         episode = live.episode

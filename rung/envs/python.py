@@ -18,9 +18,10 @@ from pydantic import Field
 
 from rung import sandbox
 from rung.answers import verify
+from rung.answers.rows import problem
 from rung.config import FormatParams
 from rung.config.base import Section
-from rung.envs.episode import Episode, row_of
+from rung.envs.episode import Episode
 
 ENTRY = "_rung_tool"
 """The sandbox grades a program by calling a function of it; the tool's program defines this empty one."""
@@ -59,7 +60,7 @@ class Python:
 
     def reset(self, **columns: Any) -> None:
         """A new episode for one dataset row (TRL passes the row's columns); nothing is added to the prompt."""
-        self.episode = Episode(row_of(columns), self.fmt)
+        self.episode = Episode(problem(columns), self.fmt)
 
     def python(self, code: str) -> str:
         """Run Python code in a sandbox and return what it prints. The value of a last bare expression is

@@ -5,7 +5,7 @@ discounted per extra turn. Every answer is recorded, the first one too (first-tu
 
 TRL 1.16's loop cannot run this environment: it continues an episode only after a tool call
 (GRPOTrainer._tool_call_loop), and an environment never sees a plain answer. It runs in rung's episode loop,
-which calls `_reply` after each assistant turn without tool calls (rung/envs/__init__.py). It has no tools,
+which calls `reply` after each assistant turn without tool calls (rung/envs/__init__.py). It has no tools,
 so it needs no tool-capable chat template.
 """
 
@@ -15,9 +15,10 @@ from typing import Any
 
 from pydantic import Field
 
+from rung.answers.rows import problem
 from rung.config import FormatParams
 from rung.config.base import Section
-from rung.envs.episode import Episode, row_of
+from rung.envs.episode import Episode
 
 
 class RetrySettings(Section):
@@ -40,9 +41,9 @@ class Retry:
 
     def reset(self, **columns: Any) -> None:
         """A new episode for one dataset row (TRL passes the row's columns); nothing is added to the prompt."""
-        self.episode = Episode(row_of(columns), self.fmt)
+        self.episode = Episode(problem(columns), self.fmt)
 
-    def _reply(self, message: str) -> str | None:
+    def reply(self, message: str) -> str | None:
         """rung's episode loop, after an assistant turn without a tool call: the feedback if the answer is wrong
         and turns are left, else None (the episode ends). A grader failure ends it unscored."""
         ok = self.episode.grade(message)

@@ -29,7 +29,10 @@ BUILTINS: dict[str, tuple[type, type[BaseModel]]] = {
 }
 """Built-in environments by name: the class and its settings model."""
 
-_NOT_TOOLS = ("reset", "get_reward")  # TRL's reserved names (grpo_trainer.py, GRPOTrainer.__init__)
+REPLY = "reply"
+"""rung's one hook beyond TRL's contract (rung/envs/__init__.py): the next user turn after a plain answer."""
+_OLD_REPLY = "_reply"  # its first name, still read: environments written before the rename keep working
+_NOT_TOOLS = ("reset", "get_reward", REPLY)  # TRL's reserved names (grpo_trainer.py, GRPOTrainer.__init__) and rung's
 
 
 @dataclass(frozen=True)
@@ -57,11 +60,6 @@ class Environment:
         """Whether its episodes carry their own reward (rung.envs.loop.Trajectory.reward): a built-in grades the
         final answer with the task's verifier, any other class needs a `get_reward()`."""
         return self.builtin or callable(getattr(self.cls, "get_reward", None))
-
-    @property
-    def needs_episode_loop(self) -> bool:
-        """Whether it replies to plain answers (`_reply`), which only rung's episode loop calls (TRL's does not)."""
-        return callable(getattr(self.cls, "_reply", None))
 
     def factory(self, fmt: FormatParams) -> Callable[[], Any]:
         """A zero-argument factory of instances: TRL's `environment_factory`. Built-ins grade answers in `fmt`."""
@@ -102,9 +100,20 @@ def _construct(cls: type, settings: dict[str, Any], key: str) -> None:
         raise InputError(f"{key}.settings: {cls.__name__}(**settings) raised {type(e).__name__}: {why}") from None
 
 
+def replier(env: object) -> Callable[[str], str | None] | None:
+    """The environment's `reply` (or, in an environment written before it was named so, `_reply`), None if it has
+    neither: then an episode ends at its first plain answer, as in TRL."""
+    for name in (REPLY, _OLD_REPLY):
+        hook = getattr(env, name, None)
+        if callable(hook):
+            return hook
+    return None
+
+
 def tool_names(cls: type) -> tuple[str, ...]:
     """The methods TRL exposes as tools, found as TRL finds them: functions on the class (not the instance, so
-    no property runs), public, but reset and get_reward."""
+    no property runs), public, but reset and get_reward; nor rung's `reply` (TRL's own loop would take it for a
+    tool, but an environment that replies runs in rung's loop: TRL's never shows it a plain answer)."""
     return tuple(
         name
         for name, _ in inspect.getmembers(cls, predicate=inspect.isfunction)

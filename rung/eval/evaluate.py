@@ -11,8 +11,9 @@ from statistics import mean, median
 from typing import TYPE_CHECKING, Any
 
 from rung import files, paths
-from rung.answers import formats
-from rung.answers.verify import GraderFailed, answer_class, is_correct
+from rung.answers import formats, grading
+from rung.answers.rows import Row
+from rung.answers.verify import GraderFailed, answer_class
 from rung.config import EvalParams, FormatParams, SamplingParams
 from rung.data.rows import difficulty_label
 from rung.eval import metrics
@@ -26,19 +27,19 @@ if TYPE_CHECKING:  # types only: torch is imported by whoever loads the model (t
 Record = EvalRecord
 
 
-def grade(rows: list[dict[str, Any]], samples: list[list[Completion]], fmt: FormatParams) -> list[Record]:
+def grade(rows: list[Row], samples: list[list[Completion]], fmt: FormatParams) -> list[Record]:
     """One record per row: its completions with the extracted answers and their grades."""
     records = []
     for row, completions in zip(rows, samples, strict=True):
         graded = []
         for c in completions:
-            strict = formats.extract(c.text, fmt)
+            strict = grading.grade(c.text, row, fmt)
             graded.append(
                 Graded(
                     completion=c.text,
-                    extracted=strict,
-                    correct=is_correct(strict, row),
-                    correct_lenient=is_correct(formats.extract_lenient(c.text, fmt), row),
+                    extracted=strict.answer,
+                    correct=strict.verdict(),
+                    correct_lenient=grading.grade(c.text, row, fmt, lenient=True).verdict(),
                     tokens=c.tokens,
                     truncated=c.truncated,
                 )
@@ -117,7 +118,7 @@ def summarize_sampled(
     }
 
 
-def grade_episodes(rows: list[dict[str, Any]], samples: list[list[Trajectory]], fmt: FormatParams) -> list[Record]:
+def grade_episodes(rows: list[Row], samples: list[list[Trajectory]], fmt: FormatParams) -> list[Record]:
     """One record per row from its episodes: each graded as a completion (its last assistant turn, the final
     answer, graded by the task's verifier as single-turn completions are) with the whole episode in `episode`.
     A grader that failed inside an episode (the sandbox of a python tool) stops evaluation in one line, as it
@@ -143,7 +144,7 @@ def _final(trajectory: Trajectory) -> Completion:
 
 def evaluate(
     gen: Generator,
-    rows: list[dict[str, Any]],
+    rows: list[Row],
     fmt: FormatParams,
     params: EvalParams,
     seed: int,
@@ -158,7 +159,7 @@ def evaluate(
     """
     prompts = [] if environment else gen.render([formats.prompt(r["prompt"], fmt) for r in rows])
 
-    def answer(subset: list[dict[str, Any]], sampling: SamplingParams, n: int, seed: int, desc: str) -> list[Record]:
+    def answer(subset: list[Row], sampling: SamplingParams, n: int, seed: int, desc: str) -> list[Record]:
         if environment is None:
             return grade(subset, gen.generate(prompts[: len(subset)], sampling, n=n, seed=seed, desc=desc), fmt)
         from rung.eval import episodes

@@ -7,12 +7,12 @@ callable whose __name__ is its params.yaml name and its metric key (rewards/<nam
 from __future__ import annotations
 
 import importlib
-import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from rung.answers import formats, verify
-from rung.answers.verify import is_correct
+from rung.answers.grading import grade
+from rung.answers.rows import Problem, problem
 from rung.config import FormatParams, RewardParams, RLStageParams
 from rung.errors import InputError
 
@@ -30,11 +30,10 @@ def _graded(
     task: list[str],
     prompt_text: list[str],
     meta: list[str],
-    fmt: FormatParams,
-) -> Iterator[tuple[str | None, dict[str, Any]]]:
-    """Each completion's formatted final answer, with the row it answers (as TRL passes the columns)."""
+) -> Iterator[tuple[str, Problem]]:
+    """Each completion's text, with the row it answers (from TRL's columns, rung.answers.rows.dataset_row's)."""
     for c, a, t, p, m in zip(completions, answer, task, prompt_text, meta, strict=True):
-        yield formats.extract(_text(c), fmt), dict(answer=a, task=t, prompt=p, meta=m)
+        yield _text(c), problem(dict(answer=a, task=t, prompt_text=p, meta=m))
 
 
 def groups(n: int, size: int) -> list[range]:
@@ -60,10 +59,10 @@ class Accuracy:
         meta: list[str],
         **_: Any,
     ) -> list[float | None]:
-        return [self.score(x, row) for x, row in _graded(completions, answer, task, prompt_text, meta, self.fmt)]
+        return [self.score(text, row) for text, row in _graded(completions, answer, task, prompt_text, meta)]
 
-    def score(self, extracted: str | None, row: dict[str, Any]) -> float:
-        return float(is_correct(extracted, row))
+    def score(self, text: str, row: Problem) -> float:
+        return float(grade(text, row, self.fmt).verdict())
 
 
 class TestsPassed(Accuracy):
@@ -72,11 +71,12 @@ class TestsPassed(Accuracy):
 
     __name__ = "tests_passed"
 
-    def score(self, extracted: str | None, row: dict[str, Any]) -> float:
-        if row["task"] != verify.CODE or extracted is None:
-            return super().score(extracted, row)
-        meta = json.loads(row["meta"]) if isinstance(row["meta"], str) else row["meta"]
-        return verify.tests_passed_share(extracted, meta["test"], meta["entry_point"], meta.get("context", ""))
+    def score(self, text: str, row: Problem) -> float:
+        code = formats.extract(text, self.fmt) if row["task"] == verify.CODE else None
+        if code is None:
+            return super().score(text, row)
+        meta = row["meta"]
+        return verify.tests_passed_share(code, meta["test"], meta["entry_point"], meta.get("context", ""))
 
 
 class Format:
@@ -144,7 +144,8 @@ class ConditionalLength:
         meta: list[str],
         **_: Any,
     ) -> list[float | None]:
-        ok = [is_correct(x, row) for x, row in _graded(completions, answer, task, prompt_text, meta, self.fmt)]
+        rows = _graded(completions, answer, task, prompt_text, meta)
+        ok = [grade(text, row, self.fmt).verdict() for text, row in rows]
         out: list[float | None] = []
         for group in groups(len(ok), self.group):
             all_ok = len(group) == self.group and all(ok[i] for i in group)

@@ -18,6 +18,7 @@ from trl import GRPOConfig, RLOOConfig
 
 from rung import compat, envs, files, models, placement
 from rung.answers import formats
+from rung.answers.rows import Row, dataset_row
 from rung.config import FormatParams, RLStageParams, SamplingParams
 from rung.envs.loop import budget
 from rung.errors import InputError
@@ -34,20 +35,9 @@ from rung.train.jobs import JobResult, RLJob, main
 from rung.train.trl_seam import GRPOSeam, RLOOSeam, train_metrics
 
 
-def prompts(rows: list[dict[str, Any]], fmt: FormatParams) -> Dataset:
-    """Conversational prompts plus the columns the reward functions read."""
-    return Dataset.from_list(
-        [
-            {
-                "prompt": formats.prompt(r["prompt"], fmt),
-                "prompt_text": r["prompt"],
-                "answer": r["answer"],
-                "task": r["task"],
-                "meta": files.dumps(r["meta"]),
-            }
-            for r in rows
-        ]
-    )
+def prompts(rows: list[Row], fmt: FormatParams) -> Dataset:
+    """Conversational prompts plus the columns the reward functions read (rung.answers.rows.dataset_row)."""
+    return Dataset.from_list([dict(dataset_row(r, fmt)) for r in rows])
 
 
 # rung's stage fields that are TRL config fields under the same name.
