@@ -53,8 +53,8 @@ def test_default_params_are_valid(default_params):
         (
             ("rl", "stages", "main", "preset"),
             "ppo",
-            "params.yaml: rl.stages.main.preset: 'ppo' is not a preset ['grpo', 'dr_grpo', 'dapo', 'gspo', 'psr', 'nsr', "
-            "'w_reinforce']",
+            "params.yaml: rl.stages.main.preset: 'ppo' is not a preset ['grpo', 'dr_grpo', 'dapo', 'gspo', 'psr', "
+            "'nsr', 'w_reinforce']",
         ),
         (
             ("rl", "stages", "main", "curriculum"),
