@@ -6,7 +6,7 @@ passk study's) and a medium one (40 prompts), and asserts that the false-alarm r
 plus a binomial margin: 2.576 standard errors of a 5% rate over 2000 replications (6.26%), which a
 true rate of 8% would exceed with probability above 99%. The core (paired.intervals, paired.flip_test)
 is vectorised over the replications; the end-to-end checks go through paired.sampled_test and
-paired.arms_test with their records, to pin the units they build. Measured rates (seeded): see the
+arms.arms_test with their records, to pin the units they build. Measured rates (seeded): see the
 module's report in issue #45 and docs/evaluation.md.
 """
 
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from scipy.stats import binom, ttest_rel
 
-from rung.eval import metrics, paired
+from rung.eval import arms, metrics, paired
 from tests.records import sampled
 
 REPS = 2000
@@ -116,9 +116,9 @@ def test_clustered_units_with_partly_overlapping_prompts(shared, own):
     # however many seeds answered it (counted once per seed, 26% of intervals excluded 0: issue #45)
     rng = np.random.default_rng(shared + own)
     runs = [_clustered(rng, shared, own, 3, 0.25) for _ in range(REPS)]
-    one = paired.arms_test(*map(_records, runs[0]), 0.95, 400, 0, "sim")  # the units arms_test builds
+    one = arms.arms_test(*map(_records, runs[0]), 0.95, 400, 0, "sim")  # the units arms_test builds
     assert one.units == shared + 3 * own and one.rows == 3 * (shared + own)  # a prompt is one unit
-    clusters = [[paired.unit_values(arm) for arm in run] for run in runs]
+    clusters = [[arms.unit_values(arm) for arm in run] for run in runs]
     diffs = np.array([new[0] - old[0] for old, new in clusters])[:, None]  # (reps, one metric, clusters)
     _, low, high = paired.intervals(diffs, clusters[0][0][1], 0.95, 1000, 0)
     p, _ = paired.flip_test(diffs, 1000, 0)
@@ -134,7 +134,7 @@ def test_seed_t_test():
     runs = [_clustered(rng, 40, 0, 3, 0.0) for _ in range(REPS)]
     means = np.array([[[np.mean(list(by_id.values())) for by_id in arm.values()] for arm in run] for run in runs])
     assert (ttest_rel(means[:, 1], means[:, 0], axis=1).pvalue < ALPHA).mean() <= UPPER
-    u = paired.arm_units(*map(_records, runs[0]), "sim")
+    u = arms.arm_units(*map(_records, runs[0]), "sim")
     assert np.allclose([u.seed_old, u.seed_new], means[0])  # the per-seed accuracies arms_test tests
 
 

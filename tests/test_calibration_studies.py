@@ -22,7 +22,7 @@ import pytest
 from scipy.special import expit
 from scipy.stats import binom, norm, ttest_rel
 
-from rung.eval import paired
+from rung.eval import arms, paired
 from tests.test_calibration import ALPHA, REPS, UPPER
 
 ARMS, SEEDS, SETS, RHO = 3, 5, (305, 50), 0.9
@@ -78,7 +78,7 @@ def test_run_to_run_variation_the_seed_level_verdict_holds_its_level(spread):
     # printed as about these checkpoints
     assert rates["prompt level"] > UPPER, rates
     # the simulation's test is what a study runs: arms_test's procedure p on one replication's records
-    r = paired.arms_test(_records(test[0, 0]), _records(test[0, 1]), 0.95, 200, 0, "sim")
+    r = arms.arms_test(_records(test[0, 0]), _records(test[0, 1]), 0.95, 200, 0, "sim")
     assert r.procedure.p == pytest.approx(seed_p[0]) and r.units == SETS[0]
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from rung import config, files, tracking
 from rung.errors import InputError
-from rung.eval import comparisons, paired
+from rung.eval import arms, comparisons, paired
 from rung.eval.results import Comparisons, EvalResult
 from rung.report import htmlpage, pipeline, tables
 from tests.records import greedy, sampled, write_evaluated
@@ -135,7 +135,7 @@ def test_an_interval_stays_inside_what_the_metric_can_take():
 
 def test_a_prompt_answered_by_several_seeds_is_one_cluster():
     # seed 1 answers a, b; seed 2 answers a, c: a is one cluster of two rows
-    clusters = paired.unit_values({1: {"a": 1.0, "b": 0.0}, 2: {"a": 1.0, "c": 1.0}})
+    clusters = arms.unit_values({1: {"a": 1.0, "b": 0.0}, 2: {"a": 1.0, "c": 1.0}})
     assert [list(x) for x in clusters] == [[2.0, 0.0, 1.0], [2.0, 1.0, 1.0]]
     # two prompts, three rows each, every row of a prompt alike: resampled as clusters the interval spans
     # what two units allow (here, all of [0, 1]); as six independent rows it would be far narrower

@@ -1,5 +1,5 @@
 """Seed studies: the definition and the aggregation over seeds (rung/report/study.py), the paired
-tests between arms (rung.eval.paired.arms_test), the page (rung/report/studypage.py), and `rung study`
+tests between arms (rung.eval.arms.arms_test), the page (rung/report/studypage.py), and `rung study`
 end to end: two arms x two seeds of the tiny model as DVC experiments in a temporary git + DVC repo,
 against a Prefect server on loopback."""
 
@@ -18,7 +18,7 @@ from scipy.stats import ttest_rel
 
 from rung import config
 from rung.errors import InputError
-from rung.eval import paired
+from rung.eval import arms, paired
 from rung.eval.results import StudyResult
 from rung.report import study, studypage
 from tests.records import greedy, study_run
@@ -111,7 +111,7 @@ def test_one_seed_is_exactly_the_mcnemar_test():
     rng = np.random.default_rng(1)
     old = rng.random(80) < 0.4
     new = np.where(rng.random(80) < 0.3, ~old, old)
-    r = paired.arms_test(
+    r = arms.arms_test(
         {7: greedy(list(old), prefix="p")}, {7: greedy(list(new), prefix="p")}, 0.95, 20000, 0, "b vs a on test"
     )
     test = paired.mcnemar(list(old), list(new))
@@ -127,7 +127,7 @@ def test_a_prompt_is_one_unit_over_seeds_whether_or_not_the_seeds_share_it():
     wins = {1: range(1, 21, 2), 2: range(1, 13, 2)}
     new = {s: greedy([c or i in wins[s] for i, c in enumerate(base)], prefix="p") for s in (1, 2)}
     old = {s: greedy(base, prefix="p") for s in (1, 2)}
-    r = paired.arms_test(old, new, 0.95, 1000, 0, "b vs a on test")
+    r = arms.arms_test(old, new, 0.95, 1000, 0, "b vs a on test")
     assert (r.unit, r.units, r.units_better, r.units_worse) == (
         "prompt",
         40,
@@ -146,12 +146,12 @@ def test_a_prompt_is_one_unit_over_seeds_whether_or_not_the_seeds_share_it():
     # the procedure's verdict: the t-test over the two seeds' accuracies (one run per seed and arm)
     assert r.procedure.p == pytest.approx(ttest_rel([0.75, 0.65], [0.5, 0.5]).pvalue)
     assert not r.procedure.significant and r.procedure.verdict == "not significant at 0.05 (paired t-test over seeds)"
-    assert r.ci_low > 0 and r == paired.arms_test(old, new, 0.95, 1000, 0, "b vs a on test")  # seeded
+    assert r.ci_low > 0 and r == arms.arms_test(old, new, 0.95, 1000, 0, "b vs a on test")  # seeded
 
     # Other prompts in each seed (the seed changed the data): each prompt its own cluster of one row.
     old2 = {s: greedy(base, [f"s{s}p{i}" for i in range(40)]) for s in (1, 2)}
     new2 = {s: greedy([r["samples"][0]["correct"] for r in new[s]], [f"s{s}p{i}" for i in range(40)]) for s in (1, 2)}
-    r2 = paired.arms_test(old2, new2, 0.95, 1000, 0, "b vs a on test")
+    r2 = arms.arms_test(old2, new2, 0.95, 1000, 0, "b vs a on test")
     assert (r2.unit, r2.units, r2.rows, r2.units_better) == ("prompt", 80, 80, 16) and r2.difference == pytest.approx(
         0.2
     )
@@ -159,7 +159,7 @@ def test_a_prompt_is_one_unit_over_seeds_whether_or_not_the_seeds_share_it():
     with pytest.raises(
         InputError, match="^b vs a on test, seed 2: the two checkpoints were evaluated on different prompts"
     ):
-        paired.arms_test(old, {1: new[1], 2: new[2][:-1]}, 0.95, 100, 0, "b vs a on test")
+        arms.arms_test(old, {1: new[1], 2: new[2][:-1]}, 0.95, 100, 0, "b vs a on test")
 
 
 def test_aggregate_writes_the_study_page(tmp_path):

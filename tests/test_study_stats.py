@@ -12,7 +12,7 @@ import pytest
 from scipy.stats import nct, t
 
 from rung.answers.verify import answer_class
-from rung.eval import metrics, paired
+from rung.eval import arms, metrics, paired
 from rung.eval.evaluate import summarize_sampled
 from rung.report import spectrum, study
 from tests.records import sampled, study_run
@@ -61,7 +61,7 @@ def test_claim_verdicts_read_the_max_t_over_its_k_and_the_family():
     rng = np.random.default_rng(4)  # identical arms where pass@8 alone looks worse
     p = rng.beta(2, 2, size=30)
     old, new = ({1: _records(list(rng.binomial(8, p)), 8)} for _ in range(2))
-    alone = [paired.arms_test(old, new, 0.95, 1000, 0, "x", paired.pass_at(k)) for k in (1, 2, 4, 8)]
+    alone = [arms.arms_test(old, new, 0.95, 1000, 0, "x", arms.pass_at(k)) for k in (1, 2, 4, 8)]
     assert alone[-1].ci_high < 0 < alone[-1].p - 0.05  # its interval excludes 0; its exact test does not reject
     claim = spectrum.Claim(claim="new ≥ old at every k", new=["new"], old="old", expect="at_least")
     sampled = {arm: {1: {"test": records[1]}} for arm, records in (("old", old), ("new", new))}

@@ -214,7 +214,7 @@ class GreedyTest(Result):
 
 
 class SeedTest(Result):
-    """The procedure's test of a comparison of arms (rung.eval.paired.seed_test): the seed is the unit, so
+    """The procedure's test of a comparison of arms (rung.eval.arms.seed_test): the seed is the unit, so
     that run-to-run variation of whole checkpoints counts; p Holm-adjusted over `family` when the study
     corrects for one (None: fewer than 2 seeds, or differences that never vary: no test)."""
 
@@ -229,7 +229,7 @@ class SeedTest(Result):
 
 
 class ArmsTest(Result):
-    """Arm new against arm old on one eval set, over seeds (rung.eval.paired.arms_test). `procedure` is
+    """Arm new against arm old on one eval set, over seeds (rung.eval.arms.arms_test). `procedure` is
     the verdict about the training procedure (a test over seeds). The rest is about these checkpoints
     (the seeds run, held fixed): a unit is a prompt cluster (its rows in every seed that answered it);
     p the sign-flip test's, Holm-adjusted over `family` when the study corrects for one; significant

@@ -5,7 +5,7 @@ the eval set, pass@k and coverage alike (a warning names the counts when some ar
 
 A claim names arms `new`, one arm `old` (or the init checkpoint, e.g. 'sft'), the direction expected
 and the k it is about. At each k the unit is a prompt cluster (its pass@k in every seed that answered
-it: rung.eval.paired.arm_units with value pass_at(k, n)). The claim's k are one family: the interval
+it: rung.eval.arms.arm_units with value pass_at(k, n)). The claim's k are one family: the interval
 is the bootstrap band over them (rung.eval.paired.intervals) and the p the sign-flip test's max-T
 over them (rung.eval.paired.flip_test). Every (claim, arm, eval set) of a study is one member of the
 claim family, held to the study's level by Holm (check_claims): a member's p is its smallest over k,
@@ -18,7 +18,7 @@ noise. The planning statement (not post-hoc power): prompts a paired t-test at t
 level (level / members) would need to see the study's reference effect at 80% power, from the spread
 of the per-prompt differences, and seeds from the spread of the per-seed differences
 (rung.eval.paired.units_needed, by the noncentral t). The t-test over seeds printed at every k (the
-procedure's test, rung.eval.paired.seed_test) is Holm-adjusted over every k of every member; the claim's
+procedure's test, rung.eval.arms.seed_test) is Holm-adjusted over every k of every member; the claim's
 verdict still reads the prompt-level test, so it is about the checkpoints these seeds trained.
 """
 
@@ -32,7 +32,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from rung.errors import InputError
-from rung.eval import metrics, paired
+from rung.eval import arms, metrics, paired
 from rung.eval.results import ArmsTest, Band, ClaimResult, ClaimTest, EvalRecord, Spread, StudyRun
 
 # arm -> seed -> eval set -> sampled records
@@ -69,7 +69,7 @@ def sampled_records(runs: Sequence[StudyRun], init: str) -> Sampled:
 
 def _values(by_seed: Mapping[int, Sequence[EvalRecord]], k: int, n: int) -> dict[int, dict[str, float]]:
     """Each seed's pass@k per prompt id, from the first n samples."""
-    value = paired.pass_at(k, n)
+    value = arms.pass_at(k, n)
     return {s: {r["id"]: value(r) for r in records} for s, records in by_seed.items()}
 
 
@@ -79,7 +79,7 @@ def curves(
     """Per eval set and arm: the spectrum (k, mean pass@k, band low, band high) and coverage over seeds,
     both at the smallest number of samples of the set over every arm and seed (metrics.common_n warns
     when some record has more), so that arms that drew different n compare at one n. The band at each k
-    is the interval of the mean over prompt clusters (paired.unit_values; metrics.share_interval, each
+    is the interval of the mean over prompt clusters (arms.unit_values; metrics.share_interval, each
     cluster's mean weighted by its rows): it stays open at 0% and 100%."""
     spectrum: dict[str, dict[str, list[Band]]] = {}
     coverage: dict[str, dict[str, Spread]] = {}
@@ -92,7 +92,7 @@ def curves(
         )
         for arm, by_seed in by_arm.items():
             ks = metrics.spectrum_ks(n)
-            clusters = [paired.unit_values(_values(by_seed, k, n)) for k in ks]
+            clusters = [arms.unit_values(_values(by_seed, k, n)) for k in ks]
             sizes = clusters[0][1]
             means = np.array([c[0] for c in clusters]) / sizes  # (k, clusters): each cluster's mean over its rows
             low, high = metrics.share_interval(means, confidence, sizes)
@@ -125,7 +125,7 @@ def _overall(verdicts: list[str]) -> str:
 
 def check_claim(
     claim: Claim, new: str, name: str, sampled: Sampled, confidence: float, resamples: int, seed: int
-) -> tuple[list[int], list[paired.Units], list[ArmsTest]]:
+) -> tuple[list[int], list[arms.Units], list[ArmsTest]]:
     """One claim for one arm on one eval set, before the family correction: its k, the units at each
     k (pass@k at the common n of the two arms) and a test per k whose interval is the band over the k
     and whose p is the max-T over them."""
@@ -140,13 +140,13 @@ def check_claim(
     if any(not 1 <= k <= n for k in ks):
         raise InputError(f"claims: {claim.claim!r}: k {ks} outside 1..{n} (the samples per prompt)")
     what = f"{new} vs {claim.old} on {name}"
-    units = [paired.arm_units(old, new_records, what, paired.pass_at(k, n)) for k in ks]
+    units = [arms.arm_units(old, new_records, what, arms.pass_at(k, n)) for k in ks]
     diffs = np.array([u.new - u.old for u in units])
     _, low, high = paired.intervals(diffs, units[0].sizes, confidence, resamples, seed)
     p, exact = paired.flip_test(diffs, resamples, seed)
     test = paired.flip_name(exact, resamples)
     tests = [
-        paired.units_test(u, confidence, resamples, seed).model_copy(
+        arms.units_test(u, confidence, resamples, seed).model_copy(
             update={"ci_low": float(lo), "ci_high": float(hi), "p": float(pk), "test": test}
         )
         for u, lo, hi, pk in zip(units, low, high, p, strict=True)
@@ -183,7 +183,7 @@ def check_claims(
     # the t-tests over seeds printed beside them are a family of their own: every k of every member
     tests = [t for *_, ts in checked for t in ts]
     procedures = iter(
-        paired.correct_seeds(
+        arms.correct_seeds(
             [t.procedure for t in tests],
             [list(t.per_seed_difference.values()) for t in tests],
             alpha,

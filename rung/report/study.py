@@ -17,7 +17,7 @@ sweep machinery). This module is the part without orchestration and without rend
 definition, the points, and the aggregation of what the experiments wrote (their metrics files,
 per-prompt eval records and RL curves) into a typed StudyResult (rung.eval.results): per arm the
 spread of every headline metric over seeds, the learning curves, and between arms the paired test
-of rung.eval.paired.arms_test (its docstring says which unit is resampled and which tests are
+of rung.eval.arms.arms_test (its docstring says which unit is resampled and which tests are
 run; the pairs of arms x eval sets are one family, Holm-corrected). rung.report.studypage renders
 and writes the study page.
 """
@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from rung import config, files
 from rung.errors import InputError
-from rung.eval import paired
+from rung.eval import arms, paired
 from rung.eval.results import ArmResult, ArmsTest, Band, Comparison, EvalResult, Spread, StudyResult, StudyRun
 from rung.report import spectrum
 
@@ -228,33 +228,37 @@ def aggregate(
     every headline metric, per pair of arms (each later arm against each earlier one) and eval set
     the paired comparison, and the curves; with sampled records, the pass@k spectrum of every arm and
     of the init checkpoint (named `init`), coverage, and the study's claims checked."""
-    arms: dict[str, ArmResult] = {}
+    by_arm: dict[str, ArmResult] = {}
     for arm in study.arms:
         rs = sorted((r for r in runs if r["arm"] == arm), key=lambda r: r["seed"])
         if not rs:
             continue
         values = [flat_metrics(r["eval"], r["rl"]) for r in rs]
         keys = [k for k in values[0] if all(k in v for v in values)]
-        arms[arm] = ArmResult(seeds=[r["seed"] for r in rs], metrics={k: _spread([v[k] for v in values]) for k in keys})
+        by_arm[arm] = ArmResult(
+            seeds=[r["seed"] for r in rs], metrics={k: _spread([v[k] for v in values]) for k in keys}
+        )
     records = {(r["arm"], r["seed"]): r["records"] for r in runs}
-    names = list(arms)
+    names = list(by_arm)
     tested: dict[tuple[str, str], dict[str, ArmsTest]] = {}
     for j, new in enumerate(names):
         for old in names[:j]:
             sets: dict[str, ArmsTest] = {}
             set_names = [
-                n for n in records[(new, arms[new].seeds[0])] if all(n in records[(old, s)] for s in arms[old].seeds)
+                n
+                for n in records[(new, by_arm[new].seeds[0])]
+                if all(n in records[(old, s)] for s in by_arm[old].seeds)
             ]
             for name in sorted(set_names, key=lambda n: (n != "test", n)):
-                per = {arm: {s: records[(arm, s)][name] for s in arms[arm].seeds} for arm in (old, new)}
-                sets[name] = paired.arms_test(
+                per = {arm: {s: records[(arm, s)][name] for s in by_arm[arm].seeds} for arm in (old, new)}
+                sets[name] = arms.arms_test(
                     per[old], per[new], confidence, resamples, seed, f"{new} vs {old} on {name}"
                 )
             tested[(new, old)] = sets
     # every pair of arms on every eval set is one family, held to the study's level together
     flat = [(pair, name, t) for pair, sets in tested.items() for name, t in sets.items()]
     family = f"Holm over {len(flat)}: pairs of arms x eval sets"
-    held = paired.correct([t for *_, t in flat], paired.level(confidence), family)
+    held = arms.correct([t for *_, t in flat], paired.level(confidence), family)
     comparisons: dict[str, Comparison[ArmsTest]] = {
         paired.key(new, old): Comparison[ArmsTest](
             new=new,
@@ -281,7 +285,7 @@ def aggregate(
         confidence=confidence,
         resamples=resamples,
         seed=seed,
-        arms=arms,
+        arms=by_arm,
         comparisons=comparisons,
         curves=curves(runs),
     )
