@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+from scipy.stats import ttest_1samp
 
 from rung.errors import InputError
 from rung.eval import metrics, paired
@@ -47,13 +48,19 @@ def test_units_needed():
     assert paired.units_needed(0.0, 0.1) is None  # no spread to plan from
 
 
-def _runs(psr_counts: list[list[int]], n: int = 4, times: int = 1) -> list[dict]:
-    """Study runs of arms psr (sampled counts per seed) and nsr (all solved once), with the init's samples;
-    every prompt `times` times (more prompts, the same means)."""
+NSR = [2, 2, 2, 2, 1, 1]
+
+
+def _runs(
+    psr_counts: list[list[int]], n: int = 4, times: int = 1, nsr_counts: list[list[int]] | None = None
+) -> list[dict]:
+    """Study runs of arms psr (sampled counts per seed) and nsr (by default all solved once), with the init's
+    samples; every prompt `times` times (more prompts, the same means)."""
     init = {"test": sampled([1, 1, 1, 1, 0, 0] * times, n)}
     runs = []
     for seed, counts in enumerate(psr_counts, start=1):
-        for arm, c in (("psr", counts * times), ("nsr", [2, 2, 2, 2, 1, 1] * times)):
+        nsr = nsr_counts[seed - 1] if nsr_counts else NSR
+        for arm, c in (("psr", counts * times), ("nsr", nsr * times)):
             run = study_run(arm, seed, 0.5, [True, False])
             runs.append({**run, "samples": {"test": sampled(c, n)}, "init_samples": init})
     return runs
@@ -78,8 +85,10 @@ def test_study_spectrum_and_claims(tmp_path):
     assert result.coverage["test"]["psr"].values == [pytest.approx(4 / 6)] * 2
     by = {(c.claim, c.new): c for c in result.claims}
     up = by[("PSR > SFT at k = 1", "psr")]
-    assert [t.k for t in up.tests] == [1] and up.verdict == "reproduced" and up.tests[0].test.significant
-    assert up.tests[0].test.family.startswith("Holm over 3") and up.tests[0].test.p < 0.05  # the page's verdict
+    # about these checkpoints the gain is clear (prompt level); about the procedure 2 seeds cannot show it
+    assert [t.k for t in up.tests] == [1] and up.tests[0].checkpoints == "reproduced" and up.tests[0].test.significant
+    assert up.tests[0].test.family.startswith("Holm over 3") and up.tests[0].test.p < 0.05
+    assert up.verdict == "inside the noise" and not up.tests[0].test.procedure.significant
     assert up.tests[0].test.difference == pytest.approx(4 * ((1 + 1 + 1 + 1 + 0.75 + 1 + 1 + 0.75) / 8 - 0.25) / 6)
     flat = by[("PSR < SFT at k = n", "psr")]
     assert flat.tests[0].k == 4 and flat.verdict == "inside the noise" and flat.tests[0].test.difference == 0
@@ -98,6 +107,32 @@ def test_study_spectrum_and_claims(tmp_path):
     written = json.loads(paths["json"].read_text())
     written.pop("settings")
     assert StudyResult.model_validate(written) == result
+
+
+def test_claims_verdict_is_the_test_over_seeds_with_a_margin_for_at_least():
+    spec = study.Study(name="p", seeds=[1, 2, 3, 4], arms={"psr": {}, "nsr": {}}, claims=CLAIMS, margin=0.02)
+    psr = [[4, 4, 4, 4, 0, 0], [3, 4, 4, 3, 0, 0], [4, 4, 4, 3, 0, 0], [4, 3, 4, 4, 0, 0]]
+    nsr = [NSR, [2, 2, 2, 1, 1, 1], [2, 2, 2, 2, 1, 2], [1, 1, 1, 1, 1, 0]]  # the last seed near sft at k = 1
+    result = study.aggregate(spec, _runs(psr, times=3, nsr_counts=nsr), 0.95, 300, 0, init="sft")
+    by = {c.claim: c for c in result.claims}
+    up = by["PSR > SFT at k = 1"].tests[0]
+    sft_k1 = 4 / 6 * 0.25
+    # one checkpoint (sft) against an arm's seeds: the one-sample t-test of the per-seed differences from it
+    diffs = [np.mean([metrics.pass_at_k(4, c, 1) for c in counts]) - sft_k1 for counts in psr]
+    assert list(up.test.per_seed_difference.values()) == pytest.approx(diffs)
+    raw = ttest_1samp(diffs, 0).pvalue
+    assert up.test.procedure.test == "one-sample t-test over seeds, old held fixed"
+    assert up.test.procedure.family == "Holm over 5: claims x arms x eval sets x k"
+    assert raw < up.test.procedure.p <= 5 * raw and by["PSR > SFT at k = 1"].verdict == "reproduced"
+    at_least = by["NSR ≥ SFT at every k"]
+    # at k = 4 nsr solves 5 or 6 of 6 prompts (sft 4): the t-test against -2 points shows it not inferior; at
+    # k = 1 the last seed is near sft (+4 points, the others +21 to +29): after Holm not shown above -2 points
+    assert [t.test.procedure.null for t in at_least.tests] == [-0.02] * 3
+    assert "against a difference of -2 points" in at_least.tests[0].test.procedure.test
+    assert at_least.tests[-1].verdict == "reproduced" and at_least.tests[0].verdict == "inside the noise"
+    assert at_least.verdict == "inside the noise"
+    md = tables.md_table(*tables.claims_table(result))
+    assert any("one-sample t-test over seeds" in line for line in md)
 
 
 def test_claims_refuse_unknown_arms_and_k():

@@ -19,7 +19,7 @@ from statistics import mean
 from typing import NamedTuple
 
 import numpy as np
-from scipy.stats import ttest_rel
+from scipy.stats import ttest_1samp
 
 from rung.errors import InputError
 from rung.eval import metrics
@@ -27,6 +27,7 @@ from rung.eval.paired import Record, align, flip_name, flip_test, holm, interval
 from rung.eval.results import ArmsTest, SeedTest
 
 SEED_T = "paired t-test over seeds"
+FIXED_T = "one-sample t-test over seeds, old held fixed"
 
 
 def greedy_correct(record: Record) -> float:
@@ -96,34 +97,58 @@ def arm_units(
     )
 
 
-def seed_test(old: Sequence[float], new: Sequence[float], alpha: float, plan: float | None = None) -> SeedTest:
+def seed_test(
+    old: Sequence[float],
+    new: Sequence[float],
+    alpha: float,
+    plan: float | None = None,
+    fixed: bool = False,
+    null: float = 0.0,
+) -> SeedTest:
     """The procedure's verdict from each seed's value of two arms (same seed index paired): the paired
-    t-test over seeds (scipy.stats.ttest_rel; the module docstring says why this test); when not
+    t-test over seeds of new - old = `null` (scipy.stats.ttest_1samp of the differences, which is ttest_rel
+    at null 0; the module docstring says why this test). `fixed`: old is one checkpoint (e.g. the init every
+    arm starts from), its mean over `old` taken as given, so the test is the one-sample t-test of the arm's
+    per-seed differences from it: about the procedure given that checkpoint, not about rerunning it. When not
     significant, the seeds a t-test at `plan` (default `alpha`) needs for this mean difference at 80%
     power. No test (p None) with fewer than 2 seeds or differences that never vary (scipy gives nan)."""
+    if fixed:
+        old = [float(np.mean(old))] * len(old)
     diffs = np.subtract(new, old)
+    name = seed_name(fixed, null)
     if len(diffs) < 2 or np.ptp(diffs) == 0:
         return SeedTest(
-            test=SEED_T,
+            test=name,
             seeds=len(diffs),
             p=None,
             significant=False,
-            verdict=f"no {SEED_T}: it needs 2 or more seeds whose differences vary",
+            verdict=f"no {name}: it needs 2 or more seeds whose differences vary",
+            **({"null": null} if null else {}),
         )
-    p = float(ttest_rel(new, old).pvalue)
-    return _seed_judged(diffs, p, alpha, plan)
+    p = float(ttest_1samp(diffs, null).pvalue)
+    return _seed_judged(diffs, p, alpha, plan, name, null)
 
 
-def _seed_judged(diffs: np.ndarray, p: float, alpha: float, plan: float | None) -> SeedTest:
+def seed_name(fixed: bool, null: float) -> str:
+    """The test's name: paired over seeds, or one-sample against a fixed checkpoint; and its null when not 0."""
+    base = FIXED_T if fixed else SEED_T
+    return f"{base}, against a difference of {100 * null:+g} points" if null else base
+
+
+def _seed_judged(
+    diffs: np.ndarray, p: float, alpha: float, plan: float | None, test: str = SEED_T, null: float = 0.0
+) -> SeedTest:
     """The procedure's verdict at `alpha` from its (possibly adjusted) p, with seeds needed when not significant."""
     significant = p < alpha
-    needed = None if significant else units_needed(float(np.std(diffs, ddof=1)), float(np.mean(diffs)), plan or alpha)
+    effect = float(np.mean(diffs)) - null
+    needed = None if significant else units_needed(float(np.std(diffs, ddof=1)), effect, plan or alpha)
     return SeedTest(
-        test=SEED_T,
+        test=test,
         seeds=len(diffs),
         p=p,
         significant=significant,
-        verdict=verdict(significant, alpha, SEED_T),
+        verdict=verdict(significant, alpha, test),
+        **({"null": null} if null else {}),
         **({} if significant else {"seeds_needed": needed}),
     )
 
@@ -168,7 +193,7 @@ def correct_seeds(
     adjusted = dict(zip(tested, holm([float(tests[i].p) for i in tested]), strict=True))  # type: ignore[arg-type]
     strict = alpha / max(len(tested), 1)
     return [
-        _seed_judged(np.asarray(diffs[i], dtype=float), adjusted[i], alpha, strict).model_copy(
+        _seed_judged(np.asarray(diffs[i], dtype=float), adjusted[i], alpha, strict, t.test, t.null or 0.0).model_copy(
             update={"family": family}
         )
         if i in adjusted
@@ -207,4 +232,3 @@ def arms_test(
     both have): by default greedy accuracy, or any per-record `value` (e.g. pass_at(k) on sampled
     records); see the module docstring for the unit, interval and tests."""
     return units_test(arm_units(old, new, what, value), confidence, resamples, seed)
-

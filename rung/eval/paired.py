@@ -326,9 +326,7 @@ def _outcome_test(
         ci_high=hi,
         **test,
         test=MCNEMAR,
-        **judged(
-            test["mcnemar_p"] < alpha, alpha, MCNEMAR, test["right_to_wrong"], test["wrong_to_right"], len(pairs)
-        ),
+        **judged(test["mcnemar_p"] < alpha, alpha, MCNEMAR, test["right_to_wrong"], test["wrong_to_right"], len(pairs)),
     )
 
 

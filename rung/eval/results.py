@@ -226,6 +226,8 @@ class SeedTest(Result):
     verdict: str
     seeds_needed: int | None = None
     """Post-hoc (from the observed per-seed differences): seeds for 80% power at the family's strictest level."""
+    null: Number | None = None
+    """The difference tested against when not 0: -margin (or +margin) for a non-inferiority claim."""
 
 
 class ArmsTest(Result):
@@ -312,6 +314,9 @@ class ClaimTest(Result):
     k: int
     test: ArmsTest
     verdict: str
+    """The claim's verdict at this k: the procedure's test over seeds (test.procedure), Holm-adjusted."""
+    checkpoints: str | None = None
+    """The same reading of the prompt-level test (test.p): about these checkpoints, not the procedure."""
     prompts_needed_reference: int | None
     seeds_needed_reference: int | None
 

@@ -4,22 +4,26 @@ the curve checked with paired tests across prompts and seeds. Every arm is read 
 the eval set, pass@k and coverage alike (a warning names the counts when some arm drew more).
 
 A claim names arms `new`, one arm `old` (or the init checkpoint, e.g. 'sft'), the direction expected
-and the k it is about. At each k the unit is a prompt cluster (its pass@k in every seed that answered
-it: rung.eval.arms.arm_units with value pass_at(k, n)). The claim's k are one family: the interval
-is the bootstrap band over them (rung.eval.paired.intervals) and the p the sign-flip test's max-T
-over them (rung.eval.paired.flip_test). Every (claim, arm, eval set) of a study is one member of the
-claim family, held to the study's level by Holm (check_claims): a member's p is its smallest over k,
-and a k's adjusted p is the larger of its member's Holm-adjusted p and its own p times the member's
-Holm multiplier. The verdict reads that adjusted p and the sign of the difference:
+and the k it is about. A claim is about the training procedure, so its verdict comes from a test whose
+unit is the seed (rung.eval.arms.seed_test) at each k: arm against arm, the paired t-test over seeds;
+against the init, one checkpoint, the one-sample t-test of the arm's per-seed differences from it (valid
+with that checkpoint taken as given: the claim is about training from it, not about rerunning SFT). A >= or
+<= claim is tested against the study's non-inferiority margin (`null`): without one it could never be
+shown. Every k of every (claim, arm, eval set) is one member of one Holm family (arms.correct_seeds). The
+verdict reads that adjusted p and the sign of the difference from the null:
 - "reproduced" when significant in the expected direction, "contradicted" when significant the
-  other way, else "inside the noise" (for at_least / at_most: not contradicted, not shown either).
+  other way, else "inside the noise".
 A claim over several k is contradicted when any k is, reproduced when every k is, else inside the
-noise. The planning statement (not post-hoc power): prompts a paired t-test at the family's strictest
-level (level / members) would need to see the study's reference effect at 80% power, from the spread
-of the per-prompt differences, and seeds from the spread of the per-seed differences
-(rung.eval.paired.units_needed, by the noncentral t). The t-test over seeds printed at every k (the
-procedure's test, rung.eval.arms.seed_test) is Holm-adjusted over every k of every member; the claim's
-verdict still reads the prompt-level test, so it is about the checkpoints these seeds trained.
+noise. Beside it, read the same way against 0 (`checkpoints`), the prompt-level test about these
+checkpoints (the seeds run held fixed): the unit a prompt cluster (its pass@k in every seed that answered
+it: rung.eval.arms.arm_units with value pass_at(k, n)), the claim's k one family (the bootstrap band over
+them, rung.eval.paired.intervals, and the sign-flip test's max-T, rung.eval.paired.flip_test), every
+(claim, arm, eval set) one member of a Holm family: a member's p is its smallest over k, and a k's adjusted
+p is the larger of its member's Holm-adjusted p and its own p times the member's Holm multiplier. The
+planning statement (not post-hoc power): prompts a paired t-test at the family's strictest level (level /
+members) would need to see the study's reference effect at 80% power, from the spread of the per-prompt
+differences, and seeds (at level / (members x k)) from the spread of the per-seed differences
+(rung.eval.paired.units_needed, by the noncentral t).
 """
 
 from __future__ import annotations
@@ -123,12 +127,27 @@ def _overall(verdicts: list[str]) -> str:
     return "reproduced" if all(v == "reproduced" for v in verdicts) else "inside the noise"
 
 
+def null(expect: str, margin: float) -> float:
+    """The difference new - old a claim's seed-level test is against: 0 for a strict claim (> or <); for a
+    non-inferiority claim the margin on the side it allows (>=: -margin, <=: +margin)."""
+    return {"at_least": -margin, "at_most": margin}.get(expect, 0.0)
+
+
 def check_claim(
-    claim: Claim, new: str, name: str, sampled: Sampled, confidence: float, resamples: int, seed: int
+    claim: Claim,
+    new: str,
+    name: str,
+    sampled: Sampled,
+    confidence: float,
+    resamples: int,
+    seed: int,
+    fixed: bool = False,
+    margin: float = 0.0,
 ) -> tuple[list[int], list[arms.Units], list[ArmsTest]]:
     """One claim for one arm on one eval set, before the family correction: its k, the units at each
-    k (pass@k at the common n of the two arms) and a test per k whose interval is the band over the k
-    and whose p is the max-T over them."""
+    k (pass@k at the common n of the two arms) and a test per k whose interval is the band over the k,
+    whose p is the max-T over them (about these checkpoints), and whose procedure is the t-test over seeds
+    against the claim's null (arms.seed_test; `fixed`: old is one checkpoint taken as given)."""
     old_seeds, new_seeds = sampled[claim.old], sampled[new]
     if len(old_seeds) == 1 and len(new_seeds) > 1:  # one eval of old (e.g. the init) serves every seed
         only = next(iter(old_seeds.values()))
@@ -145,12 +164,15 @@ def check_claim(
     _, low, high = paired.intervals(diffs, units[0].sizes, confidence, resamples, seed)
     p, exact = paired.flip_test(diffs, resamples, seed)
     test = paired.flip_name(exact, resamples)
-    tests = [
-        arms.units_test(u, confidence, resamples, seed).model_copy(
-            update={"ci_low": float(lo), "ci_high": float(hi), "p": float(pk), "test": test}
-        )
-        for u, lo, hi, pk in zip(units, low, high, p, strict=True)
-    ]
+    alpha, against = paired.level(confidence), null(claim.expect, margin)
+    tests = []
+    for u, lo, hi, pk in zip(units, low, high, p, strict=True):
+        procedure = arms.seed_test(u.seed_old, u.seed_new, alpha, fixed=fixed, null=against)
+        update = {"ci_low": float(lo), "ci_high": float(hi), "p": float(pk), "test": test, "procedure": procedure}
+        if fixed:  # the differences the procedure's test reads: from the one checkpoint's mean
+            base = mean(u.seed_old)
+            update["per_seed_difference"] = {str(s): v - base for s, v in zip(u.seeds, u.seed_new, strict=True)}
+        tests.append(arms.units_test(u, confidence, resamples, seed).model_copy(update=update))
     return ks, units, tests
 
 
@@ -161,9 +183,12 @@ def check_claims(
     resamples: int,
     seed: int,
     reference_effect: float,
+    init: str | None = None,
+    margin: float = 0.0,
 ) -> list[ClaimResult]:
     """Every claim for each of its arms on each of its eval sets (InputError naming an unknown arm or
-    set), the whole family held to the study's level by Holm (module docstring)."""
+    set), the whole family held to the study's level by Holm (module docstring); `init` the checkpoint held
+    fixed when a claim compares with it, `margin` the non-inferiority margin of >= and <= claims."""
     checked = []
     for claim in claims:
         for arm in [*claim.new, claim.old]:
@@ -174,13 +199,14 @@ def check_claims(
             if name not in have:
                 raise InputError(f"claims: {claim.claim!r}: no sampled eval set {name!r} (have {have})")
             for new in claim.new:
-                checked.append((claim, new, name, *check_claim(claim, new, name, sampled, confidence, resamples, seed)))
+                found = check_claim(claim, new, name, sampled, confidence, resamples, seed, claim.old == init, margin)
+                checked.append((claim, new, name, *found))
     alpha = paired.level(confidence)
     members = [min(t.p for t in tests) for *_, tests in checked]
     adjusted, factors = paired.holm(members), paired.holm_factor(members)
     family = f"Holm over {len(checked)}: claims x arms x eval sets; max-T over each claim's k"
     strict = alpha / max(len(checked), 1)
-    # the t-tests over seeds printed beside them are a family of their own: every k of every member
+    # the verdicts: the t-tests over seeds, one family of every k of every member
     tests = [t for *_, ts in checked for t in ts]
     procedures = iter(
         arms.correct_seeds(
@@ -190,30 +216,34 @@ def check_claims(
             f"Holm over {len(tests)}: claims x arms x eval sets x k",
         )
     )
+    strict_seeds = alpha / max(len(tests), 1)
     out = []
     for (claim, new, name, ks, units, tests), member, factor in zip(checked, adjusted, factors, strict=True):
         rows = []
         for k, u, t in zip(ks, units, tests, strict=True):
             p = max(member, min(1.0, factor * t.p))
+            procedure = next(procedures)
             fields = {f: v for f, v in t.dump().items() if f != "prompts_needed"}
             fields |= {
                 "p": p,
                 "family": family,
                 "significant": p < alpha,
                 "verdict": paired.verdict(p < alpha, alpha, t.test),
-                "procedure": next(procedures),
+                "procedure": procedure,
             }
             diffs = (u.new - u.old) / u.sizes  # per-prompt mean difference over its seeds
             per_seed = list(t.per_seed_difference.values())
+            shift = mean(per_seed) - (procedure.null or 0.0)
             rows.append(
                 ClaimTest(
                     k=k,
                     test=ArmsTest.model_validate(fields),
-                    verdict=_verdict(claim.expect, t.difference, p < alpha),
+                    verdict=_verdict(claim.expect, shift, procedure.significant),
+                    checkpoints=_verdict(claim.expect, t.difference, p < alpha),
                     prompts_needed_reference=paired.units_needed(
                         float(np.std(diffs, ddof=1)) if len(diffs) > 1 else 0.0, reference_effect, strict
                     ),
-                    seeds_needed_reference=paired.units_needed(stdev(per_seed), reference_effect, strict)
+                    seeds_needed_reference=paired.units_needed(stdev(per_seed), reference_effect, strict_seeds)
                     if len(per_seed) > 1
                     else None,
                 )

@@ -64,6 +64,12 @@ class Study(BaseModel):
     reference_effect: float = Field(0.05, gt=0, le=1)
     """The effect (a difference of pass@k, 0.05 = 5 points) the power statement of every claim also
     gives the prompts needed for."""
+    margin: float = Field(0.02, ge=0, lt=1)
+    """The non-inferiority margin of a >= or <= claim (a difference of pass@k, 0.02 = 2 points): such a claim
+    is reproduced when its test over seeds puts the difference above -margin (below +margin), contradicted
+    when below (above). Without one a >= claim could never be shown, only fail to be contradicted. 2 points:
+    about the run-to-run sd of a checkpoint's accuracy seen in the curriculum study (1-2 points), so a
+    difference inside it is one no rerun of the procedure could tell from none."""
 
     @model_validator(mode="after")
     def _check(self) -> Study:
@@ -75,6 +81,10 @@ class Study(BaseModel):
             if self.seed_key in overrides or self.seed_key in self.params:
                 raise ValueError(f"arms.{arm}: sets {self.seed_key}, the seed key; the study sets it per seed")
         return self
+
+
+CLAIM_SETTINGS = {"claims", "reference_effect", "margin"}
+"""A study's settings that only its claims read."""
 
 
 def load(path: str | Path) -> Study:
@@ -129,6 +139,11 @@ def check_design(study: Study, path: str | Path, params: Sequence[config.Params]
         )
     if not study.claims:
         return
+    if len(study.seeds) < 2:
+        raise InputError(
+            f"{path}: seeds: {len(study.seeds)} seed gives the claims no test over seeds (their verdict); "
+            "claims need 2 or more (3-5 give the t-test power)"
+        )
     for p in params:
         samples = p.eval.samples
         if samples is None:
@@ -272,7 +287,7 @@ def aggregate(
     if sampled:
         extra["spectrum"], extra["coverage"] = spectrum.curves(sampled, confidence)
         extra["claims"] = spectrum.check_claims(
-            study.claims, sampled, confidence, resamples, seed, study.reference_effect
+            study.claims, sampled, confidence, resamples, seed, study.reference_effect, init, study.margin
         )
     return StudyResult(
         **extra,
@@ -280,7 +295,7 @@ def aggregate(
         seed_key=study.seed_key,
         seeds=study.seeds,
         # a study without claims keeps the definition it wrote before claims existed
-        definition=study.model_dump(mode="json", exclude=None if study.claims else {"claims", "reference_effect"}),
+        definition=study.model_dump(mode="json", exclude=None if study.claims else CLAIM_SETTINGS),
         level=paired.level(confidence),
         confidence=confidence,
         resamples=resamples,

@@ -20,11 +20,12 @@ def band_note(result: StudyResult) -> str:
     conf = f"{100 * result.confidence:g}%"
     members = len({(c.claim, c.new, c.eval_set) for c in result.claims})
     return (
-        f"The claim family: {members} members (claims × arms × eval sets). Within a member, its k share one "
-        f"simultaneous {conf} bootstrap band (sup-t, widened for small samples; rung.eval.paired.intervals) and one "
-        "max-T sign-flip test (rung.eval.paired.flip_test); across members, Holm's step-down adjusts the p, so "
-        f"that any verdict of the page is reproduced or contradicted by chance with probability {result.level:g} "
-        "at most, not per k or per claim."
+        f"The claim family: {members} members (claims × arms × eval sets). The verdicts: the tests over seeds, "
+        "Holm's step-down over every k of every member, so that any verdict of the page is reproduced or "
+        f"contradicted by chance with probability {result.level:g} at most, not per k or per claim. About these "
+        f"checkpoints: within a member, its k share one simultaneous {conf} bootstrap band (sup-t, widened for "
+        "small samples; rung.eval.paired.intervals) and one max-T sign-flip test (rung.eval.paired.flip_test); "
+        "across members, Holm's step-down adjusts the p."
     )
 
 

@@ -386,11 +386,12 @@ def claims_table(result: StudyResult) -> Table:
         "pass@k old → new %",
         f"difference, points [{100 * result.confidence:g}% band]",
         "per-seed differences",
-        "prompts better / worse",
-        "p (max-T over k, Holm-adjusted)",
         "t-test over seeds p (Holm-adjusted)",
-        "verdict at this k",
+        "verdict at this k (the test over seeds)",
         "claim's verdict",
+        "prompts better / worse",
+        "prompt-level p (max-T over k, Holm-adjusted)",
+        "about these checkpoints (prompt level)",
         f"prompts needed for {effect} points",
         f"seeds needed for {effect} points",
     ]
@@ -407,11 +408,12 @@ def claims_table(result: StudyResult) -> Table:
                     f"{100 * g.accuracy_old:.1f} → {100 * g.accuracy_new:.1f}",
                     interval(g.difference, g.ci_low, g.ci_high),
                     ", ".join(signed_points(v) for v in g.per_seed_difference.values()),
+                    seed_p(g.procedure),
+                    f"{t.verdict} ({g.procedure.test})",
+                    c.verdict,
                     f"{g.units_better} / {g.units_worse}",
                     p_text(g.p),
-                    seed_p(g.procedure),
-                    f"{t.verdict} ({g.test})",
-                    c.verdict,
+                    f"{t.checkpoints or '—'} ({g.test})",
                     str(t.prompts_needed_reference or "—"),
                     str(t.seeds_needed_reference or "—"),
                 ]
@@ -428,19 +430,23 @@ def spectrum_explanation(result: StudyResult) -> list[str]:
         f"{conf:g}% bootstrap interval over prompt clusters ({result.resamples} resamples, widened for small "
         "samples). Coverage: the share of prompts solved at least once in the n samples "
         "(= pass@n), mean ± sd over seeds. The init checkpoint (the one every arm starts from) is evaluated once.",
-        "Claims: at each k, a unit is a prompt cluster (its pass@k in every seed that answered it; pass@k "
-        "and coverage at the common n of the two arms); difference new − old in points. The k of a claim are one "
-        f"family: the interval is the {conf:g}% bootstrap band over them and the p the sign-flip permutation test "
-        "with the max-T statistic over them; every claim, arm and eval set is one member of the claim family, "
-        "its p Holm-adjusted across the members. Verdict: reproduced when that p is below the level and the "
-        "difference has the claimed sign, contradicted when it is below the level with the other sign, else "
-        "inside the noise (for ≥ and ≤ claims: not contradicted, not shown). The exact sign-flip p is what "
-        "decides, not the interval; it holds the seeds run fixed, so a verdict is about these checkpoints. The "
-        "t-test over seeds (the training procedure's test) is Holm-adjusted over every k of every member. "
+        "Claims: a claim is about the training procedure, so its verdict is a test whose unit is the seed: at "
+        "each k the t-test of the per-seed differences new − old (pass@k at the common n of the two arms; "
+        "against a checkpoint held fixed, e.g. the init, the one-sample t-test of the arm's per-seed differences "
+        "from it, valid with that checkpoint taken as given; arm against arm, the paired t-test over seeds), "
+        "Holm-adjusted over every k of every claim, arm and eval set. Verdict: reproduced when that p is below "
+        "the level and the difference has the claimed sign, contradicted when below with the other sign, else "
+        "inside the noise. A ≥ or ≤ claim is tested against its non-inferiority margin (the study's `margin`, "
+        f"{signed_points(result.definition.get('margin', 0.0)).lstrip('+')} points): reproduced when the "
+        "difference is shown above −margin (≥) or below +margin (≤), contradicted when shown beyond it. A claim "
+        "over several k is contradicted when any k is, reproduced when every k is. Beside it, about these "
+        "checkpoints (the seeds run held fixed): a unit is a prompt cluster (its pass@k in every seed that "
+        f"answered it); the k of a claim share the {conf:g}% bootstrap band and the sign-flip test's max-T p, "
+        "Holm-adjusted across the members, read the same way against 0. "
         "Prompts and seeds needed: a paired t-test at 80% power for the study's "
-        "reference effect at the family's strictest level (the level over the members), by the noncentral t "
-        "from the sd of the per-prompt and per-seed differences (rung.eval.paired.units_needed): a planning "
-        "figure, not post-hoc power.",
+        "reference effect at the family's strictest level (the level over the members; over the members × k "
+        "for seeds), by the noncentral t from the sd of the per-prompt and per-seed differences "
+        "(rung.eval.paired.units_needed): a planning figure, not post-hoc power.",
     ]
 
 
