@@ -19,15 +19,18 @@ from functools import cache
 
 import numpy as np
 import pytest
+from numpy.polynomial.hermite_e import hermegauss
 from scipy.special import expit
-from scipy.stats import binom, norm, ttest_rel
+from scipy.stats import binom, norm, ttest_1samp, ttest_rel
 
 from rung.eval import arms, paired
+from rung.report import spectrum
 from tests.test_calibration import ALPHA, REPS, UPPER
 
 ARMS, SEEDS, SETS, RHO = 3, 5, (305, 50), 0.9
 PAIRS = [(j, i) for j in range(ARMS) for i in range(j)]  # (new, old): each later arm against each earlier one
 POWER_REPS = 4000
+MARGIN = 0.02  # the study's default non-inferiority margin
 POWER_TOL = 2.576 * math.sqrt(0.8 * 0.2 / POWER_REPS)  # 1.6 points
 
 
@@ -152,3 +155,39 @@ def test_mcnemar_prompts_needed_reaches_the_stated_power():
             )
             achieved.append((p < alpha).mean())
         assert achieved[0] >= 0.8 - POWER_TOL and achieved[1] < 0.8, (n, achieved)
+
+
+@cache
+def _claim_study(spread: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per replication an arm's accuracy per seed on the held-out set (reps, seeds; checkpoints that vary from
+    run to run by `spread`) and the procedure's expected accuracy on those prompts (over the run effect, by
+    20-point Gauss-Hermite quadrature): what one fixed checkpoint equal to the procedure would score."""
+    rng = np.random.default_rng(11)
+    prompts = SETS[0]
+    difficulty = rng.normal(0, 2, (REPS, 1, prompts))
+    slope = float((expit(difficulty) * (1 - expit(difficulty))).mean())
+    shift = rng.normal(0, 1, (REPS, SEEDS, 1)) * spread / slope
+    acc = (rng.random((REPS, SEEDS, prompts)) < expit(difficulty + shift)).mean(axis=-1)
+    nodes, weights = hermegauss(20)
+    expected = (expit(difficulty + nodes[None, :, None] * spread / slope).mean(axis=-1) @ weights) / weights.sum()
+    return acc, expected
+
+
+@pytest.mark.parametrize("expect, truth", [("greater", 0.0), ("at_least", -MARGIN)])
+def test_claims_against_a_fixed_checkpoint_hold_their_level_at_the_null(expect, truth):
+    # a claim of an arm (5 seeds, 2-point run-to-run spread) against one fixed checkpoint (the init) whose
+    # accuracy is the procedure's expected one plus -truth: at the null of the claim's test (no difference;
+    # for >= a difference of exactly -margin) the one-sample t-test over seeds is wrong at most at the level
+    # (measured: greater 5.05% either way, 2.6% falsely reproduced; at_least 2.6% falsely reproduced, one side
+    # of a two-sided test)
+    acc, expected = _claim_study(0.02)
+    fixed = expected - truth
+    against = spectrum.null(expect, MARGIN)
+    p = ttest_1samp(acc - fixed[:, None], against, axis=1).pvalue
+    shift = acc.mean(axis=1) - fixed - against
+    verdicts = np.array([spectrum.reading(expect, d, q < ALPHA) for d, q in zip(shift, p, strict=True)])
+    wrong = verdicts != "inside the noise" if expect == "greater" else verdicts == "reproduced"
+    assert wrong.mean() <= UPPER, wrong.mean()
+    # the simulation's test is what a claim runs: seed_test with the checkpoint held fixed, on one replication
+    one = arms.seed_test([fixed[0]] * SEEDS, list(acc[0]), ALPHA, fixed=True, null=against)
+    assert one.p == pytest.approx(p[0]) and one.null == (against or None)

@@ -114,7 +114,8 @@ def curves(
     return spectrum, coverage
 
 
-def _verdict(expect: str, difference: float, significant: bool) -> str:
+def reading(expect: str, difference: float, significant: bool) -> str:
+    """A claim's verdict from a test's significance and the difference from its null (module docstring)."""
     if not significant or difference == 0:
         return "inside the noise"
     right = difference > 0 if expect in ("greater", "at_least") else difference < 0
@@ -238,8 +239,8 @@ def check_claims(
                 ClaimTest(
                     k=k,
                     test=ArmsTest.model_validate(fields),
-                    verdict=_verdict(claim.expect, shift, procedure.significant),
-                    checkpoints=_verdict(claim.expect, t.difference, p < alpha),
+                    verdict=reading(claim.expect, shift, procedure.significant),
+                    checkpoints=reading(claim.expect, t.difference, p < alpha),
                     prompts_needed_reference=paired.units_needed(
                         float(np.std(diffs, ddof=1)) if len(diffs) > 1 else 0.0, reference_effect, strict
                     ),
