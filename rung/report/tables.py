@@ -137,12 +137,21 @@ def rl_table(rl: Mapping[str, Mapping[str, str]]) -> Table:
     return ["stage", *keys], [[f"rl/{name}", *(row[k] for k in keys)] for name, row in rl.items()]
 
 
+UNCALIBRATED = "uncalibrated near 0% and 100%"
+"""The label of the paired bootstrap band (rung.eval.paired.intervals) wherever it is printed."""
+BAND_NOTE = (
+    "the band is uncalibrated near 0% and 100%: under a real effect there it covered 46% over k at 90% "
+    "accuracy on 40 prompts × 8 samples, against 90% mid-range (tests/test_calibration_intervals.py); "
+    "the verdicts come from the tests, not the band"
+)
+
+
 def paired_headers(result: Comparisons) -> tuple[list[str], list[str]]:
     """Column names of the (greedy, sampled) paired tables."""
     diff = f"difference, points [{100 * result.confidence:g}% CI]"
     return (
         [*PAIR, "prompts", "accuracy old → new", diff, "right → wrong", "wrong → right", "exact McNemar p", "verdict"],
-        [*PAIR, "prompts", "metric", "old → new", diff.replace("CI", "band"), "p (max-T)", "verdict"],
+        [*PAIR, "prompts", "metric", "old → new", diff.replace("CI", f"band, {UNCALIBRATED}"), "p (max-T)", "verdict"],
     )
 
 
@@ -246,7 +255,7 @@ def paired_explanation(result: Comparisons) -> list[str]:
         "the exact McNemar test asks whether those flips lean one way more than chance would, and gives the "
         "verdict of the accuracy row. avg@n and pass@k at every k of a row's eval set are one family: their "
         f"interval is the {100 * conf:g}% paired bootstrap band over the family ({result.resamples} resamples of the "
-        "prompts; sup-t, widened for small samples: the expanded percentile interval) and their "
+        f"prompts; sup-t, widened for small samples: the expanded percentile interval; {BAND_NOTE}) and their "
         "verdict the sign-flip permutation test over prompts with the max-T statistic over the family (exact, "
         "all sign patterns, up to 12 prompts; random flips above), so that a verdict read at every k keeps "
         "the level. Each verdict names its test.",
@@ -344,7 +353,7 @@ def study_explanation(result: StudyResult) -> list[str]:
         "Paired comparisons: each later arm against each earlier one, on the same prompts in each seed. "
         "Difference: new minus old accuracy over all (seed, prompt) rows, in points, with its "
         f"{100 * conf:g}% paired bootstrap interval ({result.resamples} resamples of the prompt clusters, widened "
-        "for small samples: the expanded percentile interval). "
+        f"for small samples: the expanded percentile interval; {BAND_NOTE}). "
         "The verdict is about the training procedure, and its unit is the seed, since whole checkpoints vary "
         "from run to run: the paired t-test over the seeds' accuracies (same seed index paired; scipy "
         "ttest_rel), on these prompts. The sign-flip permutation test over prompt clusters (a cluster: a prompt "
@@ -384,7 +393,7 @@ def claims_table(result: StudyResult) -> Table:
         "eval set",
         "k",
         "pass@k old → new %",
-        f"difference, points [{100 * result.confidence:g}% band]",
+        f"difference, points [{100 * result.confidence:g}% band, {UNCALIBRATED}]",
         "per-seed differences",
         "t-test over seeds p (Holm-adjusted)",
         "verdict at this k (the test over seeds)",
@@ -441,7 +450,8 @@ def spectrum_explanation(result: StudyResult) -> list[str]:
         "difference is shown above −margin (≥) or below +margin (≤), contradicted when shown beyond it. A claim "
         "over several k is contradicted when any k is, reproduced when every k is. Beside it, about these "
         "checkpoints (the seeds run held fixed): a unit is a prompt cluster (its pass@k in every seed that "
-        f"answered it); the k of a claim share the {conf:g}% bootstrap band and the sign-flip test's max-T p, "
+        f"answered it); the k of a claim share the {conf:g}% bootstrap band ({BAND_NOTE}) and the sign-flip "
+        "test's max-T p, "
         "Holm-adjusted across the members, read the same way against 0. "
         "Prompts and seeds needed: a paired t-test at 80% power for the study's "
         "reference effect at the family's strictest level (the level over the members; over the members × k "
