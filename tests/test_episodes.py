@@ -18,6 +18,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from rung import files
 from rung.config import FormatParams, SamplingParams
 from rung.envs import Python, check, template
 from rung.envs.loop import EpisodeReward, Trajectory, env_turn_ids, per_row, rollout_func, run, sampler
@@ -665,3 +666,48 @@ def test_tool_metrics_and_unscored_episodes(tok, monkeypatch):
     assert unscored["unscored"] and unscored["reward"] is None and unscored["correct"] is None
     m = metrics([*records, unscored], max_turns=3)
     assert m.graded == 2 and m.unscored == 1 and m.success_within["3"] == 0.5  # left out, not counted wrong
+
+
+# --- the eval record --------------------------------------------------------------------------------------
+
+RECORDS = Path(__file__).parent / "fixtures" / "episodes" / "records.jsonl"
+"""Eval records of `_recorded`'s episodes as rung wrote them before the record was the Trajectory itself: the
+files must not change with the type."""
+
+
+class IntReward:
+    """An environment without tools whose reward is an int: it must stay one in the record."""
+
+    def reset(self, **row) -> None:
+        return None
+
+    def get_reward(self) -> int:
+        return 1
+
+
+def _recorded(tok, monkeypatch) -> list[Trajectory]:
+    """Episodes with every kind of turn: retry's feedback and discount, tool calls, a tool error, a malformed
+    call, a cut, a truncated turn, non-ASCII text, an int reward and an unscored episode."""
+    retry = {0: ["17 × 23 = 381\nAnswer: 381", "Answer: 391", "-"], 1: ["Answer: 1", "Answer: 2", "Answer: 3"]}
+    python = {
+        0: [call("print(17 * 23)"), "Answer: 391"],
+        1: [call("1 / 0"), MALFORMED["unclosed"], "Answer: 7"],
+        2: [call("print('x' * 3000)"), "-"],
+        3: ["Answer: " + "1" * 400],
+    }
+    out = episodes(tok, {"name": "retry", "max_turns": 3, "settings": {"discount": 0.5}}, retry)
+    out += episodes(tok, {"name": "python", "max_turns": 3}, python, max_completion_tokens=150)
+    out += run(Scripted(tok, {0: ["Answer: 391"]}), tok, [IntReward()], [ROW], **KW, max_turns=1)
+    from rung import sandbox
+
+    def fails(program, limits):
+        raise sandbox.SandboxUnavailable("no bubblewrap")
+
+    monkeypatch.setattr(sandbox, "run", fails)
+    return out + episodes(tok, {"name": "python", "max_turns": 2}, {0: python[0]})
+
+
+def test_an_episodes_eval_record_is_the_json_rung_wrote(tok, monkeypatch):
+    recorded = _recorded(tok, monkeypatch)
+    assert {type(e.reward) for e in recorded} == {float, int, type(None)}
+    assert [files.dumps(record(e)) for e in recorded] == RECORDS.read_text().splitlines()
