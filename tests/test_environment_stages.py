@@ -89,6 +89,7 @@ def test_tool_call_traces_run_the_tool_and_sft_trains_only_the_assistants_tokens
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
+    from rung.answers.verify import is_correct
     from rung.config import ToolTraces
     from rung.data.traces import from_tool_calls
     from rung.envs import template
@@ -96,12 +97,15 @@ def test_tool_call_traces_run_the_tool_and_sft_trains_only_the_assistants_tokens
 
     rows = _arithmetic_rows(4)
     traces = from_tool_calls(rows, ToolTraces(type="tool_calls"), FMT)
-    # a row whose printed value is not its answer (Python's 6 / 3 prints 2.0) is skipped, never trained on
-    assert 2 <= len(traces) <= 4 and all(t["messages"][1]["content"].strip() == t["target"].split()[-1] for t in traces)
+    # a row whose printed value is not its answer, as the grader reads values (6 / 3 prints 2.0: the answer 2),
+    # is skipped, never trained on
+    by_id = {r["id"]: r for r in rows}
+    printed = [(t["messages"][1]["content"].strip(), by_id[t["id"]]) for t in traces]
+    assert 2 <= len(traces) <= 4 and all(is_correct(value, row) for value, row in printed)
     call, tool, final = traces[0]["messages"]
-    first = next(r for r in rows if r["id"] == traces[0]["id"])
+    first = by_id[traces[0]["id"]]
     assert call["tool_calls"][0]["function"]["arguments"]["code"] == f"print({first['meta']['expression']})"
-    assert tool["content"] == f"{first['answer']}\n"  # the sandbox's real output
+    assert tool["content"].endswith("\n") and is_correct(tool["content"].strip(), first)  # the sandbox's output
     assert final["content"] == f"Answer: {first['answer']}"
 
     tools_tok = template.apply(AutoTokenizer.from_pretrained(tiny_model))

@@ -174,7 +174,6 @@ def test_retry_replies_to_a_wrong_answer_and_records_the_first():
     assert env.reply("17 * 23 is 381.\nAnswer: 381") == "Let's try again."
     assert env.reply("Answer: 391") is None  # right: the episode ends
     assert env.episode.answers == ["381", "391"] and env.episode.correct == [False, True]
-    assert env.episode.first_correct is False
     assert env.get_reward() == 1.0
 
 

@@ -18,11 +18,13 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from rung import files
 from rung.config import FormatParams, SamplingParams
 from rung.envs import Python, check, template
-from rung.envs.loop import EpisodeReward, Trajectory, env_turn_ids, per_row, rollout_func, run, sampler
+from rung.envs.loop import EpisodeReward, env_turn_ids, per_row, rollout_func, run, sampler
+from rung.envs.trajectory import Trajectory
 from rung.errors import InputError
-from rung.eval.episodes import metrics, record, solved_at
+from rung.eval.episodes import metrics, solved_at
 from rung.generate import api
 from tests.test_envs import ROW, _memorize
 
@@ -132,7 +134,7 @@ def test_retry_feedback_first_answer_discount_and_stop_on_the_right_answer(tok):
     for e in (wrong_first, right_first, never):
         assert_concatenation_is_the_template(tok, e)
     assert not wrong_first.cut and not right_first.cut and never.cut  # retry would have replied again
-    assert record(wrong_first)["first_answer"] == "381" and record(wrong_first)["first_correct"] is False
+    assert wrong_first.first_answer == "381" and wrong_first.first_correct is False
 
 
 def test_each_turn_is_one_batched_call_of_the_live_episodes(tok):
@@ -196,7 +198,7 @@ def test_a_malformed_call_gets_an_error_and_counts_as_a_failed_call(tok, block):
     assert result.startswith("{'error': 'Malformed tool call, not run: ") and bad["answer"] is None
     assert e.messages[2] == {"role": "tool", "name": "unknown", "content": result}
     assert answer["correct"] and e.reward == 1.0 and not e.cut
-    m = metrics([record(e)], max_turns=3)
+    m = metrics([e], max_turns=3)
     assert m.tool_calls_per_episode == 1 and m.tool_error_rate == 1.0
     # at max_turns the block is not answered (as a well-formed call is not run there) but still counts
     (last,) = episodes(tok, {"name": "python", "max_turns": 1}, {0: [block]})
@@ -622,7 +624,7 @@ def test_episode_metrics(tok):
         2: ["Answer: 1", "Answer: 2", "Answer: 3"],  # never: cut at max_turns
         3: ["no answer at all", "Answer: 2", "Answer: 391"],  # right at turn 3
     }
-    records = [record(e) for e in episodes(tok, spec, script)]
+    records = episodes(tok, spec, script)
     assert [solved_at(r) for r in records] == [1, 2, None, 3]
     m = metrics(records, max_turns=3)
     assert m.success_within == {"1": 0.25, "2": 0.5, "3": 0.75}
@@ -643,7 +645,7 @@ def test_episode_metrics(tok):
         "truncated",
         "unscored",
     }
-    json.dumps(records)  # eval records carry them as JSON
+    json.dumps([e.dump() for e in records])  # eval records carry them as JSON
 
 
 def test_tool_metrics_and_unscored_episodes(tok, monkeypatch):
@@ -651,7 +653,7 @@ def test_tool_metrics_and_unscored_episodes(tok, monkeypatch):
         0: [call("print(17 * 23)"), "Answer: 391"],  # a call, then right at turn 2
         1: [call("1 / 0"), call("print(1)"), "Answer: 7"],  # an error, then wrong
     }
-    records = [record(e) for e in episodes(tok, {"name": "python", "max_turns": 3}, script)]
+    records = episodes(tok, {"name": "python", "max_turns": 3}, script)
     m = metrics(records, max_turns=3)
     assert m.tool_calls_per_episode == 1.5 and m.tool_error_rate == pytest.approx(1 / 3)
     assert m.success_within == {"1": 0.0, "2": 0.5, "3": 0.5} and m.first_answer_accuracy == 0.5
@@ -661,7 +663,60 @@ def test_tool_metrics_and_unscored_episodes(tok, monkeypatch):
         raise sandbox.SandboxUnavailable("no bubblewrap")
 
     monkeypatch.setattr(sandbox, "run", fails)
-    (unscored,) = [record(e) for e in episodes(tok, {"name": "python", "max_turns": 3}, {0: script[0]})]
-    assert unscored["unscored"] and unscored["reward"] is None and unscored["correct"] is None
+    (unscored,) = episodes(tok, {"name": "python", "max_turns": 3}, {0: script[0]})
+    assert unscored.unscored and unscored.reward is None and unscored.correct is None
     m = metrics([*records, unscored], max_turns=3)
     assert m.graded == 2 and m.unscored == 1 and m.success_within["3"] == 0.5  # left out, not counted wrong
+
+
+# --- the eval record --------------------------------------------------------------------------------------
+
+RECORDS = Path(__file__).parent / "fixtures" / "episodes" / "records.jsonl"
+"""Eval records of `_recorded`'s episodes as rung wrote them before the record was the Trajectory itself: the
+files must not change with the type."""
+
+
+class IntReward:
+    """An environment without tools whose reward is an int: it must stay one in the record."""
+
+    def reset(self, **row) -> None:
+        return None
+
+    def get_reward(self) -> int:
+        return 1
+
+
+def _recorded(tok, monkeypatch) -> list[Trajectory]:
+    """Episodes with every kind of turn: retry's feedback and discount, tool calls, a tool error, a malformed
+    call, a cut, a truncated turn, non-ASCII text, an int reward and an unscored episode."""
+    retry = {0: ["17 × 23 = 381\nAnswer: 381", "Answer: 391", "-"], 1: ["Answer: 1", "Answer: 2", "Answer: 3"]}
+    python = {
+        0: [call("print(17 * 23)"), "Answer: 391"],
+        1: [call("1 / 0"), MALFORMED["unclosed"], "Answer: 7"],
+        2: [call("print('x' * 3000)"), "-"],
+        3: ["Answer: " + "1" * 400],
+    }
+    out = episodes(tok, {"name": "retry", "max_turns": 3, "settings": {"discount": 0.5}}, retry)
+    out += episodes(tok, {"name": "python", "max_turns": 3}, python, max_completion_tokens=150)
+    out += run(Scripted(tok, {0: ["Answer: 391"]}), tok, [IntReward()], [ROW], **KW, max_turns=1)
+    from rung import sandbox
+
+    def fails(program, limits):
+        raise sandbox.SandboxUnavailable("no bubblewrap")
+
+    monkeypatch.setattr(sandbox, "run", fails)
+    return out + episodes(tok, {"name": "python", "max_turns": 2}, {0: python[0]})
+
+
+def test_an_episodes_eval_record_is_the_json_rung_wrote_and_parses_back_to_it(tok, monkeypatch):
+    recorded = _recorded(tok, monkeypatch)
+    assert {type(e.reward) for e in recorded} == {float, int, type(None)}
+    lines = RECORDS.read_text().splitlines()
+    assert [files.dumps(e.dump()) for e in recorded] == lines
+    parsed = [Trajectory.model_validate(json.loads(line)) for line in lines]
+    assert [files.dumps(e.dump()) for e in parsed] == lines
+    assert metrics(parsed, max_turns=3) == metrics(recorded, max_turns=3)
+    # the totals are derived from the turns, never read from the record; nor does a record take unknown keys
+    assert Trajectory.model_validate(json.loads(lines[0]) | {"tool_calls": 99}).tool_calls == 0
+    with pytest.raises(ValueError, match="rewrad"):
+        Trajectory.model_validate(json.loads(lines[0]) | {"rewrad": 1})

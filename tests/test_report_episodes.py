@@ -10,6 +10,7 @@ import pytest
 from scipy.stats import binomtest
 
 from rung import files, paths
+from rung.envs.trajectory import Trajectory, Turn
 from rung.eval import comparisons, episodes
 from rung.eval.results import EvalResult
 from rung.report import keys, pipeline
@@ -20,34 +21,31 @@ MAX_TURNS = 2
 HOSTILE = "<script>alert(1)</script> ```"
 
 
+def _turn(answer: str, correct: bool, calls: int) -> Turn:
+    call = {"name": "python", "arguments": {"code": "1"}}
+    return Turn(
+        text=f"Answer: {answer}",
+        tool_calls=[call] * calls,
+        tool_results=["1\n"] * calls,
+        tool_errors=0,
+        reply=None,
+        answer=answer,
+        correct=correct,
+        tokens=3,
+        env_tokens=0,
+        truncated=False,
+    )
+
+
 def _episode(first: bool, final: bool, i: int) -> dict[str, Any]:
-    """A retry-style episode: a first answer, and a second turn where the first was wrong."""
-    turns = [{"answer": "1", "correct": first}] + ([] if first else [{"answer": "2", "correct": final}])
-    full = [
-        {"text": f"Answer: {t['answer']}", "tool_calls": [], "tool_results": [], "tool_errors": 0, "reply": None}
-        | t
-        | {"tokens": 3, "env_tokens": 0}
-        for t in turns
-    ]
+    """A retry-style episode's record: a first answer after one python call, and a second turn where the first
+    was wrong."""
+    turns = [_turn("1", first, calls=1)] + ([] if first else [_turn("2", final, calls=0)])
     messages = [{"role": "user", "content": f"What is {i} + 1? {HOSTILE}"}]
     messages += [{"role": "assistant", "content": "", "tool_calls": [{"name": "python", "arguments": {"code": "1"}}]}]
     messages += [{"role": "tool", "name": "python", "content": "1\n"}, {"role": "assistant", "content": "Answer: 1"}]
-    return {
-        "turns": full,
-        "messages": messages,
-        "first_answer": "1",
-        "first_correct": first,
-        "answer": turns[-1]["answer"],
-        "correct": turns[-1]["correct"],
-        "reward": float(turns[-1]["correct"]),
-        "tool_calls": 1,
-        "tool_errors": 0,
-        "cut": not turns[-1]["correct"],
-        "truncated": False,
-        "unscored": None,
-        "tokens": 3 * len(turns),
-        "env_tokens": 0,
-    }
+    last = bool(turns[-1]["correct"])
+    return Trajectory(messages=messages, turns=turns, reward=float(last), cut=not last).dump()
 
 
 def _write(checkpoint: str, first: list[bool], final: list[bool]) -> EvalResult:
@@ -63,7 +61,7 @@ def _write(checkpoint: str, first: list[bool], final: list[bool]) -> EvalResult:
         for i, (f, fc) in enumerate(zip(first, final, strict=True))
     ]
     files.write_jsonl(paths.EVAL / paths.checkpoint_slug(checkpoint) / "test.jsonl", records)
-    found = episodes.metrics([r["samples"][0]["episode"] for r in records], MAX_TURNS)
+    found = episodes.metrics([Trajectory.model_validate(r["samples"][0]["episode"]) for r in records], MAX_TURNS)
     test = {
         "n": N,
         "accuracy": sum(final) / N,

@@ -1,5 +1,5 @@
-"""One episode's record and grading, shared by the built-in environments: the row it answers, every answer
-graded by the task's own verifier, tool calls and their errors, and whether the grader itself failed."""
+"""One episode's grading, shared by the built-in environments: the row it answers, every answer graded by the
+task's own verifier, tool calls and their errors, and whether the grader itself failed."""
 
 from __future__ import annotations
 
@@ -13,8 +13,11 @@ from rung.config import FormatParams
 
 @dataclass
 class Episode:
-    """What happened in one episode; an environment's `episode` attribute (an attribute, so TRL does not take
-    it for a tool). `answers`/`correct` hold every graded answer in order: `answers[0]` is the first."""
+    """A built-in environment's grader state for its episode in progress: its `episode` attribute (an attribute,
+    so TRL does not take it for a tool). It lives in the environment because TRL's own loop (FinalAnswer, SFT
+    traces) runs environments without rung's; rung's loop copies each graded answer into the turn it was given
+    at, and the episode as recorded is the loop's rung.envs.trajectory.Trajectory. `answers`/`correct` hold
+    every graded answer in order."""
 
     row: Problem
     """What the grader reads of the row the episode answers (rung.answers.rows.problem of reset's columns)."""
@@ -35,10 +38,6 @@ class Episode:
         self.answers.append(graded.answer)
         self.correct.append(graded.correct)
         return graded.correct
-
-    @property
-    def first_correct(self) -> bool | None:
-        return self.correct[0] if self.correct else None
 
 
 def _text(completion: Any) -> str:

@@ -57,8 +57,8 @@ class Environment:
 
     @property
     def scores(self) -> bool:
-        """Whether its episodes carry their own reward (rung.envs.loop.Trajectory.reward): a built-in grades the
-        final answer with the task's verifier, any other class needs a `get_reward()`."""
+        """Whether its episodes carry their own reward (rung.envs.trajectory.Trajectory.reward): a built-in
+        grades the final answer with the task's verifier, any other class needs a `get_reward()`."""
         return self.builtin or callable(getattr(self.cls, "get_reward", None))
 
     def factory(self, fmt: FormatParams) -> Callable[[], Any]:

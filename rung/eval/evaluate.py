@@ -20,8 +20,8 @@ from rung.eval import metrics
 from rung.eval.results import EvalRecord, EvalResult, Graded, SetMetrics
 
 if TYPE_CHECKING:  # types only: torch is imported by whoever loads the model (tasks.generation), after the preflight
-    from rung.envs.loop import Trajectory
     from rung.envs.spec import Environment
+    from rung.envs.trajectory import Trajectory
     from rung.generate.completion import Completion, Generator
 
 Record = EvalRecord
@@ -123,14 +123,12 @@ def grade_episodes(rows: list[Row], samples: list[list[Trajectory]], fmt: Format
     answer, graded by the task's verifier as single-turn completions are) with the whole episode in `episode`.
     A grader that failed inside an episode (the sandbox of a python tool) stops evaluation in one line, as it
     does for single-turn code (rung.answers.verify.GraderFailed): an unscored episode is never counted wrong."""
-    from rung.eval import episodes
-
     records = grade(rows, [[_final(t) for t in trajectories] for trajectories in samples], fmt)
     for row, record, trajectories in zip(rows, records, samples, strict=True):
         for graded, trajectory in zip(record["samples"], trajectories, strict=True):
             if trajectory.unscored is not None:
                 raise GraderFailed(f"eval row {row['id']}: the environment's grader failed: {trajectory.unscored}")
-            graded["episode"] = episodes.record(trajectory)
+            graded["episode"] = trajectory.dump()
     return records
 
 
@@ -139,7 +137,7 @@ def _final(trajectory: Trajectory) -> Completion:
     from rung.generate.completion import Completion
 
     last = trajectory.turns[-1]["text"] if trajectory.turns else ""
-    return Completion(last, sum(t["tokens"] for t in trajectory.turns), trajectory.truncated)
+    return Completion(last, trajectory.tokens, trajectory.truncated)
 
 
 def evaluate(
@@ -170,9 +168,11 @@ def evaluate(
     result = summarize_greedy(greedy, params)
     progress(f"greedy accuracy {result.accuracy:.3f} on {len(rows)} prompts")
     if environment is not None:
+        from rung.envs.trajectory import Trajectory
         from rung.eval import episodes
 
-        found = episodes.metrics([r["samples"][0]["episode"] for r in greedy], environment.spec.max_turns)
+        greedy_episodes = [Trajectory.model_validate(r["samples"][0]["episode"]) for r in greedy]
+        found = episodes.metrics(greedy_episodes, environment.spec.max_turns)
         result = SetMetrics(**result.dump(), episodes=found.model_dump())
         progress(f"episodes: success within {found.success_within}, first answer {found.first_answer_accuracy}")
     sampled: list[Record] = []

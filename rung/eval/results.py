@@ -37,7 +37,8 @@ class Graded(TypedDict, total=False):
     tokens: int
     truncated: bool
     episode: dict[str, Any]
-    """With an environment: the whole episode (rung.eval.episodes.EpisodeRecord); the completion is its last turn."""
+    """With an environment: the whole episode (rung.envs.trajectory.Trajectory.dump(); model_validate parses it
+    back); the completion is its last turn."""
 
 
 class EvalRecord(TypedDict, total=False):

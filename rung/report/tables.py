@@ -526,7 +526,9 @@ def first_answer_rows(result: Comparisons) -> list[list[str]]:
 
 def episode_messages(episode: Mapping[str, Any]) -> list[tuple[str, str]]:
     """An episode's conversation as (role, text) pairs: each message's content and, for an assistant's tool
-    calls, `name(arguments as JSON)`; the text is raw (the caller escapes or fences it)."""
+    calls, `name(arguments as JSON)`; the text is raw (the caller escapes or fences it). `episode` is an eval
+    record's (rung.envs.trajectory.Trajectory dumped), read as JSON: its messages are all the report shows, and
+    importing rung.envs would put torch and the environments' code in the report stage."""
     out = []
     for m in episode["messages"]:
         calls = [c.get("function", c) for c in m.get("tool_calls") or []]

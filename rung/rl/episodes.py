@@ -32,8 +32,9 @@ from accelerate.utils import gather_object
 
 from rung.config import FormatParams, RLStageParams
 from rung.envs import Environment
-from rung.envs.loop import EpisodeReward, Trajectory, rollout_func
-from rung.eval.episodes import metrics, record
+from rung.envs.loop import EpisodeReward, rollout_func
+from rung.envs.trajectory import Trajectory
+from rung.eval.episodes import metrics
 from rung.rl.rewards import Guarded, RewardFunc, build
 from rung.train.trl_seam import train_metrics
 
@@ -107,13 +108,14 @@ def rollouts(
 def log_step(trainer: Any, trajectories: list[Trajectory], max_turns: int) -> None:
     """The step's episode metrics (module docstring) over every process's episodes; TRL averages a step's
     generation calls (dynamic sampling's refills) into its log."""
-    records = gather_object([record(t) for t in trajectories])
+    # gathered as records: an episode's live environment need not pickle
+    episodes = [Trajectory.model_validate(r) for r in gather_object([t.dump() for t in trajectories])]
     logged = train_metrics(trainer)
-    flat = metrics(records, max_turns).flat()
+    flat = metrics(episodes, max_turns).flat()
     for name in (*STEP_METRICS, *(f"success_within_{t}" for t in range(1, max_turns + 1))):
         if flat[name] is not None:
             logged[PREFIX + name].append(float(flat[name]))
-    for name, value in reward_spread([r["reward"] for r in records], trainer.num_generations).items():
+    for name, value in reward_spread([e.reward for e in episodes], trainer.num_generations).items():
         if not math.isnan(value):
             logged[PREFIX + name].append(value)
 
