@@ -80,11 +80,10 @@ class Python:
             return f"Error: code must be a string, got {type(code).__name__}"
         try:
             result = sandbox.run(sandbox.Program(_program(code), "", ENTRY), verify.CODE_LIMITS)
+            why = result.detail
         except Exception as e:  # noqa: BLE001 - whatever the sandbox itself raises is the grader's failure
             result = None
             why = f"{type(e).__name__}: {e}"
-        else:
-            why = result.detail
         if result is None or not result.scored:
             episode.unscored = episode.unscored or f"the code sandbox failed: {why}"
             return "Error: the sandbox failed to run the code (not the code's fault)"

@@ -1,5 +1,5 @@
 """Run model-written Python against trusted tests in a bubblewrap sandbox, and grade it so that the code can
-neither escape nor fake a pass (issue #40; the guide is docs/sandbox.md).
+neither escape nor fake a pass (the guide is docs/sandbox.md).
 
 A program is a solution (untrusted), its tests and an optional context (trusted: the dataset's), and the
 name of the solution's entry point. Each execution is one `bwrap` process:
