@@ -5,7 +5,8 @@ from __future__ import annotations
 from prefect import flow
 
 from flows.stage import finish, main
-from rung import config, files, paths, tracking
+from rung import config, paths, tracking
+from rung.answers.rows import read_rows
 from rung.checks.environments import environments
 from rung.checks.generation import backend
 from rung.checks.models import chat_template, difficulty_reference
@@ -38,7 +39,7 @@ def difficulty(params_file: str = str(paths.PARAMS)) -> None:
             from rung import envs  # TRL's template tools: imported once the model is (tests/test_startup.py)
 
             environment = envs.check(params.environment, gen.tok, "environment")
-        rows = files.read_jsonl(paths.TRAIN)[: p.max_prompts]
+        rows = read_rows(paths.TRAIN)[: p.max_prompts]
         finish("difficulty", diff.run(gen, rows, params.format, p, derive(params.seed, "difficulty"), environment))
 
 

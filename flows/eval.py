@@ -22,7 +22,8 @@ import mlflow
 from prefect import flow, get_run_logger
 
 from flows.stage import finish, main, record_checkpoint
-from rung import config, files, paths, tracking
+from rung import config, paths, tracking
+from rung.answers.rows import read_rows
 from rung.checks.environments import environments
 from rung.checks.generation import backend
 from rung.checks.models import chat_template
@@ -67,7 +68,7 @@ def eval_checkpoint(checkpoint: str, params_file: str = str(paths.PARAMS)) -> No
         results, tokens, start = {}, 0, time.perf_counter()
         for name, path in set_paths.items():
             results[name] = evaluate_task.evaluate_set(
-                gen, name, files.read_jsonl(path), params.format, eval_params, seed, environment
+                gen, name, read_rows(path), params.format, eval_params, seed, environment
             )
             tokens += sum(s["tokens"] for records in results[name][:2] for r in records for s in r["samples"])
         seconds = time.perf_counter() - start

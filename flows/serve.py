@@ -212,6 +212,10 @@ def self_signed(state: Path, where: Endpoints) -> Tls:
     if ca_path.exists() and ca_key_path.exists():
         ca = x509.load_pem_x509_certificate(ca_path.read_bytes())
         ca_key = serialization.load_pem_private_key(ca_key_path.read_bytes(), None)
+        if not isinstance(ca_key, ec.EllipticCurvePrivateKey):  # rung writes a P-256 key; someone replaced it
+            raise InputError(
+                f"{ca_key_path}: not an elliptic-curve private key (delete it and the CA to make new ones)"
+            )
     else:
         ca_key = ec.generate_private_key(ec.SECP256R1())
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"rung serve CA ({socket.gethostname()})")])

@@ -104,7 +104,9 @@ def dvc_md5(path: Path) -> str:
         if p.is_file():
             tree.add(p.relative_to(path).parts, Meta(size=p.stat().st_size), HashInfo("md5", files.md5(p)))
     tree.digest()
-    return tree.hash_info.value
+    digest = tree.hash_info.value
+    assert digest is not None  # digest() sets it
+    return digest
 
 
 def record_checkpoint(params: Params, checkpoint: str, trained: bool = False) -> None:

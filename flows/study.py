@@ -69,7 +69,9 @@ def collect(exp: str, name: str, arm: str, seed: int, stage: str, init: str) -> 
             f"experiment {name}: no {paths.metrics(f'eval-{slug}')}; the study needs the eval_rl@{stage} stage"
         )
     evaluated = EvalResult.model_validate_json(metrics)
-    records, samples, init_samples = {}, {}, {}
+    records: dict[str, list[EvalRecord]] = {}
+    samples: dict[str, list[EvalRecord]] = {}
+    init_samples: dict[str, list[EvalRecord]] = {}
     for name in evaluated.sets:
         text = _read(str(paths.EVAL / slug / f"{name}.jsonl"), exp)
         if text is not None:

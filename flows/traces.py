@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 from prefect import flow, get_run_logger
 
 from flows.stage import finish, main
-from rung import config, files, paths, tracking
+from rung import config, paths, tracking
+from rung.answers.rows import read_rows
 from rung.checks.environments import episode_traces
 from rung.checks.generation import backend
 from rung.checks.models import chat_template, trace_models
@@ -45,7 +46,7 @@ def traces(params_file: str = str(paths.PARAMS)) -> None:
 
     with tracking.stage_run("traces", params, logged, inputs={"train": paths.TRAIN}):
         stats = trace_sources.run(
-            files.read_jsonl(paths.TRAIN),
+            read_rows(paths.TRAIN),
             params.sft,
             params.format,
             derive(params.seed, "traces"),

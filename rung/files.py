@@ -7,7 +7,7 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,7 @@ def read_json(path: Path | str) -> Any:
     return json.loads(Path(path).read_text())
 
 
-def write_jsonl(path: Path | str, rows: Iterable[dict[str, Any]]) -> None:
+def write_jsonl(path: Path | str, rows: Iterable[Mapping[str, Any]]) -> None:
     with atomic_path(path) as tmp, tmp.open("w") as f:
         for row in rows:
             f.write(dumps(row) + "\n")

@@ -413,9 +413,10 @@ def log_tables(run_id: str, tables: dict[str, tuple[list[str], list[list[str]]]]
 def log_dataset(path: Path, name: str, context: str) -> None:
     """Record a jsonl split as an MLflow dataset input; its digest is the file's md5 (as in dvc.lock)."""
     import pandas as pd  # only here: reading the split as a frame is all MLflow's dataset API needs
+    from mlflow.data.pandas_dataset import from_pandas
 
     frame = pd.read_json(path, lines=True, dtype=False)
-    dataset = mlflow.data.from_pandas(frame, source=str(path), name=name, digest=md5(path))
+    dataset = from_pandas(frame, source=str(path), name=name, digest=md5(path))
     mlflow.log_input(dataset, context=context)
 
 

@@ -11,6 +11,7 @@ from rung.config import EvalParams, FormatParams
 from rung.eval import evaluate
 
 if TYPE_CHECKING:  # types only: torch is imported by whoever loads the model (tasks.generation), after the preflight
+    from rung.answers.rows import Row
     from rung.envs.spec import Environment
     from rung.eval.results import SetMetrics
     from rung.generate.completion import Generator
@@ -20,7 +21,7 @@ if TYPE_CHECKING:  # types only: torch is imported by whoever loads the model (t
 def evaluate_set(
     gen: Generator,
     name: str,
-    rows: list[dict[str, Any]],
+    rows: list[Row],
     fmt: FormatParams,
     params: EvalParams,
     seed: int,

@@ -1,4 +1,4 @@
-"""The code passes `ruff check` and `ruff format --check` (the configuration is in pyproject.toml)."""
+"""The code passes `ruff check`, `ruff format --check` and mypy (the configuration is in pyproject.toml)."""
 
 from __future__ import annotations
 
@@ -24,3 +24,10 @@ def test_ruff_check_passes():
 def test_ruff_format_check_passes():
     res = _ruff("format", "--check")
     assert res.returncode == 0, f"ruff format --check failed (run `ruff format`):\n{res.stdout}{res.stderr}"
+
+
+def test_mypy_passes():
+    # pyproject.toml's [tool.mypy] names the files (rung/, flows/, tasks/); the incremental cache in .mypy_cache/
+    # makes a rerun re-check only what changed
+    res = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, f"mypy failed:\n{res.stdout}{res.stderr}"

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, NotRequired, TypedDict
+from pathlib import Path
+from typing import Any, NotRequired, TypedDict, cast
 
 from rung import files
 from rung.answers import formats
@@ -54,6 +55,11 @@ class DatasetRow(TypedDict):
     task: str
     meta: str
     """`meta` as JSON: HF datasets give a column one schema for all rows, and the metas of two tasks differ."""
+
+
+def read_rows(path: Path | str) -> list[Row]:
+    """The curated rows a data stage wrote (rung.data.curate, rung.data.difficulty): read back as written."""
+    return cast(list[Row], files.read_jsonl(path))
 
 
 def dataset_row(row: Problem, fmt: FormatParams) -> DatasetRow:

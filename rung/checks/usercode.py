@@ -93,8 +93,9 @@ def deps(params: Params, root: Path) -> dict[str, list[str]]:
     """dvc.yaml stage -> the files of user code it runs (project-relative, POSIX), in params order."""
     out: dict[str, list[str]] = {}
     for code in named(params):
-        file = source(code, root)
-        for stage in code.stages if file is not None else ():
+        if (file := source(code, root)) is None:
+            continue
+        for stage in code.stages:
             if file.as_posix() not in out.setdefault(stage, []):
                 out[stage].append(file.as_posix())
     return out

@@ -120,7 +120,9 @@ class BenchmarkSource(HFSource):
     config, split, columns and answer_from are filled in, and any of them set here wins; `dataset`
     may be a local directory holding a copy in the hub's layout (offline nodes)."""
 
-    type: Literal["benchmark"] = "benchmark"
+    # a narrower discriminator than HFSource's: the source union selects the class by `type`, and the stages read
+    # a benchmark as the HF source it is filled in to
+    type: Literal["benchmark"] = "benchmark"  # type: ignore[assignment]
     """Selects a benchmark known by name."""
     benchmark: str | None = None
     """Which benchmark; None: the one called `name` (set it when `name` is a label of your own,

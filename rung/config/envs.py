@@ -1,4 +1,4 @@
-"""The environment of multi-turn episodes in params (issue #47): one `environment` for the experiment, which
+"""The environment of multi-turn episodes in params: one `environment` for the experiment, which
 difficulty scoring, SFT traces, every RL stage and every evaluation run, so that the held-out number measures
 what was trained; an RL stage may set its own (`rl.stages.<name>.environment`, e.g. `retry` before `python`).
 The built-ins and the checks that need the model's tokenizer live in rung.envs (`rung validate` runs them)."""

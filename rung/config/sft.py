@@ -11,10 +11,14 @@ from rung.config.common import LaunchParams, LoraParams
 from rung.config.data import SolutionTraces, TraceSource
 
 
+def _solution_traces() -> list[TraceSource]:
+    return [SolutionTraces()]
+
+
 class SFTParams(Section):
     enabled: bool = True
     """False skips the warm-start (zero-RL): the sft checkpoint is the base model, unchanged."""
-    traces: list[TraceSource] = Field(default_factory=lambda: [SolutionTraces()], min_length=1)
+    traces: list[TraceSource] = Field(default_factory=_solution_traces, min_length=1)
     """Where SFT targets come from; several are concatenated (a mix)."""
     max_steps: int | None = Field(40, gt=0)
     """Optimizer steps; null to train for `epochs` instead."""

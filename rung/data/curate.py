@@ -106,12 +106,8 @@ def curate(params: CurateParams, evals: dict[str, list[Row]], seed: int) -> tupl
         lambda r: filters.length_bounds(r, f.min_chars, f.max_chars),
         filters.exact_duplicates,
     ]
-    if f.near_duplicate_threshold is not None:
-        steps.append(
-            lambda r: filters.near_duplicates(
-                r, threshold=f.near_duplicate_threshold, seed=derive(seed, "curate", "minhash")
-            )
-        )
+    if (threshold := f.near_duplicate_threshold) is not None:
+        steps.append(lambda r: filters.near_duplicates(r, threshold=threshold, seed=derive(seed, "curate", "minhash")))
     eval_prompts = [r["prompt"] for rs in evals.values() for r in rs]
     if eval_prompts:
         steps.append(lambda r: filters.decontaminate(r, eval_prompts, n=f.decontamination_ngram))

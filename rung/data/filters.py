@@ -49,7 +49,8 @@ class FilterReport:
 
 
 def _partition(rows: Iterable[Row], drop: Iterable[bool], name: str, reason: str) -> tuple[list[Row], FilterReport]:
-    kept, removed = [], Counter()
+    kept: list[Row] = []
+    removed: Counter[str] = Counter()  # rows dropped per source
     for row, d in zip(rows, drop, strict=True):
         if d:
             removed[row["source"]] += 1

@@ -41,14 +41,14 @@ def load(src: ReasoningGymSource, seed: int) -> list[Row]:
         dataset = reasoning_gym.create_dataset(src.task, **kwargs)
     except (TypeError, ValueError, AssertionError, KeyError) as e:
         raise InputError(f"curate.sources.{src.name}.config: {e}") from None
-    rows = []
+    rows: list[Row] = []
     for entry in dataset:
         meta = plain_json(entry["metadata"])
         answer = str(entry["answer"])
         solution = meta.get("answer_cot") or (arithmetic_steps(meta["expression"]) if "expression" in meta else None)
         task = meta.get("source_dataset", src.task)  # a composite's rows keep their own task's verifier
         rows.append(
-            dict(
+            Row(
                 id=row_id(task, entry["question"], answer),
                 source=src.name,
                 task=task,

@@ -220,13 +220,15 @@ def _to_rows(
         if col not in columns:
             raise InputError(f"{_key(src, field)}: column {col!r} not in {origin} (has: {', '.join(columns)})")
     allowed = {c: {_text(v, src, f"where.{c}", 0) for v in vs} for c, vs in src.where.items()}
-    rows, empty, unmatched, no_answer, probed = [], 0, 0, 0, []
+    rows: list[Row] = []
+    probed: list[tuple[bool, str]] = []  # (answer found, the answer cell) of the first _PROBE usable records
+    empty, unmatched, no_answer = 0, 0, 0
     for n, rec in enumerate(records, 1):
         if any(_text(rec.get(c), src, f"where.{c}", n) not in vs for c, vs in allowed.items()):
             unmatched += 1
             continue
-        prompt = _text(rec.get(mapped["prompt"]), src, "columns.prompt", n)
-        cell = _text(rec.get(mapped["answer"]), src, "columns.answer", n)
+        prompt = _text(rec.get(src.columns.prompt), src, "columns.prompt", n)
+        cell = _text(rec.get(src.columns.answer), src, "columns.answer", n)
         if prompt is None or cell is None:
             empty += 1
             continue
@@ -239,7 +241,7 @@ def _to_rows(
         solution = _text(rec.get(mapped["solution"]), src, "columns.solution", n) if mapped["solution"] else worked
         meta = {k: v for k, v in rec.items() if k not in mapped.values()}
         rows.append(
-            dict(
+            Row(
                 id=row_id(src.task, prompt, answer),
                 source=src.name,
                 task=src.task,

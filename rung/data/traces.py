@@ -85,8 +85,10 @@ def from_tool_calls(rows: list[Row], src: ToolTraces, fmt: FormatParams) -> list
         code = f"print({expression})"
         output = env.python(code)
         target = formats.target(row["answer"], None, fmt)
-        if env.episode.unscored is not None:
-            raise InputError(f"sft.traces: the python tool's sandbox failed on row {row['id']}: {env.episode.unscored}")
+        episode = env.episode
+        assert episode is not None  # env.reset above
+        if episode.unscored is not None:
+            raise InputError(f"sft.traces: the python tool's sandbox failed on row {row['id']}: {episode.unscored}")
         # the tool's output is a bare answer (nothing to extract): the verifier alone
         if not is_correct(output.strip(), row) or not grade(target, row, fmt).verdict():
             continue
@@ -141,7 +143,8 @@ def sampled(
 ) -> tuple[list[Trace], dict[str, Any]]:
     """Verified-correct samples, at most `max_per_prompt` distinct ones per prompt; with counts."""
     rows = rows[: src.max_prompts]
-    traces, kept_per_prompt = [], Counter()
+    traces: list[Trace] = []
+    kept_per_prompt: Counter[int] = Counter()  # prompts by how many distinct traces they kept
     correct = 0
     for row, completions in zip(rows, samples(gen, rows, src, fmt, seed), strict=True):
         seen: set[str] = set()
@@ -239,7 +242,7 @@ def build(
     stats: dict[str, Any] = {}
     for i, src in enumerate(sources):
         name = f"{i}_{src.type}"
-        if i in solved:
+        if isinstance(src, SolutionTraces):
             got = solved[i]
             stats[name] = {"kept": len(got), "with_solution": sum(bool(r.get("solution")) for r in rows)}
         elif isinstance(src, ToolTraces):

@@ -1,4 +1,4 @@
-"""Environments for multi-turn episodes (issue #47): the built-ins `retry` and `python`, any class written to
+"""Environments for multi-turn episodes: the built-ins `retry` and `python`, any class written to
 TRL's environment contract by import path, their params and checks, and the tool-capable chat template.
 
 TRL 1.16's contract (trl/trainer/grpo_trainer.py; GRPOTrainer(environment_factory=...)):

@@ -72,24 +72,25 @@ class Python:
         Returns:
             The printed output, then the error if the code failed.
         """
-        self.episode.tool_calls += 1
+        episode = self.episode
+        assert episode is not None, "reset() starts an episode before any tool call"
+        episode.tool_calls += 1
         if not isinstance(code, str):  # a model's call may carry any JSON
-            self.episode.tool_errors += 1
+            episode.tool_errors += 1
             return f"Error: code must be a string, got {type(code).__name__}"
         try:
             result = sandbox.run(sandbox.Program(_program(code), "", ENTRY), verify.CODE_LIMITS)
+            why = result.detail
         except Exception as e:  # noqa: BLE001 - whatever the sandbox itself raises is the grader's failure
             result = None
             why = f"{type(e).__name__}: {e}"
-        else:
-            why = result.detail
         if result is None or not result.scored:
-            self.episode.unscored = self.episode.unscored or f"the code sandbox failed: {why}"
+            episode.unscored = episode.unscored or f"the code sandbox failed: {why}"
             return "Error: the sandbox failed to run the code (not the code's fault)"
         output = result.stdout + result.stderr
         if result.passed:
             return self._cut(output)
-        self.episode.tool_errors += 1
+        episode.tool_errors += 1
         error = f"Error ({result.verdict}): {result.detail}"
         # the error line is kept whole: the output before it is what gets cut
         output = self._cut(output, self.settings.max_output - len(error) - 1)

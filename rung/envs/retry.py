@@ -46,8 +46,10 @@ class Retry:
     def reply(self, message: str) -> str | None:
         """rung's episode loop, after an assistant turn without a tool call: the feedback if the answer is wrong
         and turns are left, else None (the episode ends). A grader failure ends it unscored."""
-        ok = self.episode.grade(message)
-        if ok is False and len(self.episode.answers) < self.max_turns:
+        episode = self.episode
+        assert episode is not None, "reset() starts an episode before any reply"
+        ok = episode.grade(message)
+        if ok is False and len(episode.answers) < self.max_turns:
             return self.settings.feedback
         return None
 
@@ -57,6 +59,7 @@ class Retry:
         if episode is None or not episode.answers:
             # TRL's own loop never shows this environment an answer: the reward would be made up
             raise RuntimeError("retry was never given an answer: it runs in rung's episode loop, not TRL's")
-        if episode.unscored is not None:
+        last = episode.correct[-1]
+        if episode.unscored is not None or last is None:  # None: the grader failed on it
             return None
-        return float(episode.correct[-1]) * self.settings.discount ** (len(episode.answers) - 1)
+        return float(last) * self.settings.discount ** (len(episode.answers) - 1)

@@ -63,7 +63,7 @@ class Environment:
 
     def factory(self, fmt: FormatParams) -> Callable[[], Any]:
         """A zero-argument factory of instances: TRL's `environment_factory`. Built-ins grade answers in `fmt`."""
-        if self.builtin:
+        if isinstance(self.settings, BaseModel):  # a built-in's settings
             return functools.partial(self.cls, fmt, self.spec.max_turns, self.settings)
         return functools.partial(self.cls, **self.settings)
 
@@ -144,11 +144,12 @@ def check(
         except ValidationError as e:
             raise InputError(_one_line(e, f"{key}.settings")) from None
     else:
-        cls, settings = _load(spec.name, key), dict(spec.settings)
+        cls, kwargs = _load(spec.name, key), dict(spec.settings)
         try:
-            inspect.signature(cls).bind(**settings)
+            inspect.signature(cls).bind(**kwargs)
         except TypeError as e:
             raise InputError(f"{key}.settings: {spec.name} does not take them: {e}") from None
+        settings = kwargs
     functions = dict(inspect.getmembers(cls, predicate=inspect.isfunction))
     if "reset" not in functions:
         raise InputError(f"{key}.name: {cls.__name__} has no reset() method, which TRL's environment contract needs")
@@ -157,7 +158,7 @@ def check(
             f"{key}.name: {cls.__name__}.reset takes no **kwargs, and it gets every column of a row as a keyword "
             "(prompt, answer, task, ...); add **row"
         )
-    if spec.name not in BUILTINS:
+    if not isinstance(settings, BaseModel):  # an imported class: constructed once here, as TRL will
         _construct(cls, settings, key)
     tools = tool_names(cls)
     for name in tools:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib import resources
 from typing import Any
 
@@ -135,10 +135,17 @@ def _pieces(
         {**m, "content": f"\ue000{i}\ue001"} if isinstance(m.get("content"), str) and m["content"] else m
         for i, m in enumerate(messages)
     ]
-    kwargs: dict[str, Any] = {"tools": tools, "add_generation_prompt": add_generation_prompt, "tokenize": False}
-    parts = _SLOT.split(tokenizer.apply_chat_template(slotted, **kwargs))
+
+    def render(chat: list[dict[str, Any]]) -> str:
+        text = tokenizer.apply_chat_template(
+            chat, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=False
+        )
+        assert isinstance(text, str)  # tokenize=False
+        return text
+
+    parts = _SLOT.split(render(slotted))
     texts = [messages[int(p)]["content"] if i % 2 else p for i, p in enumerate(parts)]
-    if "".join(texts) != tokenizer.apply_chat_template(messages, **kwargs):
+    if "".join(texts) != render(messages):
         raise InputError(f"the chat template rewrites message text: rung cannot keep it plain; fix: {FIX}")
     return texts
 
@@ -183,6 +190,7 @@ def render_masked(
         return_assistant_tokens_mask=True,
         tokenizer_kwargs={"return_offsets_mapping": True},
     )
+    assert isinstance(marked, Mapping)  # return_dict=True: a BatchEncoding
     generated = [False] * sum(map(len, pieces))  # per character of the rendered chat
     for (a, b), m in zip(marked["offset_mapping"], marked["assistant_masks"], strict=True):
         if m:

@@ -8,7 +8,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from statistics import mean, median
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from rung import files, paths
 from rung.answers import formats, grading
@@ -58,7 +58,7 @@ def grade(rows: list[Row], samples: list[list[Completion]], fmt: FormatParams) -
     return records
 
 
-def _by(records: list[Record], key: str) -> dict[str, float]:
+def _by(records: list[Record], key: Literal["source", "task", "difficulty"]) -> dict[str, float]:
     groups: dict[str, list[float]] = defaultdict(list)
     for r in records:
         groups[r[key]].append(float(r["samples"][0]["correct"]))

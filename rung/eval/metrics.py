@@ -12,6 +12,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy.stats import beta
 
 log = logging.getLogger(__name__)
@@ -220,7 +221,7 @@ def bootstrap_ci(
 
 
 def share_interval(
-    values: Sequence[float] | np.ndarray, confidence: float = 0.95, weights: Sequence[float] | np.ndarray | None = None
+    values: ArrayLike, confidence: float = 0.95, weights: Sequence[float] | np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Confidence interval of the mean of values in [0, 1] over their last axis (a share of right answers, the
     mean of per-prompt pass@k, a study's prompt clusters with `weights` rows each), vectorised over leading axes.

@@ -11,11 +11,13 @@ End of stdin ends the worker.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
 import time
 import traceback
+from types import ModuleType
 from typing import Any
 
 PROTOCOL = 1
@@ -59,7 +61,7 @@ def main() -> None:
         out.flush()
 
     llm = None
-    vllm = None
+    vllm: ModuleType | None = None
     for line in sys.stdin:
         if not line.strip():
             continue
@@ -67,7 +69,7 @@ def main() -> None:
             msg = json.loads(line)
             if msg["op"] == "load":
                 start = time.perf_counter()
-                import vllm  # noqa: F811  # here: ~10 s, and only after the parent asked
+                vllm = importlib.import_module("vllm")  # here: ~10 s, and only after the parent asked
                 from transformers import AutoConfig
                 from vllm.platforms import current_platform
 

@@ -66,15 +66,15 @@ def _barely_moved(stage: str, metrics: dict[str, Any]) -> list[str]:
 def _echo_trap(stage: str, metrics: dict[str, Any]) -> list[str]:
     """An RL stage on episodes whose reward variance within groups and policy entropy collapsed together
     (rung.rl.episodes.summary: each curve's mean over the first and the last third of the steps)."""
-    std = metrics.get("reward_std_within_first"), metrics.get("reward_std_within_last")
-    entropy = metrics["entropy_first"], metrics.get("entropy_last")
-    if None in std or None in entropy or not (std[0] > 0 and entropy[0] > 0):
+    std0, std1 = metrics.get("reward_std_within_first"), metrics.get("reward_std_within_last")
+    entropy0, entropy1 = metrics["entropy_first"], metrics.get("entropy_last")
+    if std0 is None or std1 is None or entropy0 is None or entropy1 is None or not (std0 > 0 and entropy0 > 0):
         return []
-    if std[1] > ECHO_TRAP_DROP * std[0] or entropy[1] > ECHO_TRAP_DROP * entropy[0]:
+    if std1 > ECHO_TRAP_DROP * std0 or entropy1 > ECHO_TRAP_DROP * entropy0:
         return []
     return [
-        f"{stage}: echo trap: the reward's std within groups fell from {std[0]:.3f} to {std[1]:.3f} and the "
-        f"policy's entropy from {entropy[0]:.3f} to {entropy[1]:.3f} (first to last third of the steps): the "
+        f"{stage}: echo trap: the reward's std within groups fell from {std0:.3f} to {std1:.3f} and the "
+        f"policy's entropy from {entropy0:.3f} to {entropy1:.3f} (first to last third of the steps): the "
         "policy is collapsing onto repeated episodes (RAGEN's echo trap); fewer steps, a lower learning rate or "
         "a higher temperature, or dynamic_sampling to drop the groups without variance"
     ]

@@ -57,7 +57,7 @@ def headline_metrics(
     and the same for each episode-trained stage against its single-turn control (`controls`:
     rung.eval.comparisons.single_turn_controls; `paired/<rl>-vs-<control>/test/...`); with episodes each pair
     also the first answers' difference and McNemar p (`.../test/first_answer/...`)."""
-    out = {}
+    out: dict[str, float] = {}
     for checkpoint, result in evals.items():
         test = result.sets["test"]
         keep = ["accuracy", *test.avg_at_n()]

@@ -7,7 +7,7 @@ markdown and HTML (rung.report.htmlpage); the numbers come typed from rung.eval.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from rung.eval.results import ArmsTest, Comparison, Comparisons, EvalResult, GreedyTest, SeedTest, Spread, StudyResult
@@ -40,7 +40,7 @@ def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
     ]
 
 
-def timing_table(rows: list[tuple[str, str, float | None]]) -> Table:
+def timing_table(rows: Sequence[tuple[str, str, float | None]]) -> Table:
     """A run's wall time per stage (rung.report.timings): status, seconds and share of the stages' total;
     a cached stage has neither; the last row is the total."""
     total = sum(s for _, _, s in rows if s is not None)
@@ -470,7 +470,7 @@ def episode_table(evals: Mapping[str, EvalResult], set_name: str) -> Table:
     """The greedy episodes' metrics of each checkpoint evaluated on `set_name` with episodes (SetMetrics.episodes):
     success within t turns for t = 1..max_turns, first-answer accuracy, mean turns, tool calls per episode, tool
     error rate, cut at max_turns. No rows without episodes."""
-    found = {c: m.sets[set_name].episodes for c, m in evals.items() if set_name in m.sets and m.sets[set_name].episodes}
+    found = {c: e for c, m in evals.items() if set_name in m.sets and (e := m.sets[set_name].episodes)}
     if not found:
         return [], []
     turns = sorted({t for e in found.values() for t in e["success_within"]}, key=int)

@@ -1,5 +1,5 @@
 """Run model-written Python against trusted tests in a bubblewrap sandbox, and grade it so that the code can
-neither escape nor fake a pass (issue #40; the guide is docs/sandbox.md).
+neither escape nor fake a pass (the guide is docs/sandbox.md).
 
 A program is a solution (untrusted), its tests and an optional context (trusted: the dataset's), and the
 name of the solution's entry point. Each execution is one `bwrap` process:
@@ -259,6 +259,7 @@ class _Box:
         with self.cleanup, self.proc:
             _kill(self.proc, self.pid)
             os.close(self.verdict_fd)
+            assert self.proc.stdin  # started with stdin=PIPE
             self.proc.stdin.close()
             _drain(self.proc, deadline=time.monotonic() + 5)
             self.proc.wait()
@@ -400,6 +401,7 @@ def _communicate(
     """Feed the job, keep KEPT bytes of each stream and the verdict pipe, and kill the sandbox at the deadline or
     when the output passes `output` bytes (hand-written: subprocess.communicate has neither an output cap nor a
     kill on output)."""
+    assert proc.stdin and proc.stdout and proc.stderr  # started with all three PIPEs
     stdin = proc.stdin.fileno()
     os.set_blocking(stdin, False)
     kept = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
@@ -457,6 +459,7 @@ def _kill(proc: subprocess.Popen, init: int | None) -> None:
 
 def _drain(proc: subprocess.Popen, deadline: float) -> None:
     """Read stdout and stderr to their end after a kill: they close when the last process in the sandbox is gone."""
+    assert proc.stdout and proc.stderr  # started with both PIPEs
     with selectors.DefaultSelector() as sel:
         for f in (proc.stdout, proc.stderr):
             sel.register(f.fileno(), selectors.EVENT_READ)

@@ -1,7 +1,7 @@
 """A sandbox's writable space in root mode: one tmpfs of `size` bytes and `inodes` inodes (hard links count as
 inodes on tmpfs), mounted by the grader under a root-only directory and bound by bwrap as the sandbox's /tmp and
 /dev/shm, so that the two share one bound. bwrap's own --tmpfs takes a size but no nr_inodes, and an unbounded
-number of links or directories costs the host kernel memory (issue #46). Unmounted when the sandbox is gone."""
+number of links or directories costs the host kernel memory. Unmounted when the sandbox is gone."""
 
 from __future__ import annotations
 

@@ -64,10 +64,11 @@ class UpdateSize(TrainerCallback):
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, model: Any = None, **_: Any) -> None:
         before, after = self.before, self._sample(model)
+        assert before is not None  # on_pre_optimizer_step sampled it
         norm = float(before.norm())
         metrics = train_metrics(self.trainer)
         metrics["update/relative"].append(float((after - before).norm()) / norm if norm else 0.0)
-        metrics["update/changed_share"].append(float((after != before).float().mean()) if len(before) else 0.0)
+        metrics["update/changed_share"].append(float(torch.ne(after, before).float().mean()) if len(before) else 0.0)
         self.before = None
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Sized
 from typing import Any
 
 from datasets import Dataset
@@ -100,7 +101,9 @@ def train(job: SFTJob) -> JobResult:
         peft_config=peft_config(params.lora),
         callbacks=job.trainer_callbacks(),
     )
-    if not len(trainer.train_dataset):  # TRL drops an example whose trained tokens were all cut
+    kept = trainer.train_dataset
+    assert isinstance(kept, Sized)  # examples() is a map-style Dataset, and TRL keeps it one
+    if not len(kept):  # TRL drops an example whose trained tokens were all cut
         raise InputError(
             f"sft.max_length: {params.max_length} tokens cut all trained tokens of every one of the {len(traces)} "
             "traces (the chat template's prompt counts, an episode's tool schemas too): raise it"
