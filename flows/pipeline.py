@@ -70,7 +70,7 @@ def pipeline(params_file: str = str(paths.PARAMS)) -> list[str]:
     params = config.load(params_file)
     log = get_run_logger()
     with dvc.workspace_lock():
-        timings.begin()  # the stages below are this run's (a deployment's run has no flows.server around it)
+        timings.begin()  # the stages below are this run's (a deployment's run has no flows.with_server around it)
         parent = tracking.parent_for(params, invocation="pipeline", params_file=Path(params_file))
         os.environ[tracking.PARENT_ENV] = parent  # inherited by the stage processes
         ran, status, order = [], "FAILED", dvc.stages_in_order()

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from flows import server
+from flows import with_server
 from rung import config, files, paths, preflight
 from rung.checks import usercode
 from rung.config import FileSource, HFSource, Params
@@ -170,7 +170,7 @@ def run(recipe: Path, sets: dict[str, Any], ws: Path, dry_run: bool = False, roo
         or config.load(ws / paths.PARAMS).tracking.uri
         or f"sqlite:///{root / 'mlflow.db'}"
     )
-    return server.run(["dvc", "repro"], cwd=ws, env=venv_env({"MLFLOW_TRACKING_URI": uri}))
+    return with_server.run(["dvc", "repro"], cwd=ws, env=venv_env({"MLFLOW_TRACKING_URI": uri}))
 
 
 def default_dir(recipe: Path) -> Path:

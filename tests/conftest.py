@@ -43,7 +43,7 @@ LONGEST_FIRST = {
     "vllm": 160,  # tests/test_vllm.py: one vLLM CPU engine at a time
     "tests/test_recipes.py::test_rung_run_end_to_end": 104,
     "tests/test_device.py::test_gpu_bench_smoke_runs_on_the_cpu_with_only_its_dependencies": 81,
-    "tests/test_first_use.py::test_flows_server_runs_a_command_against_one_new_server": 70,
+    "tests/test_first_use.py::test_with_server_runs_a_command_against_one_new_server": 70,
     "tests/test_device.py::test_gpu_learning_bench_smoke_runs_on_the_cpu_with_only_its_dependencies": 61,
 }
 

@@ -264,7 +264,6 @@ class Sleeper:
 
 def test_the_tool_calls_of_a_turn_stop_at_its_wall_budget(tok):
     nap = '<tool_call>\n{"name": "nap", "arguments": {"seconds": 0.3}}\n</tool_call>'
-    start = time.monotonic()
     sampling = SamplingParams(temperature=0, max_new_tokens=200)
     (e,) = run(
         generate := Scripted(tok, {0: [nap * 3, "Answer: 391"]}),
@@ -276,8 +275,7 @@ def test_the_tool_calls_of_a_turn_stop_at_its_wall_budget(tok):
         max_turns=2,
         turn_seconds=0.4,
     )
-    assert time.monotonic() - start < 0.9 + 0.5  # two naps, not three (slack for a loaded machine)
-    first = e.turns[0]
+    first = e.turns[0]  # two naps, not three (how long the turn takes: bench/latency.py)
     assert first["tool_results"][:2] == ["rested", "rested"] and first["tool_errors"] == 1
     assert first["tool_results"][2] == "{'error': 'Tool call not run: the turn used its 0.4 s of tool time'}"
 

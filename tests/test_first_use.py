@@ -1,6 +1,6 @@
 """A new user's machine: no Prefect home, no Prefect server URL, no MLflow store, no Hugging Face
 cache. The stages must work there through plain `dvc repro` (each stage starts an ephemeral Prefect
-server, whose first start creates its database) and through `python -m flows.server`."""
+server, whose first start creates its database) and through `python -m flows.with_server`."""
 
 from __future__ import annotations
 
@@ -50,11 +50,11 @@ def test_dvc_repro_on_a_new_slow_machine_uses_the_ephemeral_server(new_user, slo
     assert {r.data.tags.get("dvc.stage") for r in runs} >= {"model"}
 
 
-def test_flows_server_runs_a_command_against_one_new_server(new_user):
+def test_with_server_runs_a_command_against_one_new_server(new_user):
     ws, run = new_user
-    res = run("python", "-m", "flows.server", "dvc", "repro", "model")
+    res = run("python", "-m", "flows.with_server", "dvc", "repro", "model")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "starting a server for this run" in res.stderr
     assert (res.stdout + res.stderr).count("Starting temporary server") <= 1  # ours; the stage started none
     # the command's exit code is passed on
-    assert run("python", "-m", "flows.server", "python", "-c", "raise SystemExit(3)").returncode == 3
+    assert run("python", "-m", "flows.with_server", "python", "-c", "raise SystemExit(3)").returncode == 3

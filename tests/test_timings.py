@@ -79,7 +79,7 @@ def test_a_plain_dvc_repro_is_marked_by_its_first_stage(tmp_path):
 
 
 def test_a_run_begun_inside_another_is_part_of_it(tmp_path):
-    """The pipeline flow under `make pipeline`'s flows.server: the outer run stays the run."""
+    """The pipeline flow under `make pipeline`'s flows.with_server: the outer run stays the run."""
     outer = psutil.Process().parent()
     timings.begin(tmp_path, outer)
     timings.begin(tmp_path)  # this process, started by `outer`

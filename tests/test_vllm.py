@@ -99,7 +99,7 @@ def _prompts(gen: Generator, rows: list[dict]) -> list[list[int]]:
 
 
 def test_missing_python_and_bad_settings_are_refused_before_any_compute(tmp_path, tiny_model):
-    start = time.perf_counter()
+    # how long the refusals take: bench/latency.py
     with pytest.raises(InputError, match=r"^generation.vllm.python: no/bin/python not found \(create the vLLM"):
         api.load(tiny_model, "float32", backend="vllm", vllm_params=VllmParams(python="no/bin/python"))
     with pytest.raises(InputError, match=r"^generation.vllm.python: .* has no vllm installed"):
@@ -114,7 +114,6 @@ def test_missing_python_and_bad_settings_are_refused_before_any_compute(tmp_path
     for bad in ({"gpu_memory_utilization": 1.5}, {"gpu_memory_utilization": 0}, {"max_model_len": 0}):
         with pytest.raises(ConfigError, match=r"^params.yaml: generation.vllm\."):
             config.parse({"generation": {"backend": "vllm", "vllm": bad}}, "params.yaml")
-    assert time.perf_counter() - start < 10
 
 
 def test_the_worker_reads_only_the_vllm_environment():

@@ -8,7 +8,8 @@ module, and every field is documented once, there:
 - `common`: model, format, sampling, generation backend, launch, tracking;
 - `data`: sources, filters, mix and curate; difficulty; the SFT traces;
 - `sft`: LoRA and the SFT stage;
-- `rl`: rewards, curricula, dynamic sampling, presets, an RL stage and the chain of stages;
+- `rl`: rewards, dynamic sampling, presets, an RL stage and the chain of stages;
+- `curricula`: the RL stage's curricula;
 - `eval`: decoding, bootstrap and the eval sets;
 - `envs`: the environment of multi-turn episodes.
 
@@ -38,6 +39,17 @@ from rung.config.common import (
     TrackingParams,
     VllmParams,
 )
+from rung.config.curricula import (
+    AdaptiveCurriculum,
+    BanditCurriculum,
+    Curriculum,
+    CurriculumPhase,
+    PoolParams,
+    PoolsCurriculum,
+    ScheduledCurriculum,
+    StagedCurriculum,
+    UniformCurriculum,
+)
 from rung.config.data import (
     BenchmarkSource,
     CodeSource,
@@ -62,19 +74,10 @@ from rung.config.rl import (
     BUILTIN_REWARDS,
     PRESETS,
     REWARD_TASKS,
-    AdaptiveCurriculum,
-    BanditCurriculum,
-    Curriculum,
-    CurriculumPhase,
     DynamicSamplingParams,
-    PoolParams,
-    PoolsCurriculum,
     RewardParams,
     RLParams,
     RLStageParams,
-    ScheduledCurriculum,
-    StagedCurriculum,
-    UniformCurriculum,
 )
 from rung.config.sft import SFTParams
 

@@ -46,7 +46,7 @@ class MemoryLimit(MemoryError):
     """The solution's process hit the address-space limit: a MemoryError to the tests, `memory` to the grader."""
 
 
-LIMIT = "memory limit"  # the name serve() gives a MemoryLimit: no class of the solution's can have it
+LIMIT = "memory limit"  # the name solution_process() gives a MemoryLimit: no class of the solution's can have it
 
 
 def at_limit(error: MemoryError) -> bool:
@@ -106,7 +106,7 @@ def plain(value: object, depth: int = 0) -> bool:
     return isinstance(value, list | tuple | set | frozenset) and all(plain(x, depth + 1) for x in value)
 
 
-def serve(rfd: int, wfd: int) -> None:
+def solution_process(rfd: int, wfd: int) -> None:
     """The solution's process: run the solution, then answer calls of its entry point until the runner ends it."""
     namespace: dict[str, Any] = {"__name__": "solution"}
     entry: Any = None  # whatever the solution bound to the name: calling a non-callable raises back its TypeError
@@ -255,7 +255,7 @@ def main() -> None:
         null = os.open("/dev/null", os.O_RDONLY)
         os.dup2(null, 0)
         os.close(null)
-        serve(from_runner, to_runner)
+        solution_process(from_runner, to_runner)
         os._exit(0)
     os.close(from_runner)
     os.close(to_runner)

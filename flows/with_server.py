@@ -1,4 +1,4 @@
-"""One Prefect API for a whole run: `python -m flows.server CMD ...` runs CMD with PREFECT_API_URL
+"""One Prefect API for a whole run: `python -m flows.with_server CMD ...` runs CMD with PREFECT_API_URL
 pointing at a private server that lives as long as CMD (or at the server PREFECT_API_URL already
 names). `make demo` and `make pipeline` use it, so the stages DVC starts share one server instead
 of each starting (and, on a new machine, migrating) an ephemeral one.
@@ -43,5 +43,5 @@ def run(cmd: list[str], cwd: Path | None = None, env: dict[str, str] | None = No
 
 if __name__ == "__main__":
     if len(sys.argv) < 2:
-        raise SystemExit("usage: python -m flows.server CMD [ARGS ...]")
+        raise SystemExit("usage: python -m flows.with_server CMD [ARGS ...]")
     raise SystemExit(run(sys.argv[1:]))
