@@ -26,7 +26,7 @@ def write(data_dir: Path, train: list[dict], heldout: list[dict], graded: list[d
         files.write_jsonl(data_dir / GRADED, graded)
 
 
-def reward_model(model_dir: Path, data_dir: Path, fmt: FormatParams, key: str, device: str = "cpu") -> dict[str, Any]:
+def reward_model(model_dir: Path, data_dir: Path, fmt: FormatParams, key: str, device: str = "auto") -> dict[str, Any]:
     """Pairwise accuracy on the held-out pairs and, where the verifier graded held-out samples, the AUROC of
     the score against the grade (overall and by difficulty bucket): of the ensemble's mean score, and per member."""
     pairs = files.read_jsonl(data_dir / HELDOUT)
@@ -59,7 +59,7 @@ def _reward_metrics(scores: list[float], pairs: list[dict], samples: list[tuple[
     return out
 
 
-def process_reward_model(model_dir: Path, data_dir: Path, device: str = "cpu") -> dict[str, float]:
+def process_reward_model(model_dir: Path, data_dir: Path, device: str = "auto") -> dict[str, float]:
     """Step accuracy of the PRM on the held-out solutions' Monte-Carlo labels, beside the majority guess's."""
     prm = ProcessRewardModel(model_dir, device)
     rows = files.read_jsonl(data_dir / HELDOUT)

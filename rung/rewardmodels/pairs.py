@@ -90,11 +90,11 @@ def read(source: PreferenceFile, key: str, load: Callable[..., Any] | None = Non
     return [{"id": str(row.get("id", i)), **{c: row[c] for c in COLUMNS}} for i, row in enumerate(rows)]
 
 
-def split(items: list[dict[str, Any]], fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
+def split(items: list[dict[str, Any]], fraction: float, seed: int, key: str) -> tuple[list[dict], list[dict]]:
     """(train, held-out) by prompt id, a seeded `fraction` of the ids held out (at least one, and one left to
     train on): a prompt's pairs and completions never fall on both sides."""
     ids = sorted({i["id"] for i in items})
     if len(ids) < 2:
-        raise InputError(f"pairs: {len(ids)} prompt(s) cannot be split into a train and a held-out part")
+        raise InputError(f"{key}: {len(ids)} prompt(s) cannot be split into a train and a held-out part")
     held = set(random.Random(seed).sample(ids, min(len(ids) - 1, max(1, round(fraction * len(ids))))))
     return [i for i in items if i["id"] not in held], [i for i in items if i["id"] in held]

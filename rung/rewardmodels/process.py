@@ -21,7 +21,7 @@ from transformers import (
     set_seed,
 )
 
-from rung import files, models
+from rung import files, models, placement
 from rung.config import FormatParams
 from rung.errors import InputError
 from rung.rewardmodels.encoding import prompt_ids, step_ids
@@ -122,7 +122,7 @@ class ProcessRewardModel:
     and returns each step's score (a logit; sigmoid gives the estimated chance that the step's prefix still
     reaches the right answer)."""
 
-    def __init__(self, model_dir: Path | str, device: str = "cpu") -> None:
+    def __init__(self, model_dir: Path | str, device: str = "auto") -> None:
         settings = Path(model_dir) / SETTINGS
         if not settings.is_file():
             raise InputError(f"{model_dir}: not a process reward model (no {SETTINGS})")
@@ -131,7 +131,7 @@ class ProcessRewardModel:
         self.format = FormatParams(**saved["format"])
         self.tok = models.load_tokenizer(model_dir)
         self.model: PreTrainedModel = AutoModelForTokenClassification.from_pretrained(model_dir, dtype=torch.float32)
-        self.model.to(device).eval()
+        self.model.to(placement.device(device)).eval()
 
     @torch.inference_mode()
     def scores_of_steps(self, prompt: str, steps: list[str]) -> list[float]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, PreTrainedModel, PreTrainedTokenizerBase
 
-from rung import models
+from rung import models, placement
 from rung.errors import InputError
 
 MEMBER = "member-{}"
@@ -44,10 +44,10 @@ def check(path: Path, key: str) -> None:
         )
 
 
-def load(path: Path, device: str = "cpu") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """One member, in float32 on `device`, for scoring."""
+def load(path: Path, device: str = "auto") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """One member, in float32 on `device` (params `model.device`), for scoring."""
     tok = models.load_tokenizer(path)
-    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32).to(device)
+    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32).to(placement.device(device))
     model.eval()
     return model, tok
 

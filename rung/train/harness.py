@@ -98,11 +98,12 @@ def common_args(seed: int, work_dir: Path, dtype: str, save_steps: int, device: 
 
 def fit(trainer: Any, resume: str | None, outage_wait: float = 300.0) -> None:
     """trainer.train(), resumed from checkpoint `resume` if given, with each step's update size
-    logged (rung.train.movement) and every log sent to the stage's MLflow run (rung.train.run_log,
+    logged (rung.train.movement; TRL's trainers) and every log sent to the stage's MLflow run (rung.train.run_log,
     which waits up to `outage_wait` seconds at the end for a server that went away). A checkpoint of the
     last step (a job killed while saving or publishing its model, or failed for want of MLflow) is
     loaded rather than trained from: transformers would train one step past max_steps."""
-    trainer.add_callback(movement.UpdateSize(trainer))
+    if trl_seam.has_train_metrics(trainer):  # logged through them; a plain Trainer logs its loss alone
+        trainer.add_callback(movement.UpdateSize(trainer))
     log = None
     if trainer.is_world_process_zero() and importlib.util.find_spec("mlflow"):  # a GPU bench env may lack it
         from rung.train.run_log import RunLog
