@@ -206,7 +206,10 @@ def _labelled(count: int) -> list[dict]:
 
 def _prm_job(tiny_model: Path, work: Path, data: Path, max_steps: int, **kw) -> ProcessRewardModelJob:
     params = ProcessRewardModelParams(
-        max_steps=max_steps, save_steps=2, learning_rate=3e-3, per_device_train_batch_size=8
+        max_steps=max_steps,
+        save_steps=min(2, max_steps) if max_steps <= 4 else max_steps,
+        learning_rate=3e-3,
+        per_device_train_batch_size=8,
     )
     return job(
         ProcessRewardModelJob, tiny_model, data, work, key="process_reward_models.prm", params=params, seed=2, **kw
@@ -224,7 +227,7 @@ def test_a_process_reward_model_learns_step_labels_and_resumes(tiny_model, tmp_p
     )
     assert result["weights_relative_change"] > 0
     found = heldout.process_reward_model(tmp_path / "prm", data_dir)
-    assert found["steps"] == 36 and found["step_accuracy"] >= 0.9 > found["majority_accuracy"]
+    assert found["steps"] == 36 and found["step_accuracy"] >= found["majority_accuracy"] + 0.2, found
     prm = ProcessRewardModel(tmp_path / "prm")
     good, bad = prm.step_scores("Calculate 1 + 2.", "fine\noops\n")
     assert good > bad

@@ -279,16 +279,19 @@ class Params(Section):
 
 
 _SOURCE_TAGS = {"reasoning_gym", "file", "hf", "benchmark"}
+_PAIR_TAGS = {"verifier", "file"}
+
+
+def _is_tag(part: Any, before: Any) -> bool:
+    """Whether a location part is the tag pydantic inserts for a tagged union: a source's, a reward model's pairs'."""
+    return (part in _SOURCE_TAGS and isinstance(before, int)) or (part in _PAIR_TAGS and before == "pairs")
 
 
 def _one_line(err: ValidationError) -> str:
     first = err.errors()[0]
     # Drop the tag pydantic inserts for tagged unions (curate.sources.0.file.path -> ...0.path).
     loc = first["loc"]
-    key = (
-        ".".join(str(p) for i, p in enumerate(loc) if not (p in _SOURCE_TAGS and i and isinstance(loc[i - 1], int)))
-        or "<root>"
-    )
+    key = ".".join(str(p) for i, p in enumerate(loc) if not (i and _is_tag(p, loc[i - 1]))) or "<root>"
     msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         msg = "unknown key"

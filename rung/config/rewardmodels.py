@@ -5,9 +5,9 @@ Both are mappings of named settings; the default, none, adds no stage to the pip
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
 from rung.config.base import Section
 from rung.config.common import LaunchParams, SamplingParams
@@ -62,7 +62,14 @@ class PreferenceFile(Section):
     """Pairs read at most (the first); null: all."""
 
 
-PairSource = Annotated[VerifierPairs | PreferenceFile, Field(discriminator="type")]
+def _verifier_by_default(value: Any) -> Any:
+    # `pairs: {samples_per_prompt: 4}` means verifier pairs, as `pairs:` left out does.
+    return {"type": "verifier", **value} if isinstance(value, dict) and "type" not in value else value
+
+
+PairSource = Annotated[
+    VerifierPairs | PreferenceFile, Field(discriminator="type"), BeforeValidator(_verifier_by_default)
+]
 
 
 class _LearnedReward(Section):
