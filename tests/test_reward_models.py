@@ -21,7 +21,6 @@ from rung.generate.completion import Completion, Generator
 from rung.rewardmodels import heldout, metrics, pairs, scoring, steps
 from rung.rewardmodels.process import ProcessRewardModel
 from rung.train import launch
-from rung.train.checkpoints import FINAL
 from rung.train.jobs import ProcessRewardModelJob, RewardModelJob
 from tests.rows import sums
 from tests.tiny_model import job
