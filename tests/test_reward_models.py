@@ -281,7 +281,7 @@ def test_validate_refuses_in_one_line_before_any_compute(default_params, tmp_pat
 def prefect():
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness():
+    with prefect_test_harness(server_startup_timeout=180):  # a loaded 2-core CI runner starts it slowly
         yield
 
 
@@ -337,3 +337,21 @@ def test_the_stages_flows_write_models_metrics_and_mlflow_runs(
         logged["reward_models@rm"]["reward_models-rm/heldout/pairwise_accuracy"] == out["heldout"]["pairwise_accuracy"]
     )
     assert "process_reward_models-prm/heldout/step_accuracy" in logged["process_reward_models@prm"]
+
+
+def test_the_report_shows_each_learned_reward_on_what_it_held_out():
+    from rung.report import pipeline as rep
+
+    rm = {
+        "heldout": {"heldout_pairs": 8, "pairwise_accuracy": 0.875, "auroc": 0.8125, "auroc_by_bucket": {"hard": 0.75}}
+    }
+    prm = {"heldout": {"steps": 36.0, "step_accuracy": 0.8, "majority_accuracy": 0.6, "step_mae": 0.3}}
+    file_rm = {"heldout": {"heldout_pairs": 4, "pairwise_accuracy": 1.0}}
+    assert rep.learned_summary(rm) == {
+        "held out": "8 pairs",
+        "accuracy": "pairwise 87.5%",
+        "chance": "50%",
+        "AUROC": "0.81 (hard 0.75)",
+    }
+    assert rep.learned_summary(prm)["accuracy"] == "step 80.0%" and rep.learned_summary(prm)["AUROC"] == "—"
+    assert rep.learned_summary(file_rm)["AUROC"] == "—"
