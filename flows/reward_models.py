@@ -48,19 +48,16 @@ def reward_models(name: str, params_file: str = str(paths.PARAMS)) -> None:
         f"{SECTION}@{name}", params, logged, inputs={"model": init, "train": source}, resumable=True
     ):
         if isinstance(rm.pairs, PreferenceFile):
-            train, held = pairs.split(pairs.read(rm.pairs, f"{key}.pairs"), rm.heldout_fraction, seed, f"{key}.pairs")
-            graded, stats = None, {"pairs": len(train) + len(held)}
+            made = pairs.from_file(rm.pairs, rm.heldout_fraction, seed, f"{key}.pairs")
         else:
-            rows = files.read_jsonl(paths.FILTERED)[: rm.pairs.max_prompts]
             gen = generation.load(init, params.model, params.generation)
+            rows = files.read_jsonl(paths.FILTERED)[: rm.pairs.max_prompts]
             graded = pairs.graded(gen, rows, params.format, rm.pairs, seed)
             if gen.close:
                 gen.close()
-            del gen
-            train_rows, held_rows = pairs.split(graded, rm.heldout_fraction, seed, f"{key}.pairs")
-            train, stats = pairs.from_graded(train_rows, rm.pairs, seed)
-            held, _ = pairs.from_graded(held_rows, rm.pairs, seed)
-            graded = held_rows
+            del gen  # its memory, before training
+            made = pairs.from_samples(graded, rm.pairs, rm.heldout_fraction, seed, f"{key}.pairs")
+        train, held, graded, stats = made
         if not train:
             raise InputError(f"{key}.pairs: no pair to train on ({stats}); sample more per prompt or from more prompts")
         heldout.write(data_dir, train, held, graded)

@@ -59,6 +59,7 @@ def test_auroc_is_sklearns_and_the_hand_computed_value():
     assert metrics.pairwise_accuracy([1, 2, 3], [0, 2, 4]) == pytest.approx(0.5)
     by = metrics.auroc_by_bucket([0.9, 0.1, 0.5, 0.7], [True, False, True, True], ["easy", "easy", "hard", "hard"])
     assert by == {"easy": 1.0}  # hard has no wrong completion: no AUROC
+    assert metrics.pairwise_accuracy_by_bucket([1, 2, 3], [0, 2, 4], ["a", "a", "b"]) == {"a": 0.75, "b": 0.0}
 
 
 def test_pairs_are_a_right_and_a_wrong_completion_of_one_prompt(tiny_model):
@@ -77,7 +78,11 @@ def test_pairs_are_a_right_and_a_wrong_completion_of_one_prompt(tiny_model):
     made, stats = pairs.from_graded(graded, params, seed=0)
     assert stats == {"prompts": 3, "prompts_no_right": 1, "prompts_no_wrong": 1, "pairs": 3}
     assert all(
-        p["id"] == "0" and p["chosen"] == "Answer: 2" and p["rejected"] in ("Answer: 5", "Answer: 7") for p in made
+        p["id"] == "0"
+        and p["bucket"] == "unsolved"
+        and p["chosen"] == "Answer: 2"
+        and p["rejected"] in ("Answer: 5", "Answer: 7")
+        for p in made
     )
     ordered, _ = pairs.from_graded(graded, params.model_copy(update={"choose": "all"}), seed=0)
     assert [(p["chosen"], p["rejected"]) for p in ordered] == [

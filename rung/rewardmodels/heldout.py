@@ -49,7 +49,11 @@ def _reward_metrics(scores: list[float], pairs: list[dict], samples: list[tuple[
     n = 2 * len(pairs)
     out: dict[str, Any] = {"heldout_pairs": len(pairs)}
     if pairs:
-        out["pairwise_accuracy"] = metrics.pairwise_accuracy(scores[0:n:2], scores[1:n:2])
+        chosen, rejected = scores[0:n:2], scores[1:n:2]
+        out["pairwise_accuracy"] = metrics.pairwise_accuracy(chosen, rejected)
+        if all("bucket" in p for p in pairs):  # verifier pairs: their prompt's difficulty bucket
+            buckets = [p["bucket"] for p in pairs]
+            out["pairwise_accuracy_by_bucket"] = metrics.pairwise_accuracy_by_bucket(chosen, rejected, buckets)
     if samples:
         right = [c["right"] for _, c in samples]
         found = metrics.auroc(scores[n:], right)

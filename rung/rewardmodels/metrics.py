@@ -18,6 +18,17 @@ def pairwise_accuracy(chosen: Sequence[float], rejected: Sequence[float]) -> flo
     return wins / len(chosen)
 
 
+def pairwise_accuracy_by_bucket(
+    chosen: Sequence[float], rejected: Sequence[float], buckets: Sequence[str]
+) -> dict[str, float]:
+    """Pairwise accuracy within each difficulty bucket (a pair's: its prompt's)."""
+    groups: dict[str, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
+    for c, r, b in zip(chosen, rejected, buckets, strict=True):
+        groups[b][0].append(c)
+        groups[b][1].append(r)
+    return {b: pairwise_accuracy(c, r) or 0.0 for b, (c, r) in sorted(groups.items())}
+
+
 def auroc(scores: Sequence[float], right: Sequence[bool]) -> float | None:
     """The probability that a right completion scores above a wrong one (ties one half): the Mann-Whitney U
     over the two counts' product, from mid-ranks. None when either class is empty (undefined)."""

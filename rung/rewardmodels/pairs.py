@@ -48,7 +48,7 @@ def of_prompt(row: dict[str, Any], params: VerifierPairs, rng: random.Random) ->
     if params.choose == "random":
         combos = rng.sample(combos, min(params.pairs_per_prompt, len(combos)))
     return [
-        {"id": row["id"], "prompt": row["prompt"], "chosen": c, "rejected": r}
+        {"id": row["id"], "prompt": row["prompt"], "bucket": row["bucket"], "chosen": c, "rejected": r}
         for c, r in combos[: params.pairs_per_prompt]
     ]
 
@@ -66,6 +66,25 @@ def from_graded(rows: list[dict[str, Any]], params: VerifierPairs, seed: int) ->
         "pairs": len(out),
     }
     return out, stats
+
+
+Made = tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]] | None, dict[str, int]]
+"""(train pairs, held-out pairs, held-out graded samples or None, counts)."""
+
+
+def from_samples(graded: list[dict[str, Any]], params: VerifierPairs, fraction: float, seed: int, key: str) -> Made:
+    """Verifier pairs split by prompt: the train prompts' pairs (with the counts of prompts that gave none), the
+    held-out prompts' pairs and their graded samples (for AUROC)."""
+    train_rows, held_rows = split(graded, fraction, seed, key)
+    train, stats = from_graded(train_rows, params, seed)
+    held, _ = from_graded(held_rows, params, seed)
+    return train, held, held_rows, stats
+
+
+def from_file(source: PreferenceFile, fraction: float, seed: int, key: str) -> Made:
+    """A preference file's pairs split by prompt id; no graded samples."""
+    train, held = split(read(source, key), fraction, seed, key)
+    return train, held, None, {"pairs": len(train) + len(held)}
 
 
 def read(source: PreferenceFile, key: str, load: Callable[..., Any] | None = None) -> list[dict[str, Any]]:
