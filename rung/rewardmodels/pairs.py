@@ -21,6 +21,12 @@ if TYPE_CHECKING:  # types only: torch is imported by whoever loads the model (t
 COLUMNS = ("prompt", "chosen", "rejected")
 
 
+def right(text: str, row: dict[str, Any], fmt: FormatParams) -> bool:
+    """Whether a completion is right, as the accuracy reward grades it (the answer where the format puts it):
+    the one place the learned-reward stages call the verifier."""
+    return is_correct(formats.extract(text, fmt), row)
+
+
 def graded(
     gen: Generator, rows: list[dict[str, Any]], fmt: FormatParams, params: VerifierPairs, seed: int
 ) -> list[dict[str, Any]]:
@@ -33,7 +39,7 @@ def graded(
             "id": row["id"],
             "prompt": row["prompt"],
             "bucket": row.get("bucket", "all"),
-            "completions": [{"text": c.text, "right": is_correct(formats.extract(c.text, fmt), row)} for c in done],
+            "completions": [{"text": c.text, "right": right(c.text, row, fmt)} for c in done],
         }
         for row, done in zip(rows, samples, strict=True)
     ]
@@ -42,9 +48,9 @@ def graded(
 def of_prompt(row: dict[str, Any], params: VerifierPairs, rng: random.Random) -> list[dict[str, Any]]:
     """A graded prompt's pairs: (right, wrong) combinations of its completions, `pairs_per_prompt` at most,
     drawn at random or taken in sample order (`choose`); none where no completion is right or none wrong."""
-    right = [c["text"] for c in row["completions"] if c["right"]]
-    wrong = [c["text"] for c in row["completions"] if not c["right"]]
-    combos = list(itertools.product(right, wrong))
+    good = [c["text"] for c in row["completions"] if c["right"]]
+    bad = [c["text"] for c in row["completions"] if not c["right"]]
+    combos = list(itertools.product(good, bad))
     if params.choose == "random":
         combos = rng.sample(combos, min(params.pairs_per_prompt, len(combos)))
     return [

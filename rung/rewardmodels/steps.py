@@ -9,9 +9,9 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from rung.answers import formats
-from rung.answers.verify import is_correct
 from rung.config import FormatParams, ProcessRewardModelParams
 from rung.rewardmodels.encoding import text_ids
+from rung.rewardmodels.pairs import right
 
 if TYPE_CHECKING:  # types only: torch is imported by whoever loads the model (tasks.generation)
     from rung.generate.completion import Generator
@@ -67,8 +67,7 @@ def labelled(
     outcomes: dict[int, list[float]] = {}
     for (i, prefix), done in zip(prefixes, continuations, strict=True):
         row = solutions[i][0]
-        right = [is_correct(formats.extract(prefix + c.text, fmt), row) for c in done]
-        outcomes.setdefault(i, []).append(label(right, params.labels))
+        outcomes.setdefault(i, []).append(label([right(prefix + c.text, row, fmt) for c in done], params.labels))
     return [
         {
             "id": row["id"],
