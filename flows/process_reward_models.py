@@ -7,7 +7,7 @@ import sys
 
 from prefect import flow, get_run_logger
 
-from flows.stage import finish, main
+from flows.stage import finish, learned_reward_tags, main
 from rung import config, files, paths, tracking
 from rung.checks.models import chat_template
 from rung.checks.rewardmodels import process_reward_models as checked
@@ -73,6 +73,7 @@ def process_reward_models(name: str, params_file: str = str(paths.PARAMS)) -> No
             "train": launch.train(job, prm.launch, out),
             "heldout": heldout.process_reward_model(out, data_dir, params.model.device),
         }
+        learned_reward_tags(out, prm.init)
         finish(f"{SECTION}-{name}", metrics)
         discard(job.work_dir)  # once the records are complete: a rerun for want of MLflow resumes from them
 

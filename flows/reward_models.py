@@ -7,7 +7,7 @@ import sys
 
 from prefect import flow
 
-from flows.stage import finish, main
+from flows.stage import finish, learned_reward_tags, main
 from rung import config, files, paths, tracking
 from rung.checks.models import chat_template
 from rung.checks.rewardmodels import reward_models as checked
@@ -82,6 +82,7 @@ def reward_models(name: str, params_file: str = str(paths.PARAMS)) -> None:
             "train": trained["0"] if rm.ensemble == 1 else trained,
             "heldout": heldout.reward_model(out, data_dir, params.format, key, params.model.device),
         }
+        learned_reward_tags(out, rm.init)
         finish(f"{SECTION}-{name}", metrics)
         for i in range(rm.ensemble):
             discard(paths.WORK / SECTION / name / str(i))  # once the records are complete

@@ -342,6 +342,8 @@ def test_the_stages_flows_write_models_metrics_and_mlflow_runs(
         logged["reward_models@rm"]["reward_models-rm/heldout/pairwise_accuracy"] == out["heldout"]["pairwise_accuracy"]
     )
     assert "process_reward_models-prm/heldout/step_accuracy" in logged["process_reward_models@prm"]
+    tags = {r.info.run_name: r.data.tags for r in runs}
+    assert tags["reward_models@rm"]["rung.model_dir"] == "data/models/reward_models/rm"
 
 
 def test_the_report_shows_each_learned_reward_on_what_it_held_out():
