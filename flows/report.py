@@ -42,6 +42,11 @@ def report(params_file: str = str(paths.PARAMS)) -> str:
             name: rep.rl_summary(s, files.read_json(paths.metrics(f"rl-{name}")))
             for name, s in params.rl.stages.items()
         }
+        learned = {
+            f"{section}/{name}": rep.learned_summary(files.read_json(paths.metrics(f"{section}-{name}")))
+            for section in ("reward_models", "process_reward_models")
+            for name in getattr(params, section)
+        }
         # a DVC output is a function of its declared deps: the commit is on the MLflow runs (git.commit), not here
         settings = {"seed": params.seed, "model": params.model.source}
         boot = params.eval.bootstrap
@@ -56,7 +61,7 @@ def report(params_file: str = str(paths.PARAMS)) -> str:
             if isinstance(m := files.read_json(path), dict)
             for w in health.warnings(path.stem, m)
         ]
-        text = rep.run(evals, curves, rl, settings, compared, warnings)
+        text = rep.run(evals, curves, rl, settings, compared, warnings, learned)
         headline = keys.headline_metrics(evals, compared, inits, comparisons.single_turn_controls(inits, episodic))
         files.write_json(rep.HEADLINE, headline)
         # The comparisons file is the stage's DVC metrics; the same numbers (significance as 0/1) on its MLflow run.

@@ -124,3 +124,10 @@ def record_checkpoint(params: Params, checkpoint: str, trained: bool = False) ->
     )
     if trained and params.tracking.log_models:
         tracking.log_model(model_dir)
+
+
+def learned_reward_tags(model_dir: Path, init: str) -> None:
+    """Tag the active run with the learned reward it trained: its directory, DVC md5 and init checkpoint."""
+    mlflow.set_tags(
+        {"rung.model_dir": model_dir.as_posix(), "rung.model_dvc_md5": dvc_md5(model_dir), "rung.init": init}
+    )

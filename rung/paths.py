@@ -26,6 +26,16 @@ WORK = Path("data/work")  # trainer scratch space (checkpoints in progress); not
 TIMINGS = Path("data/timings")  # each stage's wall time in the last run: records, not DVC outputs (rung.report.timings)
 
 
+def learned_reward(section: str, name: str) -> Path:
+    """Model directory of a learned reward: section 'reward_models' or 'process_reward_models', its name."""
+    return MODELS / section / name
+
+
+def learned_reward_data(section: str, name: str) -> Path:
+    """What a learned reward trains and is held out on (pairs, graded samples, step labels): data/<section>/<name>."""
+    return Path("data") / section / name
+
+
 def checkpoint(name: str) -> Path:
     """Model directory of a checkpoint name: 'base', 'sft' or 'rl/<stage>'."""
     return MODELS / name

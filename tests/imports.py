@@ -85,12 +85,12 @@ def stage_closure(module: str) -> set[str]:
     """A flow's import closure (without the report layer, unless it is the report's flow), plus that
     of each training job's entry module it runs (rung.train.launch imports `job.entry` by name, which
     static imports do not show)."""
-    from rung.train.jobs import RLJob, SFTJob
+    from rung.train.jobs import JOBS
 
     records = module == REPORT_FLOW
     found = closure(module, records)
     source = modules()[module].read_text()
-    for job in (SFTJob, RLJob):
+    for job in JOBS:
         if f"{job.__name__}(" in source:
             found |= closure(job.entry, records)
     return found

@@ -32,8 +32,8 @@ line naming it. `<name>` stands for a name you choose (an RL stage, a reward, a 
 `[]` for an item of a list.
 
 The guides explain how the settings work together: [pipeline](../pipeline.md), [data](../data.md),
-[SFT](../sft.md), [RL](../rl.md), [evaluation](../evaluation.md), [answer formats](../formats.md),
-[GPU nodes](../gpu.md).
+[SFT](../sft.md), [RL](../rl.md), [reward models](../reward_models.md), [evaluation](../evaluation.md),
+[answer formats](../formats.md), [GPU nodes](../gpu.md).
 """
 
 

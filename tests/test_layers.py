@@ -22,6 +22,7 @@ LAYERS = [
     {"rung.generate"},
     {"rung.envs"},
     {"rung.data", "rung.train"},
+    {"rung.rewardmodels"},
     {"rung.eval"},
     {"rung.rl"},
     {"rung.report", "rung.checks"},

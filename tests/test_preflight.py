@@ -367,8 +367,8 @@ def test_a_params_yaml_leaving_stage_params_to_their_defaults_is_refused(tmp_pat
     shutil.copy(ROOT / "recipes" / "code.yaml", tmp_path / "params.yaml")
     res = CliRunner().invoke(app, ["validate", "params.yaml"])
     assert res.exit_code == 2 and res.output.strip().splitlines() == [
-        "error: params.yaml: dvc.yaml's stages read environment, difficulty.buckets, eval.bootstrap, left to rung's "
-        "defaults "
+        "error: params.yaml: dvc.yaml's stages read environment, difficulty.buckets, reward_models, "
+        "process_reward_models, eval.bootstrap, left to rung's defaults "
         "here, and DVC stops at a stage whose params are missing: run it as `rung run params.yaml` (every default "
         "written out), or write these keys out"
     ]
@@ -376,7 +376,9 @@ def test_a_params_yaml_leaving_stage_params_to_their_defaults_is_refused(tmp_pat
     del (data := yaml.safe_load((tmp_path / "params.yaml").read_text()))["rl"]["stages"]["main"]["init"]
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(data))
     with pytest.raises(
-        InputError, match=r"stages read environment, difficulty\.buckets, rl\.stages\.main\.init, eval\.bootstrap, left"
+        InputError,
+        match=r"stages read environment, difficulty\.buckets, rl\.stages\.main\.init, reward_models, "
+        r"process_reward_models, eval\.bootstrap, left",
     ):
         workspace.dvc_params(Path("params.yaml"))
     (tmp_path / "params.yaml").write_text(written(config.load("params.yaml")))

@@ -10,9 +10,9 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from rung.config import FormatParams
 from rung.models import embedded_gguf_path
-from rung.train.jobs import RLJob, SFTJob
+from rung.train.jobs import TrainJob
 
-Job = TypeVar("Job", RLJob, SFTJob)
+Job = TypeVar("Job", bound=TrainJob)
 
 
 def build(out_dir: Path, tokenizer: Path | None = None, **shape: float) -> Path:

@@ -11,7 +11,8 @@ module, and every field is documented once, there:
 - `rl`: rewards, dynamic sampling, presets, an RL stage and the chain of stages;
 - `curricula`: the RL stage's curricula;
 - `eval`: decoding, bootstrap and the eval sets;
-- `envs`: the environment of multi-turn episodes.
+- `envs`: the environment of multi-turn episodes;
+- `rewardmodels`: the learned-reward stages (a reward model, a process reward model).
 
 This module holds `Params`, `parse` / `load` (one-line errors naming the file and the dotted key),
 `read_yaml` and `with_overrides`, and re-exports every section, so `from rung.config import X` works.
@@ -70,6 +71,13 @@ from rung.config.data import (
 )
 from rung.config.envs import BUILTIN_ENVIRONMENTS, EnvironmentParams
 from rung.config.eval import BootstrapParams, EvalParams, SampledEvalParams
+from rung.config.rewardmodels import (
+    STAGE_NAME,
+    PreferenceFile,
+    ProcessRewardModelParams,
+    RewardModelParams,
+    VerifierPairs,
+)
 from rung.config.rl import (
     BUILTIN_REWARDS,
     PRESETS,
@@ -112,7 +120,10 @@ __all__ = [
     "Params",
     "PoolParams",
     "PoolsCurriculum",
+    "PreferenceFile",
+    "ProcessRewardModelParams",
     "ReasoningGymSource",
+    "RewardModelParams",
     "RewardParams",
     "RLParams",
     "RLStageParams",
@@ -128,6 +139,7 @@ __all__ = [
     "ToolTraces",
     "TraceSource",
     "TrackingParams",
+    "VerifierPairs",
     "VllmParams",
     "UniformCurriculum",
     "_TabularSource",
@@ -164,6 +176,12 @@ class Params(Section):
     makes every stage that generates run episodes in this environment: difficulty scoring, SFT traces, the RL
     stages (unless one sets its own) and every evaluation, so that the held-out number measures what was trained
     (rung.envs; docs/environments.md)."""
+    reward_models: dict[str, RewardModelParams] = {}
+    """Reward models by name, each its own stage (`reward_models@<name>`): Bradley-Terry on preference pairs
+    (docs/reward_models.md). None by default: no stage."""
+    process_reward_models: dict[str, ProcessRewardModelParams] = {}
+    """Process reward models by name, each its own stage (`process_reward_models@<name>`): per-step scores
+    trained on Monte-Carlo step labels (docs/reward_models.md). None by default: no stage."""
     eval: EvalParams = EvalParams()
     """The eval stages (`eval_base`, `eval_sft`, `eval_rl@<name>`): decoding, bootstrap and eval sets."""
     tracking: TrackingParams = TrackingParams()
@@ -187,6 +205,14 @@ class Params(Section):
                 f"eval.samples.checkpoints: {sorted(set(sampled) - set(self.checkpoints))} are not checkpoints "
                 f"of this pipeline {self.checkpoints}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _learned_reward_names(self) -> Params:
+        for section in ("reward_models", "process_reward_models"):
+            for name in getattr(self, section):
+                if not re.fullmatch(STAGE_NAME, name):
+                    raise ValueError(f"{section}.{name}: names may use letters, digits, '_' and '-' only")
         return self
 
     @model_validator(mode="after")
@@ -254,16 +280,19 @@ class Params(Section):
 
 
 _SOURCE_TAGS = {"reasoning_gym", "file", "hf", "benchmark"}
+_PAIR_TAGS = {"verifier", "file"}
+
+
+def _is_tag(part: Any, before: Any) -> bool:
+    """Whether a location part is the tag pydantic inserts for a tagged union: a source's, a reward model's pairs'."""
+    return (part in _SOURCE_TAGS and isinstance(before, int)) or (part in _PAIR_TAGS and before == "pairs")
 
 
 def _one_line(err: ValidationError) -> str:
     first = err.errors()[0]
     # Drop the tag pydantic inserts for tagged unions (curate.sources.0.file.path -> ...0.path).
     loc = first["loc"]
-    key = (
-        ".".join(str(p) for i, p in enumerate(loc) if not (p in _SOURCE_TAGS and i and isinstance(loc[i - 1], int)))
-        or "<root>"
-    )
+    key = ".".join(str(p) for i, p in enumerate(loc) if not (i and _is_tag(p, loc[i - 1]))) or "<root>"
     msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         msg = "unknown key"

@@ -58,6 +58,28 @@ def rl_summary(stage: Any, metrics: Mapping[str, float]) -> dict[str, str]:
     }
 
 
+def learned_summary(metrics: Mapping[str, Any]) -> dict[str, str]:
+    """A learned reward's row of the report from its stage's metrics file (reward_models-<name> or
+    process_reward_models-<name>): what was held out, its accuracy there, the chance level, and the AUROC of its
+    score against the verifier's grade (overall, then by difficulty bucket)."""
+    held = metrics["heldout"]
+    if "step_accuracy" in held:  # a process reward model
+        return {
+            "held out": f"{held['steps']:.0f} steps",
+            "accuracy": f"step {tables.pct(held['step_accuracy'])}",
+            "chance": f"{tables.pct(held['majority_accuracy'])} (majority label)",
+            "AUROC": "—",
+        }
+    buckets = ", ".join(f"{b} {v:.2f}" for b, v in held.get("auroc_by_bucket", {}).items())
+    accuracy = held.get("pairwise_accuracy")
+    return {
+        "held out": f"{held['heldout_pairs']} pairs",
+        "accuracy": "—" if accuracy is None else f"pairwise {tables.pct(accuracy)}",
+        "chance": "50%",
+        "AUROC": f"{held['auroc']:.2f}" + (f" ({buckets})" if buckets else "") if "auroc" in held else "—",
+    }
+
+
 def _unscored(stage: Any, metrics: Mapping[str, float]) -> str:
     """Completions each reward's grader crashed on (rung.rl.rewards.Guarded: unscored, not wrong); the
     total alone for a metrics file written before the per-reward counts."""
@@ -139,6 +161,11 @@ EPISODES_NOTE = (
     "states (retry: before any feedback; a tool environment: after the tool results it asked for); tool error "
     "rate per call; cut: stopped at max_turns while the environment would have gone on."
 )
+LEARNED_NOTE = (
+    "Each learned reward on what its stage held out: a reward model's pairwise accuracy (the chosen completion "
+    "scores higher) and AUROC of its score against the verifier's grade, by difficulty bucket; a process reward "
+    "model's step accuracy against its Monte-Carlo labels, beside the majority label's (docs/reward_models.md)."
+)
 TRANSCRIPTS_NOTE = "Whole greedy episodes of the first held-out prompts, for each checkpoint."
 
 
@@ -183,8 +210,10 @@ def markdown(
     compared: Comparisons | None = None,
     warnings: list[str] | None = None,
     shown: list[Episode] | None = None,
+    learned: Mapping[str, Mapping[str, str]] | None = None,
 ) -> str:
-    """A markdown table (checkpoints in pipeline order) plus the settings every number depends on."""
+    """A markdown table (checkpoints in pipeline order) plus the settings every number depends on; the
+    learned rewards' held-out numbers (`learned_summary`) when the experiment trains any."""
     views = {name: tables.headline(m) for name, m in evals.items()}
     first = next(iter(evals.values()))
     n = next(iter(views.values()))["n"]
@@ -209,6 +238,9 @@ def markdown(
             f"avg@{s['n']}: {s['n']} samples per prompt at temperature {s['temperature']}, top_p {s['top_p']}."
         )
     rl_lines = ["", "RL stages:", "", *tables.md_table(*tables.rl_table(rl))] if rl else []
+    learned_lines = (
+        ["", "Learned rewards (held out):", "", *tables.md_table(*_learned_table(learned))] if learned else []
+    )
     paired_lines = ["", paired_markdown(compared).rstrip("\n")] if compared and compared.comparisons else []
     warning_lines = ["", "Warnings (rung.health):", "", *(f"- {w}" for w in warnings)] if warnings else []
     return "\n".join(
@@ -222,10 +254,16 @@ def markdown(
             *episodes_markdown(evals, shown or []),
             *paired_lines,
             *rl_lines,
+            *learned_lines,
             *warning_lines,
             "",
         ]
     )
+
+
+def _learned_table(learned: Mapping[str, Mapping[str, str]]) -> tables.Table:
+    keys = list(next(iter(learned.values())))
+    return ["learned reward", *keys], [[name, *(row[k] for k in keys)] for name, row in learned.items()]
 
 
 def html(
@@ -236,6 +274,7 @@ def html(
     compared: Comparisons | None = None,
     warnings: list[str] | None = None,
     shown: list[Episode] | None = None,
+    learned: Mapping[str, Mapping[str, str]] | None = None,
 ) -> None:
     """The self-contained HTML report (tables and inline SVG plots)."""
     curves = {name: [(int(c["step"]), c["reward"]) for c in points] for name, points in reward_curves.items()}
@@ -254,6 +293,8 @@ def html(
         for name in next(iter(evals.values())).sets
         if (table := tables.episode_table(evals, name))[1]
     ]
+    if learned:
+        extra.append(htmlpage.Extra("learned", "Learned rewards (held out)", *_learned_table(learned), [LEARNED_NOTE]))
     if compared and compared.comparisons:
         greedy, sampled = tables.paired_rows(compared)
         greedy_header, sampled_header = tables.paired_headers(compared)
@@ -311,16 +352,17 @@ def run(
     settings: Mapping[str, Any],
     compared: Comparisons | None = None,
     warnings: list[str] | None = None,
+    learned: Mapping[str, Mapping[str, str]] | None = None,
 ) -> str:
     """The report stage: write the paired comparisons (DVC metrics file), the markdown and the HTML
     report at their layout paths; returns the markdown."""
     if compared is not None:
         files.write_json(COMPARISONS, compared.dump())
     shown = shown_episodes(list(evals))
-    text = markdown(evals, rl, compared, warnings, shown)
+    text = markdown(evals, rl, compared, warnings, shown, learned)
     settings = {**settings, **{f"rl/{name}": "; ".join(row.values()) for name, row in rl.items()}}
     with files.atomic_path(paths.REPORT) as tmp:
         tmp.write_text(text)
     with files.atomic_path(paths.HTML_REPORT) as tmp:
-        html(evals, curves, settings, tmp, compared, warnings, shown)
+        html(evals, curves, settings, tmp, compared, warnings, shown, learned)
     return text

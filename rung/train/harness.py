@@ -25,14 +25,17 @@ from rung.train.checkpoints import FINAL
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
 
 
-def trainable(model_dir: Path, cpu_matmul: str = "default", device: str = "auto") -> PreTrainedModel:
+def trainable(
+    model_dir: Path, cpu_matmul: str = "default", device: str = "auto", auto: Any = AutoModelForCausalLM, **kwargs: Any
+) -> PreTrainedModel:
     """The model a training stage updates, in float32 whatever `model.dtype` says: the trainer's
     weights and AdamW state are the master copy (an update of lr 1e-6-5e-5 rounds away in bf16, whose
     spacing near a weight of 0.02 is 1.2e-4), and bf16 / fp16 is the compute dtype, run by autocast
     (single device, DDP) or the engine's mixed-precision policy (FSDP, DeepSpeed): docs/gpu.md.
     `cpu_matmul` is params `model.cpu_matmul`: 'onednn' runs its CPU fp32 linears on oneDNN; `device`
-    params `model.device`: training on the CPU keeps the memory it frees (keep_freed_memory)."""
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    params `model.device`: training on the CPU keeps the memory it frees (keep_freed_memory). `auto` and
+    `kwargs`: the transformers Auto class and its arguments (a reward model's sequence-classification head)."""
+    model = auto.from_pretrained(model_dir, dtype=torch.float32, **kwargs)
     if cpu_matmul == "onednn":
         onednn.train_on_onednn(model)  # on a GPU, or in bf16 compute, the layers take nn.Linear's path
     if placement.device(device).type == "cpu":  # a GPU node's host would keep the loaded weights' pages
@@ -95,11 +98,12 @@ def common_args(seed: int, work_dir: Path, dtype: str, save_steps: int, device: 
 
 def fit(trainer: Any, resume: str | None, outage_wait: float = 300.0) -> None:
     """trainer.train(), resumed from checkpoint `resume` if given, with each step's update size
-    logged (rung.train.movement) and every log sent to the stage's MLflow run (rung.train.run_log,
+    logged (rung.train.movement; TRL's trainers) and every log sent to the stage's MLflow run (rung.train.run_log,
     which waits up to `outage_wait` seconds at the end for a server that went away). A checkpoint of the
     last step (a job killed while saving or publishing its model, or failed for want of MLflow) is
     loaded rather than trained from: transformers would train one step past max_steps."""
-    trainer.add_callback(movement.UpdateSize(trainer))
+    if trl_seam.has_train_metrics(trainer):  # logged through them; a plain Trainer logs its loss alone
+        trainer.add_callback(movement.UpdateSize(trainer))
     log = None
     if trainer.is_world_process_zero() and importlib.util.find_spec("mlflow"):  # a GPU bench env may lack it
         from rung.train.run_log import RunLog

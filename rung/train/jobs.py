@@ -1,6 +1,7 @@
 """The job a training process runs, typed: one pydantic model per kind, written once as job.json
 (`model_dump_json`) and read once by the kind's entry point (`python -m rung.train.sft JOB.json`,
-`python -m rung.rl.trainers JOB.json`, started on every rank by rung.train.launch) or handed over in-process."""
+`python -m rung.rl.trainers JOB.json`, `python -m rung.rewardmodels.train|process JOB.json`, started on every
+rank by rung.train.launch) or handed over in-process."""
 
 from __future__ import annotations
 
@@ -12,7 +13,15 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from rung.config import EnvironmentParams, FormatParams, RLStageParams, SamplingParams, SFTParams
+from rung.config import (
+    EnvironmentParams,
+    FormatParams,
+    ProcessRewardModelParams,
+    RewardModelParams,
+    RLStageParams,
+    SamplingParams,
+    SFTParams,
+)
 
 RESULT = "result.json"  # written by the main process into the work directory
 
@@ -83,6 +92,26 @@ class RLJob(TrainJob):
         if self.environment is None:  # a single-turn job's fingerprint (and published model) as before episodes
             del out["environment"]
         return out
+
+
+class RewardModelJob(TrainJob):
+    """One member of a reward model's ensemble, on the pairs file `data`."""
+
+    entry: ClassVar[str] = "rung.rewardmodels.train"
+    kind: Literal["reward_model"] = "reward_model"
+    params: RewardModelParams
+
+
+class ProcessRewardModelJob(TrainJob):
+    """A process reward model, on the step-labels file `data`."""
+
+    entry: ClassVar[str] = "rung.rewardmodels.process"
+    kind: Literal["process_reward_model"] = "process_reward_model"
+    params: ProcessRewardModelParams
+
+
+JOBS: tuple[type[TrainJob], ...] = (SFTJob, RLJob, RewardModelJob, ProcessRewardModelJob)
+"""Every kind of job, for whoever maps a flow's imports to the job entry modules it runs."""
 
 
 class JobResult(BaseModel):

@@ -146,6 +146,12 @@ def train_metrics(trainer: Any) -> dict[str, list[float]]:
     return trainer._metrics["train"]
 
 
+def has_train_metrics(trainer: Any) -> bool:
+    """Whether the trainer keeps TRL's per-step metrics (`train_metrics`): TRL's trainers do, transformers'
+    plain Trainer (the process reward model's) does not."""
+    return isinstance(getattr(trainer, "_metrics", None), dict)
+
+
 def load_checkpoint(trainer: Any, checkpoint: str) -> None:
     """Load the weights of `checkpoint` into the trainer's model (transformers' own loader: sharded,
     FSDP, DeepSpeed and peft checkpoints alike), without training state."""
