@@ -7,13 +7,14 @@ import inspect
 import pkgutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from rung.config import RLStageParams
 from rung.errors import InputError
 from rung.objectives import OBJECTIVES, Objective, of_function
+
+if TYPE_CHECKING:  # the preflight (rung validate) resolves objectives without loading torch
+    import torch
 
 
 def resolve(stage: RLStageParams, key: str) -> Objective:
