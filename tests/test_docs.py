@@ -3,6 +3,7 @@ the schema's, the README stays a front door, and what the pages show (YAML, comm
 
 from __future__ import annotations
 
+import ast
 import itertools
 import json
 import os
@@ -227,3 +228,50 @@ def test_cli_help_names_a_guide():
         guides = re.findall(r"docs/[\w/.-]+\.md", command.epilog or "")
         assert guides, f"{name} --help names no guide"
         assert all((ROOT / g).is_file() for g in guides), f"{name} --help: {guides}"
+
+
+ARCHITECTURE = DOCS / "architecture.md"
+MAPPED = ("rung", "flows", "tasks", "bench")  # the code docs/architecture.md maps, module by module
+
+
+def _holds_code(init: Path) -> bool:
+    """A package's __init__.py with anything beyond its docstring (imports, settings, functions)."""
+    body = ast.parse(init.read_text()).body
+    return any(not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)) for n in body)
+
+
+def _modules(root: Path) -> set[str]:
+    files = itertools.chain.from_iterable((root / top).rglob("*.py") for top in MAPPED)
+    return {f.relative_to(root).as_posix() for f in files if f.name != "__init__.py" or _holds_code(f)}
+
+
+def _named_paths(page: Path) -> set[str]:
+    """Every `path` the page shows in code spans under one of the repository's code or docs folders."""
+    spans = re.findall(r"`([^`\s]+)`", _prose(page.read_text()))
+    return {s for s in spans if re.fullmatch(r"(rung|flows|tasks|bench|tests|docs)/[\w./-]*", s)}
+
+
+def _unmapped(root: Path, page: Path) -> tuple[list[str], list[str]]:
+    named = _named_paths(page)
+    missing = sorted(_modules(root) - named)
+    absent = sorted(p for p in named if not (root / p).exists())
+    return missing, absent
+
+
+def test_architecture_names_every_module_and_only_paths_that_exist():
+    missing, absent = _unmapped(ROOT, ARCHITECTURE)
+    assert not missing, f"docs/architecture.md does not name these modules (say what each is for): {missing}"
+    assert not absent, f"docs/architecture.md names paths that do not exist: {absent}"
+
+
+def test_a_new_module_or_a_stale_path_fails_the_map(tmp_path):
+    for top in MAPPED:
+        (tmp_path / top).mkdir()
+    (tmp_path / "rung" / "kept.py").write_text('"""Named."""\n')
+    (tmp_path / "rung" / "new.py").write_text('"""Not named."""\n')
+    (tmp_path / "rung" / "part").mkdir()
+    (tmp_path / "rung" / "part" / "__init__.py").write_text('"""A docstring only: the package row says it."""\n')
+    (tmp_path / "flows" / "__init__.py").write_text('"""Holds code."""\n\nX = 1\n')
+    page = tmp_path / "page.md"
+    page.write_text("`rung/kept.py` and `rung/moved.py`, `rung/part/`\n\n```\n`rung/new.py`\n```\n")
+    assert _unmapped(tmp_path, page) == (["flows/__init__.py", "rung/new.py"], ["rung/moved.py"])
