@@ -8,7 +8,7 @@ in the report, DVC outs whose md5s dvc.lock records, it would break the byte-ide
 README promises and put noise in `dvc metrics diff`; anywhere under data/metrics, the report's dep, it
 would make the report stale after every stage.
 
-A run is the process that began it (`begin`: flows.server.run under `make demo`, `make pipeline` and
+A run is the process that began it (`begin`: flows.with_server.run under `make demo`, `make pipeline` and
 `rung run`, and the pipeline flow) or, under a plain `dvc repro`, that dvc process, marked by the first
 of its stages to end. A stage belongs to the marked run when the run's process is one of its ancestors.
 A plain `dvc repro` that runs nothing marks nothing: the table stays the previous run's.
@@ -70,7 +70,7 @@ def _lineage(proc: psutil.Process) -> set[str]:
 def begin(root: Path = Path("."), proc: psutil.Process | None = None) -> None:
     """Mark the start of a run in workspace `root`: the stages that `proc` (default: this process)
     starts, directly or not, belong to it; it started when `proc` did. Inside a run already marked
-    (the pipeline flow under `make pipeline`'s flows.server), that outer run stays the run."""
+    (the pipeline flow under `make pipeline`'s flows.with_server), that outer run stays the run."""
     proc = proc or psutil.Process()
     marked = _run(root)
     if not marked or marked["run"] not in _lineage(proc):
