@@ -150,7 +150,7 @@ def test_a_real_episode_renders_with_its_tool_call_and_result(generator):  # noq
     from rung.config import EvalParams, FormatParams
     from rung.envs import check
     from rung.eval import evaluate
-    from rung.report import tables
+    from rung.report import episode_tables
 
     row = {"id": "r0", "source": "s", "task": "basic_arithmetic", "prompt": "What is 17 * 23?", "answer": "391"}
     params = EvalParams.model_validate({"sampling": {"temperature": 0.0, "max_new_tokens": 64}})
@@ -158,7 +158,7 @@ def test_a_real_episode_renders_with_its_tool_call_and_result(generator):  # noq
     greedy, _, _ = evaluate.evaluate(
         generator, [row | {"meta": {"difficulty": {}}}], FormatParams(), params, 0, environment=env
     )
-    messages = tables.episode_messages(greedy[0]["samples"][0]["episode"])
+    messages = episode_tables.episode_messages(greedy[0]["samples"][0]["episode"])
     assert [role for role, _ in messages] == ["system", "user", "assistant", "tool", "assistant"]
     assert messages[2][1] == '→ python({"code": "print(17 * 23)"})' and messages[3][1] == "391\n"
     assert "391" in messages[4][1]

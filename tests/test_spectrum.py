@@ -14,7 +14,7 @@ from rung.errors import InputError
 from rung.eval import metrics, paired
 from rung.eval.evaluate import summarize_sampled
 from rung.eval.results import EvalResult, StudyResult
-from rung.report import study, studypage, tables
+from rung.report import study, study_tables, studypage, tables
 from tests.conftest import ROOT
 from tests.records import sampled, study_run
 
@@ -131,7 +131,7 @@ def test_claims_verdict_is_the_test_over_seeds_with_a_margin_for_at_least():
     assert "against a difference of -2 points" in at_least.tests[0].test.procedure.test
     assert at_least.tests[-1].verdict == "reproduced" and at_least.tests[0].verdict == "inside the noise"
     assert at_least.verdict == "inside the noise"
-    md = tables.md_table(*tables.claims_table(result))
+    md = tables.md_table(*study_tables.claims_table(result))
     assert any("one-sample t-test over seeds" in line for line in md)
 
 

@@ -1,6 +1,6 @@
 """The report stage's pages: every evaluated checkpoint side by side, the paired comparisons of
 checkpoints (computed by rung.eval.comparisons) and the RL stages, as markdown and as HTML; the
-tables themselves come from rung.report.tables."""
+tables themselves come from rung.report.tables and rung.report.episode_tables."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 from rung import files, paths
 from rung.answers import formats
 from rung.eval.results import Comparisons, EvalResult
-from rung.report import htmlpage, tables
+from rung.report import episode_tables, htmlpage, tables
 
 # The paired comparisons: a DVC metrics file of the report stage (next to report.md, outside
 # data/metrics, which the stage depends on).
@@ -111,9 +111,9 @@ def paired_markdown(result: Comparisons) -> str:
             "",
             *tables.md_table(sampled_header, sampled),
         ]
-    first_answers = tables.first_answer_rows(result)
+    first_answers = episode_tables.first_answer_rows(result)
     if first_answers:
-        lines += ["", "First answers (episodes):", "", tables.FIRST_ANSWER_NOTE, ""]
+        lines += ["", "First answers (episodes):", "", episode_tables.FIRST_ANSWER_NOTE, ""]
         lines += tables.md_table(greedy_header, first_answers)
     boundary_header, boundary = tables.boundary_table(result)
     if boundary:
@@ -153,7 +153,7 @@ def spectrum_markdown(evals: Mapping[str, EvalResult]) -> list[str]:
 
 
 Episode = tuple[str, list[tuple[str, str]]]
-"""A whole episode as the report shows it: its title and (role, text) messages (tables.episode_messages)."""
+"""A whole episode as the report shows it: its title and (role, text) messages (episode_tables.episode_messages)."""
 
 EPISODES_NOTE = (
     "Greedy episodes of each checkpoint in the environment (rung.eval.episodes): success within t turns is the "
@@ -169,7 +169,7 @@ LEARNED_NOTE = (
 TRANSCRIPTS_NOTE = "Whole greedy episodes of the first held-out prompts, for each checkpoint."
 
 
-def shown_episodes(checkpoints: list[str], count: int = tables.EPISODE_PROMPTS) -> list[Episode]:
+def shown_episodes(checkpoints: list[str], count: int = episode_tables.EPISODE_PROMPTS) -> list[Episode]:
     """The greedy episodes of the first `count` held-out prompts of every checkpoint whose eval records carry
     episodes (data/eval/<ckpt>/test.jsonl), checkpoint by checkpoint; none without episodes."""
     out: list[Episode] = []
@@ -183,7 +183,7 @@ def shown_episodes(checkpoints: list[str], count: int = tables.EPISODE_PROMPTS) 
                 title = f"{checkpoint}, prompt {record['id']}: " + (
                     "right" if record["samples"][0]["correct"] else "wrong"
                 )
-                out.append((title, tables.episode_messages(episode)))
+                out.append((title, episode_tables.episode_messages(episode)))
     return out
 
 
@@ -191,7 +191,7 @@ def episodes_markdown(evals: Mapping[str, EvalResult], shown: list[Episode]) -> 
     """The episode metrics per eval set and the whole episodes shown, each message fenced (its text raw)."""
     lines: list[str] = []
     for name in next(iter(evals.values())).sets:
-        header, rows = tables.episode_table(evals, name)
+        header, rows = episode_tables.episode_table(evals, name)
         if rows:
             lines += ["", f"Episodes on {name}:", "", *tables.md_table(header, rows)]
     if shown:
@@ -291,7 +291,7 @@ def html(
     extra += [
         htmlpage.Extra(f"episodes-{name}", f"Episodes on {name}", *table, [EPISODES_NOTE])
         for name in next(iter(evals.values())).sets
-        if (table := tables.episode_table(evals, name))[1]
+        if (table := episode_tables.episode_table(evals, name))[1]
     ]
     if learned:
         extra.append(htmlpage.Extra("learned", "Learned rewards (held out)", *_learned_table(learned), [LEARNED_NOTE]))
@@ -307,7 +307,7 @@ def html(
                 tables.paired_explanation(compared),
             )
         )
-        first_answers = tables.first_answer_rows(compared)
+        first_answers = episode_tables.first_answer_rows(compared)
         if first_answers:
             extra.append(
                 htmlpage.Extra(
@@ -315,7 +315,7 @@ def html(
                     "Paired comparisons: first answers of the episodes (same prompts)",
                     greedy_header,
                     first_answers,
-                    [tables.FIRST_ANSWER_NOTE],
+                    [episode_tables.FIRST_ANSWER_NOTE],
                 )
             )
         if sampled:

@@ -1,5 +1,5 @@
 """A seed study's page: data/studies/<name>/study.{json,md,html} and its learning curves as SVG,
-rendered from the typed StudyResult of rung.report.study (tables from rung.report.tables, HTML
+rendered from the typed StudyResult of rung.report.study (tables from rung.report.study_tables, HTML
 from rung.report.htmlpage)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 from rung import files
 from rung.eval.results import Band, StudyResult
-from rung.report import htmlpage, tables
+from rung.report import htmlpage, study_tables, tables
 
 STUDIES = Path("data/studies")
 
@@ -30,9 +30,9 @@ def band_note(result: StudyResult) -> str:
 
 
 def markdown(result: StudyResult, settings: Mapping[str, Any]) -> str:
-    arms_header, arms = tables.arm_table(result)
-    tests_header, tests = tables.arms_test_table(result)
-    first, second = tables.study_explanation(result)
+    arms_header, arms = study_tables.arm_table(result)
+    tests_header, tests = study_tables.arms_test_table(result)
+    first, second = study_tables.study_explanation(result)
     lines = [
         f"# Study {result.name}",
         "",
@@ -45,10 +45,10 @@ def markdown(result: StudyResult, settings: Mapping[str, Any]) -> str:
     if tests:
         lines += ["", "## Paired comparisons between arms", "", second, "", *tables.md_table(tests_header, tests)]
     if result.spectrum:
-        spectrum_note, claims_note = tables.spectrum_explanation(result)
+        spectrum_note, claims_note = study_tables.spectrum_explanation(result)
         lines += ["", "## pass@k spectrum", "", spectrum_note]
         for name in result.spectrum:
-            lines += ["", f"On {name}:", "", *tables.md_table(*tables.study_spectrum_table(result, name))]
+            lines += ["", f"On {name}:", "", *tables.md_table(*study_tables.study_spectrum_table(result, name))]
         if result.claims:
             lines += [
                 "",
@@ -58,7 +58,7 @@ def markdown(result: StudyResult, settings: Mapping[str, Any]) -> str:
                 "",
                 band_note(result),
                 "",
-                *tables.md_table(*tables.claims_table(result)),
+                *tables.md_table(*study_tables.claims_table(result)),
             ]
     return "\n".join([*lines, ""])
 
@@ -111,9 +111,9 @@ def plots(result: StudyResult) -> list[htmlpage.Plot]:
 
 
 def html(result: StudyResult, settings: Mapping[str, Any]) -> str:
-    arms_header, arms = tables.arm_table(result)
-    tests_header, tests = tables.arms_test_table(result)
-    first, second = tables.study_explanation(result)
+    arms_header, arms = study_tables.arm_table(result)
+    tests_header, tests = study_tables.arms_test_table(result)
+    first, second = study_tables.study_explanation(result)
     figures = htmlpage.figures(plots(result))
     parts = [htmlpage.extra_table(htmlpage.Extra("arms", "Per arm: mean ± sd over seeds", arms_header, arms, [first]))]
     if tests:
@@ -125,9 +125,9 @@ def html(result: StudyResult, settings: Mapping[str, Any]) -> str:
             )
         )
     if result.spectrum:
-        spectrum_note, claims_note = tables.spectrum_explanation(result)
+        spectrum_note, claims_note = study_tables.spectrum_explanation(result)
         for name in result.spectrum:
-            header, rows = tables.study_spectrum_table(result, name)
+            header, rows = study_tables.study_spectrum_table(result, name)
             parts.append(
                 htmlpage.extra_table(
                     htmlpage.Extra(f"spectrum-{name}", f"pass@k spectrum on {name}", header, rows, [spectrum_note])
@@ -136,7 +136,9 @@ def html(result: StudyResult, settings: Mapping[str, Any]) -> str:
         if result.claims:
             parts.append(
                 htmlpage.extra_table(
-                    htmlpage.Extra("claims", "Claims", *tables.claims_table(result), [claims_note, band_note(result)])
+                    htmlpage.Extra(
+                        "claims", "Claims", *study_tables.claims_table(result), [claims_note, band_note(result)]
+                    )
                 )
             )
     parts.append(htmlpage.settings_table(settings))
