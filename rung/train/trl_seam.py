@@ -227,6 +227,18 @@ class Seam:
     pending_rewards: torch.Tensor | None = None
     """The rewards of the generation batch TRL is making, from `_calculate_rewards` to `scored_generation_batch`."""
 
+    # The TRL trainer's own attributes the seam reads (declared for type checkers; TRL sets them)
+    model: Any
+    state: Any
+    args: Any
+    accelerator: Any
+    processing_class: Any
+    vllm_generation: Any
+    num_generations: int
+    reward_func_names: list[str]
+    _metrics: dict[str, defaultdict[str, list[float]]]
+    _logs: dict[str, Any]
+
     def __init__(
         self,
         *args: Any,
@@ -301,7 +313,7 @@ class Seam:
         rewards, self.pending_rewards = self.pending_rewards, None
         if rewards is None:
             raise RuntimeError("TRL generated a batch without scoring it through _calculate_rewards")
-        return Generated(batch, rewards, self.accelerator.gather(batch["advantages"]))  # type: ignore[attr-defined]
+        return Generated(batch, rewards, self.accelerator.gather(batch["advantages"]))
 
     def objective_generation_batch(self, inputs: list[dict[str, Any]]) -> Generated:
         """`scored_generation_batch`, the batch's advantages (and the completions table's) the advantage
