@@ -1,7 +1,7 @@
 """RL stages with TRL's GRPOTrainer or RLOOTrainer on verifiable rewards: the trainer classes (TRL's
-through rung.train.trl_seam, with shared-prefix rollouts mixed in) given their parts (batch source with its
-reward log, advantages, metrics sink), their arguments from params, the held-out accuracy callback, and the job entry point
-(`python -m rung.rl.trainers`)."""
+through rung.train.trl_seam, with shared-prefix rollouts mixed in) given their parts (a batch source with
+its reward log, the objective's advantages, a metrics sink), their arguments from params, the held-out
+accuracy callback, and the job entry point (`python -m rung.rl.trainers`)."""
 
 from __future__ import annotations
 

@@ -5,10 +5,10 @@ listed here against the installed TRL on the tiny model; rung.compat refuses unt
 
 rung's logic (rung.rl.sampling, rung.rl.reward_logs, rung.rl.rollouts, rung.train.harness,
 rung.train.movement) uses the public hooks and accessors below. Each override here is thin: it calls one
-hook, whose default is TRL's own behaviour or that of a part the trainer is given (`Seam.__init__`: a batch
-source, an advantage function, a metrics sink; called with values, they read nothing of the trainer), so
-rung changes what it changes and nothing else. It lives in rung.train (not rung.rl) because the SFT stage's harness
-shares two of the accesses.
+hook, whose default is TRL's own behaviour or that of a part the trainer is given (`Seam.__init__`: a
+batch source, an advantage function, a metrics sink; called with values, they read nothing of the
+trainer), so rung changes what it changes and nothing else. It lives in rung.train (not rung.rl) because
+the SFT stage's harness shares two of the accesses.
 
 Private methods overridden (OVERRIDDEN: the leading parameters relied on; the rest pass through):
 - `_generate_and_score_completions(inputs) -> dict`: hook `generation_batch`; TRL's is
@@ -53,11 +53,13 @@ Return shapes relied on (tests/test_trl_seam.py checks each, on both trainers):
   whole groups; rung's `generation_batch` keeps the batch's size and draws its prompts anew.
 - `_compute_loss(model, inputs)`: a scalar from such a dict, the same from `concat_groups` of its groups.
 
-Public but undocumented trainer attributes rung's mixins read: `num_generations`, `reward_funcs`,
-`reward_func_names`, `reward_weights`, `temperature`, `top_p`, `top_k`, `min_p`,
+Public but undocumented trainer attributes rung reads: `num_generations`, `reward_funcs`,
+`reward_func_names`, `temperature`, `top_p`, `top_k`, `min_p`,
 `repetition_penalty`, `max_completion_length`, `eos_token_ids`, `use_vllm`,
 `use_transformers_continuous_batching` and `tools` (GRPO only), `model_wrapped`; and
-`trl.models.unwrap_model_for_generation`. TRL's utils rung uses come from here: `nanstd`, `pad`.
+`trl.models.unwrap_model_for_generation`. TRL's utils rung uses come from here: `nanstd`, `pad`. rung's
+batch source is given the reward functions' names and weights as rung hands them to TRL, which are TRL's
+`reward_func_names` (a callable's `__name__`) and `reward_weights`.
 
 Multi-turn episodes (EPISODE_HOOKS; nothing of them is overridden: rung's RL stages train episodes through
 GRPOTrainer's public `rollout_func`, rung.rl.episodes, whose `env_mask` TRL takes as its `tool_mask`).
