@@ -13,7 +13,6 @@ from statistics import mean
 from typing import Any
 
 import torch
-from accelerate import PartialState
 from datasets import Dataset
 from transformers import AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, RLOOConfig
@@ -228,21 +227,21 @@ def trainer_for(job: RLJob, callbacks: list[Any] | None = None) -> GRPO | RLOO:
         [r.get("bucket", "unknown") for r in rows],
         metrics,
     )
-    processes = PartialState()  # the trainer's accelerator's
+    args = trl_config(stage, weights, job.seed, job.work_dir, job.dtype, job.key, job.device, max_turns)
     batch_source = BatchSource(
         curricula.build(rows, stage.curriculum, buckets=job.buckets, max_steps=stage.max_steps, seed=job.seed),
         dataset,
         stage.dynamic_sampling,
         stage.num_generations,
-        processes.num_processes,
-        processes.process_index,
+        args.world_size,
+        args.process_index,
         funcs,
         log,
     )
     trainer = cls(
         model=model,
         reward_funcs=funcs,
-        args=trl_config(stage, weights, job.seed, job.work_dir, job.dtype, job.key, job.device, max_turns),
+        args=args,
         train_dataset=dataset,
         processing_class=tok,
         peft_config=peft_config(stage.lora),
