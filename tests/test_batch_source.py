@@ -13,7 +13,7 @@ from rung.rl import curricula
 from rung.rl.reward_logs import RewardLog
 from rung.rl.rewards import Guarded
 from rung.rl.sampling import BatchSource
-from rung.train.trl_seam import Generated
+from rung.train.parts import Generated
 from tests.rows import sums
 
 G = 2

@@ -24,12 +24,13 @@ from rung.rl import curricula
 from rung.rl.reward_logs import RewardLog
 from rung.rl.rewards import Guarded
 from rung.train.checkpoints import CURRICULUM_STATE
-from rung.train.trl_seam import Concat, Generate, Generated, nanstd
+from rung.train.parts import Concat, Generate, Generated
+from rung.train.trl_seam import nanstd
 
 
 class BatchSource:
     """Prompt selection by a rung.rl.curricula scheduler and DAPO dynamic sampling for a TRL
-    GRPO-family trainer (rung.train.trl_seam's `Batches`).
+    GRPO-family trainer (rung.train.parts' `Batches`).
 
     TRL's sampler still paces the steps, but each generation batch's prompts are drawn from the
     curriculum at the moment it is generated (no prefetch lag). All processes draw the same global
