@@ -129,7 +129,7 @@ def test_logs_and_curricula_see_the_same_under_every_objective(tiny_model, tmp_p
         trainer.model.train()
         batch = trainer._generate_and_score_completions([trainer.train_dataset[0]] * 16)
         assert list(trainer._logs["advantages"]) == batch["advantages"].tolist()
-        values[objective] = dict(trainer.curriculum.value)
+        values[objective] = dict(trainer.batch_source.curriculum.value)
     assert any(values["psr"].values())  # some arm had a group with both grades
     assert values["psr"] == values["nsr"] == values["group_relative"]
 

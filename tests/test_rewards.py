@@ -236,4 +236,4 @@ def test_groups_no_grader_scored_leave_the_curriculum_alone(tiny_model, tmp_path
     trainer.model.train()
     batch = trainer._generate_and_score_completions([trainer.train_dataset[0]] * 4)
     assert (batch["advantages"] == 0).all() and trainer.reward_funcs[0].errors == 4
-    assert not any(math.isnan(r) for r in trainer.curriculum.rate)
+    assert not any(math.isnan(r) for r in trainer.batch_source.curriculum.rate)

@@ -167,6 +167,13 @@ def _trl(trainer) -> type:
     return GRPOTrainer if isinstance(trainer, GRPOTrainer) else RLOOTrainer
 
 
+def test_the_batch_sources_reward_names_and_weights_are_trls(trainer):
+    """rung builds its reward log from what it hands TRL: TRL must name and weigh the functions alike."""
+    log = trainer.batch_source.log
+    assert log.names == trainer.reward_func_names == ["parity", "none"]
+    assert torch.equal(log.weights, trainer.reward_weights)
+
+
 def test_the_sampler_yields_whole_groups_of_a_generation_batch(trainer):
     g, args = trainer.num_generations, trainer.args
     indices = list(islice(iter(trainer._get_train_sampler(trainer.train_dataset)), 4 * g))

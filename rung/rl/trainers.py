@@ -1,12 +1,13 @@
 """RL stages with TRL's GRPOTrainer or RLOOTrainer on verifiable rewards: the trainer classes (TRL's
-through rung.train.trl_seam, with rung's curriculum sampling, reward logs and shared-prefix rollouts
-mixed in), their arguments from params, the held-out accuracy callback, and the job entry point
-(`python -m rung.rl.trainers`)."""
+through rung.train.trl_seam, with shared-prefix rollouts mixed in) given their parts (a batch source with
+its reward log, the objective's advantages, a metrics sink), their arguments from params, the held-out
+accuracy callback, and the job entry point (`python -m rung.rl.trainers`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+from collections import defaultdict
 from pathlib import Path
 from statistics import mean
 from typing import Any
@@ -27,9 +28,9 @@ from rung.generate.api import generate
 from rung.generate.completion import encode
 from rung.rl import curricula, episodes, rewards, vllm_rollouts
 from rung.rl.advantages import Advantages
-from rung.rl.reward_logs import RewardLogs
+from rung.rl.reward_logs import RewardLog
 from rung.rl.rollouts import Rollouts
-from rung.rl.sampling import CurriculumSampling
+from rung.rl.sampling import BatchSource
 from rung.train.harness import common_args, finalize, fit, peft_config, train_loss, trainable
 from rung.train.jobs import JobResult, RLJob, main
 from rung.train.trl_seam import GRPOSeam, RLOOSeam, train_metrics
@@ -111,12 +112,11 @@ def trl_config(
     )
 
 
-class GRPO(CurriculumSampling, RewardLogs, Rollouts, GRPOSeam):
-    """TRL's GRPOTrainer with rung's prompt selection, reward logs and rollouts; TRL's arguments plus
-    CurriculumSampling's (curriculum, rows, dynamic_sampling, advantages)."""
+class GRPO(Rollouts, GRPOSeam):
+    """TRL's GRPOTrainer with rung's rollouts, and the seam's parts (batch source, advantages, metrics sink)."""
 
 
-class RLOO(CurriculumSampling, RewardLogs, Rollouts, RLOOSeam):
+class RLOO(Rollouts, RLOOSeam):
     """TRL's RLOOTrainer, as GRPO."""
 
 
@@ -220,20 +220,35 @@ def trainer_for(job: RLJob, callbacks: list[Any] | None = None) -> GRPO | RLOO:
         max_turns = environment.spec.max_turns
         episodic = {"rollout_func": episodes.rollouts(environment, job.format, dataset.to_list(), stage)}
     cls = RLOO if stage.algorithm == "rloo" else GRPO
+    metrics: defaultdict[str, list[float]] = defaultdict(list)  # the step's, which TRL logs (rung.train.trl_seam)
+    log = RewardLog(
+        [f.__name__ for f in funcs],
+        torch.tensor(weights, dtype=torch.float32),
+        [r.get("bucket", "unknown") for r in rows],
+        metrics,
+    )
+    args = trl_config(stage, weights, job.seed, job.work_dir, job.dtype, job.key, job.device, max_turns)
+    batch_source = BatchSource(
+        curricula.build(rows, stage.curriculum, buckets=job.buckets, max_steps=stage.max_steps, seed=job.seed),
+        dataset,
+        stage.dynamic_sampling,
+        stage.num_generations,
+        args.world_size,
+        args.process_index,
+        funcs,
+        log,
+    )
     trainer = cls(
         model=model,
         reward_funcs=funcs,
-        args=trl_config(stage, weights, job.seed, job.work_dir, job.dtype, job.key, job.device, max_turns),
+        args=args,
         train_dataset=dataset,
         processing_class=tok,
         peft_config=peft_config(stage.lora),
         callbacks=[*job.trainer_callbacks(), *(callbacks or [])],
-        curriculum=curricula.build(
-            rows, stage.curriculum, buckets=job.buckets, max_steps=stage.max_steps, seed=job.seed
-        ),
-        rows=rows,
-        dynamic_sampling=stage.dynamic_sampling,
+        batch_source=batch_source,
         advantages=Advantages.of(stage, job.key),
+        metrics=metrics,
         **episodic,
     )
     if stage.eval_every is not None and job.heldout is not None:

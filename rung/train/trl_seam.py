@@ -5,9 +5,10 @@ listed here against the installed TRL on the tiny model; rung.compat refuses unt
 
 rung's logic (rung.rl.sampling, rung.rl.reward_logs, rung.rl.rollouts, rung.train.harness,
 rung.train.movement) uses the public hooks and accessors below. Each override here is thin: it calls one
-hook, whose default is TRL's own behaviour, so a mixin in front of `GRPOSeam` / `RLOOSeam` changes what
-rung changes and nothing else. It lives in rung.train (not rung.rl) because the SFT stage's harness
-shares two of the accesses.
+hook, whose default is TRL's own behaviour or that of a part the trainer is given (`Seam.__init__`: a
+batch source, an advantage function, a metrics sink; called with values, they read nothing of the
+trainer), so rung changes what it changes and nothing else. It lives in rung.train (not rung.rl) because
+the SFT stage's harness shares two of the accesses.
 
 Private methods overridden (OVERRIDDEN: the leading parameters relied on; the rest pass through):
 - `_generate_and_score_completions(inputs) -> dict`: hook `generation_batch`; TRL's is
@@ -52,11 +53,13 @@ Return shapes relied on (tests/test_trl_seam.py checks each, on both trainers):
   whole groups; rung's `generation_batch` keeps the batch's size and draws its prompts anew.
 - `_compute_loss(model, inputs)`: a scalar from such a dict, the same from `concat_groups` of its groups.
 
-Public but undocumented trainer attributes rung's mixins read: `num_generations`, `reward_funcs`,
-`reward_func_names`, `reward_weights`, `temperature`, `top_p`, `top_k`, `min_p`,
+Public but undocumented trainer attributes rung reads: `num_generations`, `reward_funcs`,
+`reward_func_names`, `temperature`, `top_p`, `top_k`, `min_p`,
 `repetition_penalty`, `max_completion_length`, `eos_token_ids`, `use_vllm`,
 `use_transformers_continuous_batching` and `tools` (GRPO only), `model_wrapped`; and
-`trl.models.unwrap_model_for_generation`. TRL's utils rung uses come from here: `nanstd`, `pad`.
+`trl.models.unwrap_model_for_generation`. TRL's utils rung uses come from here: `nanstd`, `pad`. rung's
+batch source is given the reward functions' names and weights as rung hands them to TRL, which are TRL's
+`reward_func_names` (a callable's `__name__`) and `reward_weights`.
 
 Multi-turn episodes (EPISODE_HOOKS; nothing of them is overridden: rung's RL stages train episodes through
 GRPOTrainer's public `rollout_func`, rung.rl.episodes, whose `env_mask` TRL takes as its `tool_mask`).
@@ -74,8 +77,8 @@ on a TRL upgrade, since `rollout_func`'s contract with them (tool_mask into the 
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +88,7 @@ from trl.trainer.utils import nanstd as nanstd  # for rung's modules (module doc
 from trl.trainer.utils import pad
 
 from rung.train.checkpoints import generation_state
+from rung.train.parts import AdvantageFn, Batches, Generated
 
 OVERRIDDEN: dict[str, list[str]] = {
     "_generate_and_score_completions": ["self", "inputs"],
@@ -178,39 +182,59 @@ def generation_and_scoring(trainer: Any, inputs: list[dict[str, Any]]) -> dict[s
     return trainer._generate_and_score_completions(inputs)
 
 
-@dataclass(frozen=True)
-class Generated:
-    """A generation batch as TRL made it, with the rewards and advantages of every process's rows."""
-
-    batch: dict[str, Any]
-    """This process's rows, as `_generate_and_score_completions` returns them (module docstring)."""
-    rewards: torch.Tensor
-    """(rows of all processes, reward functions), as the `scored` hook returned them to TRL."""
-    advantages: torch.Tensor
-    """(rows of all processes,) TRL's advantages of them."""
-
-
 class Seam:
-    """Mixin of a TRL GRPO-family trainer (GRPOSeam, RLOOSeam): hooks whose defaults are TRL's behaviour
-    for rung's mixins to override, TRL's own steps for them to call, and the private overrides that call
-    the hooks."""
+    """Mixin of a TRL GRPO-family trainer (GRPOSeam, RLOOSeam): the parts it is given (a batch source, an
+    advantage function, a metrics sink), hooks whose defaults are TRL's behaviour or the parts', TRL's own
+    steps for them to call, and the private overrides that call the hooks."""
 
     ROLLOUT_LOGPROBS: bool
     """Whether the trainer's `_generate_single_turn` returns (completion ids, logprobs) or the ids alone."""
     pending_rewards: torch.Tensor | None = None
     """The rewards of the generation batch TRL is making, from `_calculate_rewards` to `scored_generation_batch`."""
 
-    # Hooks: TRL's behaviour unless a mixin in front overrides them.
+    # The TRL trainer's own attributes the seam reads (declared for type checkers; TRL sets them)
+    model: Any
+    state: Any
+    args: Any
+    accelerator: Any
+    processing_class: Any
+    vllm_generation: Any
+    num_generations: int
+    reward_func_names: list[str]
+    _metrics: dict[str, defaultdict[str, list[float]]]
+    _logs: dict[str, Any]
+
+    def __init__(
+        self,
+        *args: Any,
+        batch_source: Batches | None = None,
+        advantages: AdvantageFn | None = None,
+        metrics: defaultdict[str, list[float]] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """TRL's trainer arguments, plus the parts: `batch_source` (None: TRL's sampler's batches), the
+        `advantages` trained with (None: TRL's), and `metrics`, the sink the parts log a step's metrics into,
+        which becomes TRL's (`train_metrics`)."""
+        super().__init__(*args, **kwargs)
+        self.batch_source, self.advantages = batch_source, advantages
+        if metrics is not None:
+            self._metrics["train"] = metrics
+
+    # Hooks: TRL's behaviour, or the parts', unless a mixin in front overrides them.
 
     def generation_batch(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         """The batch a generation step trains on, for TRL's generation batch `inputs` (module
-        docstring: `_generate_and_score_completions`)."""
-        return self.trl_generation_batch(inputs)
+        docstring: `_generate_and_score_completions`): the batch source's in training."""
+        if self.batch_source is None or not self.model.training:
+            return self.trl_generation_batch(inputs)
+        return self.batch_source.batch(
+            len(inputs), self.state.global_step, self.objective_generation_batch, self.concat_groups
+        )
 
     def scored(self, rewards: torch.Tensor, prompts: list[Any]) -> torch.Tensor:
         """The rewards TRL's advantages are computed from, given TRL's: (rows of all processes, reward
         functions), for this process's `prompts`."""
-        return rewards
+        return rewards if self.batch_source is None else self.batch_source.scored(rewards, len(prompts))
 
     def rollout(self, prompt_ids: list[list[int]], images: Any, multimodal_fields: Any) -> list[list[int]] | None:
         """Completion ids for `prompt_ids` (TRL repeats each prompt for its group), or None for TRL's own
@@ -233,9 +257,13 @@ class Seam:
 
     def save_rung_state(self, checkpoint: Path) -> None:
         """Write rung's state into `checkpoint` (every process calls it) before TRL writes its own."""
+        if self.batch_source is not None:
+            self.batch_source.save(checkpoint, self.args.should_save)
 
     def load_rung_state(self, checkpoint: Path) -> None:
         """Restore rung's state from `checkpoint` after TRL restored its optimizer and scheduler."""
+        if self.batch_source is not None:
+            self.batch_source.load(checkpoint)
 
     # TRL's own steps, for the hooks.
 
@@ -250,7 +278,24 @@ class Seam:
         rewards, self.pending_rewards = self.pending_rewards, None
         if rewards is None:
             raise RuntimeError("TRL generated a batch without scoring it through _calculate_rewards")
-        return Generated(batch, rewards, self.accelerator.gather(batch["advantages"]))  # type: ignore[attr-defined]
+        return Generated(batch, rewards, self.accelerator.gather(batch["advantages"]))
+
+    def objective_generation_batch(self, inputs: list[dict[str, Any]]) -> Generated:
+        """`scored_generation_batch`, the batch's advantages (and the completions table's) the advantage
+        part's; `Generated.advantages` stays TRL's (the curricula's learnability signal, rung.rl.sampling)."""
+        generated = self.scored_generation_batch(inputs)
+        if self.advantages is None:
+            return generated
+        out = generated.batch
+        advantages = self.advantages(
+            generated.rewards, self.reward_func_names, generated.advantages, self.num_generations
+        )
+        local = len(out["advantages"])  # TRL's slice of the gathered batch for this process
+        start = self.accelerator.process_index * local
+        out["advantages"] = advantages[start : start + local].to(out["advantages"].device)
+        # TRL logged its own (gathered) advantages for the completions table: log those trained with
+        self.relog_advantages(advantages.tolist())
+        return generated
 
     @staticmethod
     def fused_logps(model: Any, **inputs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
