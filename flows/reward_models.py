@@ -4,6 +4,7 @@ reward models of an ensemble trained on them with TRL's RewardTrainer, and their
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from prefect import flow
 
@@ -43,7 +44,8 @@ def reward_models(name: str, params_file: str = str(paths.PARAMS)) -> None:
         SECTION: {name: rm.model_dump()},
         "format": params.format.model_dump(),
     }
-    source = paths.FILTERED if not isinstance(rm.pairs, PreferenceFile) else rm.pairs.path
+    # a preference file's md5 is tagged where it is local (a hub id is no path: skipped)
+    source = Path(rm.pairs.path) if isinstance(rm.pairs, PreferenceFile) else paths.FILTERED
     with tracking.stage_run(
         f"{SECTION}@{name}", params, logged, inputs={"model": init, "train": source}, resumable=True
     ):
@@ -57,10 +59,10 @@ def reward_models(name: str, params_file: str = str(paths.PARAMS)) -> None:
                 gen.close()
             del gen  # its memory, before training
             made = pairs.from_samples(graded, rm.pairs, rm.heldout_fraction, seed, f"{key}.pairs")
-        train, held, graded, stats = made
+        train, held, held_graded, stats = made
         if not train:
             raise InputError(f"{key}.pairs: no pair to train on ({stats}); sample more per prompt or from more prompts")
-        heldout.write(data_dir, train, held, graded)
+        heldout.write(data_dir, train, held, held_graded)
         trained = {}
         for i in range(rm.ensemble):
             job = RewardModelJob(

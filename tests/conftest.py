@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import fcntl
+import importlib
 import os
 import socket
 import subprocess
@@ -164,6 +165,14 @@ def default_params() -> dict:
     import yaml
 
     return yaml.safe_load((ROOT / "params.yaml").read_text())
+
+
+def forget(package: str) -> None:
+    """Drop `package` and its submodules from sys.modules (and the finders' caches): tests that write a package of
+    the same name (mypkg) in their own temp dirs must import their own, whichever ran first in this process."""
+    for name in [m for m in sys.modules if m == package or m.startswith(f"{package}.")]:
+        del sys.modules[name]
+    importlib.invalidate_caches()
 
 
 def free_port() -> int:

@@ -20,6 +20,7 @@ import yaml
 from rung import config
 from rung.config.base import Section
 from tests import params_reference
+from tests.conftest import forget
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -141,6 +142,7 @@ def test_environments_the_docs_show_validate(default_params, tmp_path, monkeypat
     (tmp_path / "mypkg" / "__init__.py").write_text("")
     (tmp_path / "mypkg" / "calc.py").write_text(calc)
     monkeypatch.syspath_prepend(str(tmp_path))
+    forget("mypkg")  # another test's mypkg may be imported already
     shown = [data["environment"] for _, data in _params_blocks() if "environment" in data]
     shown += [yaml.safe_load(v) for page in PAGES for v in re.findall(r"`environment: ([^`]+)`", page.read_text())]
     assert len(shown) >= 5 and "python" in shown and False in shown  # blocks, the short form, the opt-out

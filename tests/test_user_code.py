@@ -20,7 +20,7 @@ from flows.run import copy_project, prepare, written
 from rung import config
 from rung.checks import usercode
 from rung.errors import InputError
-from tests.conftest import ROOT
+from tests.conftest import ROOT, forget
 
 CALC = '''
 class Calculator:
@@ -69,10 +69,10 @@ def project(tmp_path, monkeypatch, default_params):
     subprocess.run(["git", "init", "-q"], cwd=root, check=True)
     monkeypatch.chdir(root)
     monkeypatch.syspath_prepend(str(root))
+    forget("mypkg")
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(_params(default_params, "mypkg"), sort_keys=False))
     yield root
-    for name in [m for m in sys.modules if m == "mypkg" or m.startswith("mypkg.")]:
-        del sys.modules[name]
+    forget("mypkg")
 
 
 def _deps(repo: Repo) -> dict[str, set[str]]:
