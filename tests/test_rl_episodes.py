@@ -1,6 +1,6 @@
 """RL stages on episodes (issue #47): an RL stage whose params name an environment trains episodes from rung's
-episode loop (rung.envs.loop.rollout_func inside rung's GRPO trainer: curriculum, reward logs and rung's
-shared-prefix log-probs over TRL's GRPOTrainer; rung.rl.episodes).
+episode loop (rung.rl.episodes.Episodes as TRL's rollout_func inside rung's GRPO trainer: curriculum, reward logs
+and rung's shared-prefix log-probs over TRL's GRPOTrainer; rung.rl.episodes).
 
 On the tiny model memorized to call python(print(17 * 23)) and answer 391 (tests.test_envs), with the real
 sandbox: a stage with the retry and one with the python environment train (nonzero loss, weights moved), log the
@@ -191,7 +191,7 @@ def test_a_resumed_stage_generates_the_episodes_of_an_unkilled_one(memorized, tm
 
 def _loss_gradient(trainer: trainers.GRPO, batch: dict) -> torch.Tensor:
     """d loss / d log-prob of each completion token, (rows, completion length), for TRL's GRPO loss on `batch`,
-    through rung's shared-prefix log-probs (rung.rl.rollouts.Rollouts.token_logps, the trainer's hook)."""
+    through rung's shared-prefix log-probs (rung.rl.logprobs, through the trainer's hook `token_logps`)."""
     logps: list[torch.Tensor] = []
     token_logps = trainer.token_logps
 

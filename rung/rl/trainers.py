@@ -218,7 +218,7 @@ def trainer_for(job: RLJob, callbacks: list[Any] | None = None) -> GRPO | RLOO:
         environment = envs.check(job.environment, tok, key)
         funcs, weights = episodes.rewards(stage, job.format, environment, f"{job.key}.rewards")
         max_turns = environment.spec.max_turns
-        episodic = {"rollout_func": episodes.rollouts(environment, job.format, dataset.to_list(), stage)}
+        episodic = {"rollout_func": episodes.rollouts(environment, job.format, dataset.to_list(), stage, job.key)}
     cls = RLOO if stage.algorithm == "rloo" else GRPO
     trainer = cls(
         model=model,
@@ -234,6 +234,7 @@ def trainer_for(job: RLJob, callbacks: list[Any] | None = None) -> GRPO | RLOO:
         rows=rows,
         dynamic_sampling=stage.dynamic_sampling,
         advantages=Advantages.of(stage, job.key),
+        key=job.key,
         **episodic,
     )
     if stage.eval_every is not None and job.heldout is not None:
