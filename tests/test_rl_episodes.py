@@ -22,6 +22,7 @@ from transformers import AutoTokenizer
 from rung import config, files, models
 from rung.config import DifficultyParams, FormatParams, RLStageParams
 from rung.envs import template
+from rung.errors import InputError
 from rung.report import health
 from rung.rl import episodes, trainers
 from rung.train.jobs import RLJob
@@ -281,3 +282,12 @@ def test_params_refuse_what_episodes_cannot_sample(default_params, stage, expect
     data.pop("environment")  # single-turn stages keep them
     if "use_vllm" not in stage:  # (vLLM needs CUDA, checked apart)
         config.parse(data)
+
+
+def test_the_trainer_refuses_at_stage_start_what_episodes_cannot_sample(tiny_model, tmp_path):
+    """The params check's second line (rung.rl.engine), for a job built without it: one line naming the key, as
+    the trainer is made, before any rollout."""
+    job = _job(tiny_model, tmp_path / "w", {"name": "retry"}, trl={"top_k": 20})
+    lacks = r"^rl\.stages\.main: episodes are sampled by rung's decode loop, which lacks \['top_k'\]$"
+    with pytest.raises(InputError, match=lacks):
+        trainers.trainer_for(job)

@@ -185,7 +185,8 @@ def env_turn_ids(tok: PreTrainedTokenizerBase, messages: list[dict[str, Any]]) -
     """The ids of `messages` (tool results, or a user reply) appended after an assistant turn that ended with
     the end-of-turn token, through the next assistant header, their text tokenized as plain text
     (rung.envs.template.render_ids: a tool's output cannot forge a turn). TRL's `_get_tool_suffix_ids` (a
-    trainer method, hence rewritten here) generalized to a user reply: the template rendered after a dummy
+    trainer method, hence rewritten here; equal to it on ordinary text, tests/test_tool_loop_contract.py)
+    generalized to a user reply: the template rendered after a dummy
     exchange with and without them; raises if the template is not prefix-preserving (token concatenation
     would then train on ids the template never renders)."""
     if messages[0]["role"] == "tool":

@@ -71,6 +71,9 @@ tokens) that `_compute_loss` multiplies into the completion mask. rung does not 
 episode loop (rung.envs.loop) is GRPOTrainer's public `rollout_func`, which replaces `_generate` whole and
 returns prompt_ids, completion_ids and `env_mask` (TRL's `tool_mask`); the methods are listed to be watched
 on a TRL upgrade, since `rollout_func`'s contract with them (tool_mask into the loss) is what episodes rely on.
+rung.envs.loop copies their behaviour (tool calls run and failures reported as `_tool_call_loop` does, env turns
+rendered as `_get_tool_suffix_ids` renders them); tests/test_tool_loop_contract.py runs both on the same scripted
+turns.
 """
 
 from __future__ import annotations
