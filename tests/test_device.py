@@ -64,7 +64,7 @@ def test_rollouts_and_shared_prefix_log_probs_on_the_models_device(tiny_model, t
         tok(p, add_special_tokens=False)["input_ids"] for p in _prompts(tok, 2) for _ in range(2)
     ]  # TRL repeats each prompt per group
     want, _ = trainer._generate_single_turn(ids, None, None)
-    trainer._rollout_calls = (-1, 0)  # the same call of the same step again: the same seed
+    trainer.rollouts.calls = (-1, 0)  # the same call of the same step again: the same seed
     with torch.device("meta"):
         got, _ = trainer._generate_single_turn(ids, None, None)
     assert got == want and len(got) == 4

@@ -1,6 +1,7 @@
 """rung's episode loop (rung.envs.loop) and the episode metrics (rung.eval.episodes): retry and python episodes
 (the real sandbox), token-level concatenation and the environment mask, max_turns and the token budget, seeded
-reproducibility on the real generator, and `rollout_func` inside a real TRL GRPOTrainer step.
+reproducibility on the real generator, and rung's `rollout_func` (rung.rl.episodes.Episodes) inside a real TRL
+GRPOTrainer step.
 
 The loop's control flow runs on a scripted Sample (the turns a test needs, exactly); the generator, seeding and
 TRL tests run rung's real generator on the tiny model, trained in a few seconds to call the python tool
@@ -21,11 +22,12 @@ from transformers import AutoTokenizer
 from rung import files
 from rung.config import FormatParams, SamplingParams
 from rung.envs import Python, check, template
-from rung.envs.loop import EpisodeReward, env_turn_ids, per_row, rollout_func, run, sampler
+from rung.envs.loop import EpisodeReward, env_turn_ids, per_row, run, sampler
 from rung.envs.trajectory import Trajectory
 from rung.errors import InputError
 from rung.eval.episodes import metrics, solved_at
 from rung.generate import api
+from rung.rl.episodes import Episodes
 from tests.test_envs import ROW, _memorize
 
 FMT = FormatParams()
@@ -562,7 +564,7 @@ def test_rollout_func_feeds_a_trl_grpo_step(trained, tmp_path):
     tok = AutoTokenizer.from_pretrained(trained)
     env = check({"name": "python", "max_turns": 3}, tok)
     rows = [ROW, {**ROW, "prompt": [{"role": "user", "content": "What is 17 * 23 ?"}], "answer": "390"}]
-    rollout, seen = _recording(rollout_func(env, FMT, rows))
+    rollout, seen = _recording(Episodes(env, FMT, rows))
     trainer = _one_grpo_step(trained, tok, rows, rollout, tmp_path)
     ((prompts, out),) = seen
     assert len(prompts) == 4 and set(out) >= {"prompt_ids", "completion_ids", "logprobs", "env_mask"}
@@ -597,7 +599,7 @@ def test_an_rl_step_draws_the_episodes_evaluation_draws_with_its_seed(trained, g
     dataset = rl_rows(curated, FMT).to_list()
     env = check({"name": "python", "max_turns": 3}, generator.tok)
     # as rung's RL stages: max_completion_length per turn, max_turns times it in all (rung.rl.trainers)
-    rollout, seen = _recording(rollout_func(env, FMT, dataset, turn_tokens=96))
+    rollout, seen = _recording(Episodes(env, FMT, dataset, turn_tokens=96))
     _one_grpo_step(
         trained, generator.tok, dataset, rollout, tmp_path, temperature=1.0, top_p=1.0, max_completion_length=3 * 96
     )

@@ -17,7 +17,7 @@ from rung.eval.evaluate import grade
 from rung.generate.api import generate
 from rung.generate.completion import render
 from rung.generate.decode import shared_prefix
-from rung.rl import rollouts, trainers
+from rung.rl import logprobs, trainers
 from rung.train import launch, movement
 from rung.train.checkpoints import CURRICULUM_STATE, FINAL
 from rung.train.jobs import RLJob
@@ -243,12 +243,18 @@ def test_two_process_rl_with_dynamic_sampling(tiny_model, tmp_path):
 
 def test_rollouts_take_rungs_generation_seeded_by_step(tiny_model, tmp_path):
     """Default sampling goes through rung.generate.api, reproducibly; a setting rung's sampler lacks
-    (top_k) goes to TRL's own model.generate."""
+    (top_k) goes to TRL's own model.generate, decided once at stage start (rung.rl.engine)."""
     runs = []
     for name, trl in (("a", {}), ("b", {}), ("top_k", {"top_k": 5})):
         trainer = trainers.trainer_for(_job(tiny_model, tmp_path / name, _stage(max_steps=2, trl=trl)))
-        decided, inner = [], trainer._rung_generates
-        trainer._rung_generates = lambda *a, inner=inner, decided=decided: decided.append(inner(*a)) or decided[-1]
+        decided, inner = [], trainer.rollout
+
+        def rollout(*a, inner=inner, decided=decided):
+            out = inner(*a)
+            decided.append(out is not None)  # None: TRL generates
+            return out
+
+        trainer.rollout = rollout
         trainer.train()
         runs.append((decided, [p.detach().clone() for p in trainer.model.parameters()]))
     (rung_a, weights_a), (rung_b, weights_b), (rung_k, _) = runs
@@ -317,12 +323,12 @@ def test_shared_prefix_log_probs_equal_each_row_alone_with_their_gradients(tiny_
     "lengths, most", [([5, 3, 5, 2], 3), ([48] * 8 + [10] * 8, 16), ([20] * 16, 16), (list(range(1, 40)), 8)]
 )
 def test_length_chunks_cover_every_row_once_and_cost_no_more_than_fixed_batches(lengths, most):
-    chunks = rollouts.length_chunks(lengths, most)
+    chunks = logprobs.length_chunks(lengths, most)
     assert sorted(i for c in chunks for i in c) == list(range(len(lengths)))
     assert all(0 < len(c) <= most for c in chunks)
 
     def cost(cs):
-        return sum(len(c) * (max(lengths[i] for i in c) + 1) + rollouts.CHUNK_COST for c in cs)
+        return sum(len(c) * (max(lengths[i] for i in c) + 1) + logprobs.CHUNK_COST for c in cs)
 
     fixed = [list(range(s, min(s + most, len(lengths)))) for s in range(0, len(lengths), most)]
     assert cost(chunks) <= cost(fixed)

@@ -1,6 +1,6 @@
 """RL stages on episodes (issue #47): an RL stage whose params name an environment trains episodes from rung's
-episode loop (rung.envs.loop.rollout_func inside rung's GRPO trainer: curriculum, reward logs and rung's
-shared-prefix log-probs over TRL's GRPOTrainer; rung.rl.episodes).
+episode loop (rung.rl.episodes.Episodes as TRL's rollout_func inside rung's GRPO trainer: curriculum, reward logs
+and rung's shared-prefix log-probs over TRL's GRPOTrainer; rung.rl.episodes).
 
 On the tiny model memorized to call python(print(17 * 23)) and answer 391 (tests.test_envs), with the real
 sandbox: a stage with the retry and one with the python environment train (nonzero loss, weights moved), log the
@@ -22,6 +22,7 @@ from transformers import AutoTokenizer
 from rung import config, files, models
 from rung.config import DifficultyParams, FormatParams, RLStageParams
 from rung.envs import template
+from rung.errors import InputError
 from rung.report import health
 from rung.rl import episodes, trainers
 from rung.train.jobs import RLJob
@@ -191,7 +192,7 @@ def test_a_resumed_stage_generates_the_episodes_of_an_unkilled_one(memorized, tm
 
 def _loss_gradient(trainer: trainers.GRPO, batch: dict) -> torch.Tensor:
     """d loss / d log-prob of each completion token, (rows, completion length), for TRL's GRPO loss on `batch`,
-    through rung's shared-prefix log-probs (rung.rl.rollouts.Rollouts.token_logps, the trainer's hook)."""
+    through rung's shared-prefix log-probs (rung.rl.logprobs, through the trainer's hook `token_logps`)."""
     logps: list[torch.Tensor] = []
     token_logps = trainer.token_logps
 
@@ -281,3 +282,12 @@ def test_params_refuse_what_episodes_cannot_sample(default_params, stage, expect
     data.pop("environment")  # single-turn stages keep them
     if "use_vllm" not in stage:  # (vLLM needs CUDA, checked apart)
         config.parse(data)
+
+
+def test_the_trainer_refuses_at_stage_start_what_episodes_cannot_sample(tiny_model, tmp_path):
+    """The params check's second line (rung.rl.engine), for a job built without it: one line naming the key, as
+    the trainer is made, before any rollout."""
+    job = _job(tiny_model, tmp_path / "w", {"name": "retry"}, trl={"top_k": 20})
+    lacks = r"^rl\.stages\.main: episodes are sampled by rung's decode loop, which lacks \['top_k'\]$"
+    with pytest.raises(InputError, match=lacks):
+        trainers.trainer_for(job)

@@ -223,6 +223,19 @@ def test_generate_single_turn_returns_each_trainers_shape_on_both_paths(trainer)
         assert len(out) == 2 and all(isinstance(t, int) for ids in out for t in ids)
 
 
+def test_the_rollout_settings_are_each_trainers_attributes(trainer):
+    """What rung's rollouts read of a trainer (`ROLLOUT_ATTRIBUTES` and its args), through `rollout_settings`, is
+    there on both trainers with the stage's values."""
+    assert [name for name in trl_seam.ROLLOUT_ATTRIBUTES if not hasattr(trainer, name)] == []
+    settings = trl_seam.rollout_settings(trainer)
+    assert (settings.temperature, settings.max_completion_length, settings.num_generations) == (1.0, 4, 2)
+    assert settings.eos_token_ids == list(trainer.eos_token_ids) and settings.eos_token_ids and not settings.use_vllm
+    assert not settings.top_k and settings.min_p is None and settings.repetition_penalty == 1.0
+    assert trainer.rollouts.generator == "rung" and trainer.rollouts.settings == settings
+    with trl_seam.generation_context(trainer) as model:
+        assert model is trainer.model
+
+
 def test_per_token_logps_return_three_on_both_paths(trainer):
     batch = trainer.trl_generation_batch(_inputs(trainer))
     input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)

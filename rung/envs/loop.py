@@ -22,7 +22,8 @@ Output: one `Trajectory` (rung.envs.trajectory) per episode with the token-level
 `rollout_func` returns (`prompt_ids`, `completion_ids`, `env_mask`: 1 model-generated, 0 tool/environment
 tokens; TRL turns `env_mask` into its `tool_mask` and trains on the 1s only, grpo_trainer.py `_generate`) and
 the episode's story (messages, turns, answers, tool calls and errors, reward): dumped, the eval record.
-`rollout_func` below is the thin wrapper TRL takes.
+`rollout_batch` below is what TRL's `rollout_func` returns, from values: the trainer's side (seeds, sampling
+settings, the model) is rung.rl.episodes'.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
-from trl.models import unwrap_model_for_generation
 
 from rung.answers import formats
 from rung.config import FormatParams, SamplingParams
@@ -47,7 +47,6 @@ from rung.envs.trajectory import Trajectory, Turn
 from rung.errors import InputError
 from rung.generate.api import Engine, generate_ids, positions
 from rung.generate.completion import Generator, stop_ids
-from rung.seeding import derive
 
 Sample = Callable[[list[list[int]], list[tuple[int, ...]], SamplingParams, int], list[tuple[list[int], bool]]]
 """One assistant turn for each context: (context ids, stream keys, sampling, seed) -> (generated ids ending
@@ -134,7 +133,8 @@ def env_turn_ids(tok: PreTrainedTokenizerBase, messages: list[dict[str, Any]]) -
     """The ids of `messages` (tool results, or a user reply) appended after an assistant turn that ended with
     the end-of-turn token, through the next assistant header, their text tokenized as plain text
     (rung.envs.template.render_ids: a tool's output cannot forge a turn). TRL's `_get_tool_suffix_ids` (a
-    trainer method, hence rewritten here) generalized to a user reply: the template rendered after a dummy
+    trainer method, hence rewritten here; equal to it on ordinary text, tests/test_tool_loop_contract.py)
+    generalized to a user reply: the template rendered after a dummy
     exchange with and without them; raises if the template is not prefix-preserving (token concatenation
     would then train on ids the template never renders)."""
     if messages[0]["role"] == "tool":
@@ -409,86 +409,65 @@ class EpisodeReward:
         return list(episode_reward)
 
 
-def rollout_func(
-    environment: Environment, fmt: FormatParams, rows: Iterable[Mapping[str, Any]], turn_tokens: int | None = None
-) -> Callable[[list[Any], Any], dict[str, Any]]:
-    """TRL 1.16's `rollout_func` (GRPOTrainer(rollout_func=..., reward_funcs=[EpisodeReward(), ...]), with no
-    `tools` or `environment_factory`: with tools TRL runs its own tool loop and drops `env_mask`): episodes of
-    `environment` through rung's loop for the prompts TRL gives (its sampler has already repeated each
-    num_generations times; one episode per prompt). `rows` are the datasets' rows (train and eval): TRL passes
-    rollout_func the prompts only, so each prompt's columns for `reset` are looked up by the prompt. An episode
-    generates at most `turn_tokens` tokens per assistant turn (None: the trainer's max_completion_length) and
-    holds at most the trainer's max_completion_length tokens in all, its environment's included.
+class PromptColumns:
+    """The columns of each prompt TRL gives a `rollout_func`, which passes it the prompts only: looked up by the
+    prompt among the datasets' rows (train and eval)."""
+
+    def __init__(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        self.by_prompt: dict[str, dict[str, Any]] = {}
+        for row in rows:
+            key = _prompt_key(row["prompt"])
+            if self.by_prompt.setdefault(key, dict(row)) != dict(row):
+                raise InputError(f"two dataset rows share a prompt but not their columns: {key[:200]}")
+
+    def __call__(self, prompts: Sequence[Any]) -> list[dict[str, Any]]:
+        try:
+            return [self.by_prompt[_prompt_key(p)] for p in prompts]
+        except KeyError as e:
+            raise InputError(f"rollout_func: a prompt of no dataset row it was given: {e.args[0][:200]}") from None
+
+
+def rollout_batch(
+    generate: Sample,
+    tok: PreTrainedTokenizerBase,
+    environment: Environment,
+    factory: Callable[[], Any],
+    columns: Sequence[Mapping[str, Any]],
+    *,
+    sampling: SamplingParams,
+    seed: int,
+    group: int,
+    max_completion_tokens: int,
+    max_context: int | None,
+) -> dict[str, Any]:
+    """TRL 1.16's `rollout_func` output (GRPOTrainer(rollout_func=..., reward_funcs=[EpisodeReward(), ...]), with
+    no `tools` or `environment_factory`: with tools TRL runs its own tool loop and drops `env_mask`) for one
+    episode of `environment` per row of `columns`: TRL's sampler puts a prompt's `group` copies side by side, so
+    episode i is keyed (prompt of the call, sample) = divmod(i, group), as `per_row` keys (row, sample), and
+    evaluation with the call's `seed` draws the same episodes. Each turn at most `sampling.max_new_tokens`
+    tokens, `max_completion_tokens` in all, its environment's included.
 
     Returns TRL's keys (grpo_trainer.py `_generate`): prompt_ids, completion_ids, logprobs (None: TRL recomputes),
     env_mask (TRL's tool mask: environment tokens get no loss), and columns for the reward functions:
-    episode_reward (EpisodeReward's input) and episode (the Trajectory). Each call draws from streams seeded by
-    (seed, step, call of the step, process) and the prompt's position, as rung's single-turn rollouts
-    (rung.rl.rollouts), so a resumed run generates the episodes an unkilled one would; a position is keyed
-    (prompt of the call, sample) as `per_row` keys (row, sample), so that evaluation with the call's seed draws
-    the same episodes."""
-    by_prompt: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        key = _prompt_key(row["prompt"])
-        if by_prompt.setdefault(key, dict(row)) != dict(row):
-            raise InputError(f"two dataset rows share a prompt but not their columns: {key[:200]}")
-    factory = environment.factory(fmt)
-    calls: dict[int, int] = {}  # step -> generation calls in it so far
-
-    def rollout(prompts: list[Any], trainer: Any) -> dict[str, Any]:
-        unsupported = {
-            "use_vllm": trainer.use_vllm,
-            "top_k": trainer.top_k,
-            "min_p": trainer.min_p is not None,
-            "repetition_penalty": trainer.repetition_penalty != 1.0,
-            "generation_kwargs": trainer.args.generation_kwargs,
-        }
-        if any(unsupported.values()):
-            raise InputError(f"episodes run on rung's sampler, which lacks {[k for k, v in unsupported.items() if v]}")
-        try:
-            columns = [by_prompt[_prompt_key(p)] for p in prompts]
-        except KeyError as e:
-            raise InputError(f"rollout_func: a prompt of no dataset row it was given: {e.args[0][:200]}") from None
-        step = trainer.state.global_step
-        calls[step] = calls.get(step, 0) + 1
-        seed = derive(
-            trainer.args.seed, "episodes", str(step), str(calls[step] - 1), str(trainer.accelerator.process_index)
-        )
-        sampling = SamplingParams(
-            temperature=trainer.temperature,
-            top_p=trainer.top_p,
-            max_new_tokens=turn_tokens or trainer.max_completion_length,
-            batch_size=len(prompts),
-        )
-        with unwrap_model_for_generation(
-            trainer.model_wrapped,
-            trainer.accelerator,
-            gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
-            gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs,
-        ) as unwrapped:
-            # rung's RL trainers decode from a low-precision copy under bf16/fp16 (rung.rl.rollouts.generation_model)
-            model = getattr(trainer, "generation_model", lambda m: m)(unwrapped)
-            episodes = run(
-                sampler(model, trainer.eos_token_ids),
-                trainer.processing_class,
-                [factory() for _ in prompts],
-                columns,
-                sampling=sampling,
-                max_turns=environment.spec.max_turns,
-                seed=seed,
-                # TRL's sampler puts a prompt's num_generations copies side by side: (prompt, sample) as per_row keys
-                keys=[divmod(i, trainer.num_generations) for i in range(len(prompts))],
-                max_completion_tokens=trainer.max_completion_length,
-                max_context=positions(model),
-                turn_seconds=environment.spec.turn_seconds,
-            )
-        return {
-            "prompt_ids": [e.prompt_ids for e in episodes],
-            "completion_ids": [e.completion_ids for e in episodes],
-            "logprobs": None,
-            "env_mask": [e.env_mask for e in episodes],
-            "episode_reward": [e.reward for e in episodes],
-            "episode": episodes,
-        }
-
-    return rollout
+    episode_reward (EpisodeReward's input) and episode (the Trajectory)."""
+    episodes = run(
+        generate,
+        tok,
+        [factory() for _ in columns],
+        columns,
+        sampling=sampling,
+        max_turns=environment.spec.max_turns,
+        seed=seed,
+        keys=[divmod(i, group) for i in range(len(columns))],
+        max_completion_tokens=max_completion_tokens,
+        max_context=max_context,
+        turn_seconds=environment.spec.turn_seconds,
+    )
+    return {
+        "prompt_ids": [e.prompt_ids for e in episodes],
+        "completion_ids": [e.completion_ids for e in episodes],
+        "logprobs": None,
+        "env_mask": [e.env_mask for e in episodes],
+        "episode_reward": [e.reward for e in episodes],
+        "episode": episodes,
+    }

@@ -1,7 +1,7 @@
 """RL stages on episodes (issue #47): what rung.rl.trainers adds to a GRPO stage whose params name an environment
 (`params.environment_of(stage)`). The single-turn stage does not come here.
 
-- Rollouts: rung's one episode loop as TRL's `rollout_func` (rung.envs.loop.rollout_func: env_mask becomes TRL's
+- Rollouts: rung's one episode loop as TRL's `rollout_func` (`Episodes`, rung.envs.loop: env_mask becomes TRL's
   tool mask, so tool and environment tokens get no loss; each call seeded by (seed, step, call of the step,
   process), so a resumed run reproduces an unkilled one's episodes). The stage's `max_completion_length` is per
   assistant turn; an episode holds at most `max_completion_length * max_turns` tokens, its environment's
@@ -23,7 +23,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from statistics import mean
 from typing import Any
 
@@ -32,9 +32,11 @@ from accelerate.utils import gather_object
 
 from rung.config import FormatParams, RLStageParams
 from rung.envs import Environment
-from rung.envs.loop import EpisodeReward, rollout_func
+from rung.envs.loop import EpisodeReward, PromptColumns, rollout_batch, sampler
 from rung.envs.trajectory import Trajectory
 from rung.eval.episodes import metrics
+from rung.generate.api import positions
+from rung.rl.engine import RolloutEngine
 from rung.rl.rewards import Guarded, RewardFunc, build
 from rung.train.trl_seam import train_metrics
 
@@ -90,19 +92,62 @@ def rewards(
     return funcs, weights
 
 
-def rollouts(
-    environment: Environment, fmt: FormatParams, rows: Sequence[Mapping[str, Any]], stage: RLStageParams
-) -> Callable[[list[Any], Any], dict[str, Any]]:
-    """TRL's rollout_func for the stage: episodes of `environment` for the dataset's `rows`, each turn at most
-    the stage's max_completion_length tokens, each call's episodes logged (`log_step`)."""
-    inner = rollout_func(environment, fmt, rows, turn_tokens=stage.max_completion_length)
+class Episodes:
+    """TRL's rollout_func for a stage on episodes: `environment`'s episodes for the datasets' `rows` (rung.envs.loop,
+    `rollout_batch`), each turn at most `turn_tokens` tokens (None: the trainer's max_completion_length), each
+    call's episodes logged (`log_step`). The trainer's side comes from its rollout engine (rung.rl.engine: seeds
+    scoped "episodes", sampling settings, the unwrapped model): rung's trainer's own, checked at stage start; a
+    plain TRL GRPOTrainer's is built at its first call, its refusals named under `key`."""
 
-    def rollout(prompts: list[Any], trainer: Any) -> dict[str, Any]:
-        out = inner(prompts, trainer)
-        log_step(trainer, out["episode"], environment.spec.max_turns)
+    def __init__(
+        self,
+        environment: Environment,
+        fmt: FormatParams,
+        rows: Iterable[Mapping[str, Any]],
+        turn_tokens: int | None = None,
+        key: str = "GRPOConfig",
+    ) -> None:
+        self.environment, self.turn_tokens, self.key = environment, turn_tokens, key
+        self.columns = PromptColumns(rows)
+        self.factory = environment.factory(fmt)
+        self.engines: dict[int, RolloutEngine] = {}
+        """A plain trainer's engine, by the trainer's id."""
+
+    def engine(self, trainer: Any) -> RolloutEngine:
+        own = getattr(trainer, "rollouts", None)
+        if isinstance(own, RolloutEngine):
+            return own
+        if id(trainer) not in self.engines:
+            self.engines[id(trainer)] = RolloutEngine.of(trainer, "episodes", self.key, episodes=True)
+        return self.engines[id(trainer)]
+
+    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        engine = self.engine(trainer)
+        columns = self.columns(prompts)
+        seed, settings = engine.seed(), engine.settings
+        sampling = engine.sampling(self.turn_tokens or settings.max_completion_length, len(prompts))
+        with engine.decoding() as model:
+            out = rollout_batch(
+                sampler(model, settings.eos_token_ids),
+                trainer.processing_class,
+                self.environment,
+                self.factory,
+                columns,
+                sampling=sampling,
+                seed=seed,
+                group=settings.num_generations,
+                max_completion_tokens=settings.max_completion_length,
+                max_context=positions(model),
+            )
+        log_step(trainer, out["episode"], self.environment.spec.max_turns)
         return out
 
-    return rollout
+
+def rollouts(
+    environment: Environment, fmt: FormatParams, rows: Sequence[Mapping[str, Any]], stage: RLStageParams, key: str
+) -> Episodes:
+    """TRL's rollout_func for the stage (params `key`): each turn at most the stage's max_completion_length."""
+    return Episodes(environment, fmt, rows, turn_tokens=stage.max_completion_length, key=key)
 
 
 def log_step(trainer: Any, trajectories: list[Trajectory], max_turns: int) -> None:

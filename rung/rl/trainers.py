@@ -218,7 +218,7 @@ def trainer_for(job: RLJob, callbacks: list[Any] | None = None) -> GRPO | RLOO:
         environment = envs.check(job.environment, tok, key)
         funcs, weights = episodes.rewards(stage, job.format, environment, f"{job.key}.rewards")
         max_turns = environment.spec.max_turns
-        episodic = {"rollout_func": episodes.rollouts(environment, job.format, dataset.to_list(), stage)}
+        episodic = {"rollout_func": episodes.rollouts(environment, job.format, dataset.to_list(), stage, job.key)}
     cls = RLOO if stage.algorithm == "rloo" else GRPO
     metrics: defaultdict[str, list[float]] = defaultdict(list)  # the step's, which TRL logs (rung.train.trl_seam)
     log = RewardLog(
@@ -249,6 +249,7 @@ def trainer_for(job: RLJob, callbacks: list[Any] | None = None) -> GRPO | RLOO:
         batch_source=batch_source,
         advantages=Advantages.of(stage, job.key),
         metrics=metrics,
+        key=job.key,
         **episodic,
     )
     if stage.eval_every is not None and job.heldout is not None:

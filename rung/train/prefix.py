@@ -1,6 +1,6 @@
 """The prompts' shared prefix (chat template and system prompt) run once per training batch instead of once
 per row: its keys and values computed for one row and broadcast to every row, gradients flowing back
-through the broadcast. RL's log-probs (rung.rl.rollouts) and SFT's loss (`SharedPrefixSFT`) use it."""
+through the broadcast. RL's log-probs (rung.rl.logprobs) and SFT's loss (`SharedPrefixSFT`) use it."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ TRL's GRPOTrainer, RLOOTrainer or SFTTrainer (and transformers' Trainer under th
 A TRL upgrade is a review of this file plus a run of tests/test_trl_seam.py, which checks each item
 listed here against the installed TRL on the tiny model; rung.compat refuses untested versions.
 
-rung's logic (rung.rl.sampling, rung.rl.reward_logs, rung.rl.rollouts, rung.train.harness,
+rung's logic (rung.rl.sampling, rung.rl.reward_logs, rung.rl.rollouts, rung.rl.engine, rung.train.harness,
 rung.train.movement) uses the public hooks and accessors below. Each override here is thin: it calls one
 hook, whose default is TRL's own behaviour or that of a part the trainer is given (`Seam.__init__`: a
 batch source, an advantage function, a metrics sink; called with values, they read nothing of the
@@ -54,12 +54,12 @@ Return shapes relied on (tests/test_trl_seam.py checks each, on both trainers):
 - `_compute_loss(model, inputs)`: a scalar from such a dict, the same from `concat_groups` of its groups.
 
 Public but undocumented trainer attributes rung reads: `num_generations`, `reward_funcs`,
-`reward_func_names`, `temperature`, `top_p`, `top_k`, `min_p`,
-`repetition_penalty`, `max_completion_length`, `eos_token_ids`, `use_vllm`,
-`use_transformers_continuous_batching` and `tools` (GRPO only), `model_wrapped`; and
-`trl.models.unwrap_model_for_generation`. TRL's utils rung uses come from here: `nanstd`, `pad`. rung's
-batch source is given the reward functions' names and weights as rung hands them to TRL, which are TRL's
-`reward_func_names` (a callable's `__name__`) and `reward_weights`.
+`reward_func_names`; the rollouts' (`ROLLOUT_ATTRIBUTES`, read once into `RolloutSettings` by
+`rollout_settings`, and `args`' `seed`, `generation_kwargs`, `vllm_mode`, `vllm_tensor_parallel_size`, `bf16`,
+`fp16`, `ds3_gather_for_generation`, `gradient_checkpointing_kwargs`); and
+`trl.models.unwrap_model_for_generation` (`generation_context`). TRL's utils rung uses come from here: `nanstd`,
+`pad`. rung's batch source is given the reward functions' names and weights as rung hands them to TRL, which
+are TRL's `reward_func_names` (a callable's `__name__`) and `reward_weights`.
 
 Multi-turn episodes (EPISODE_HOOKS; nothing of them is overridden: rung's RL stages train episodes through
 GRPOTrainer's public `rollout_func`, rung.rl.episodes, whose `env_mask` TRL takes as its `tool_mask`).
@@ -73,17 +73,23 @@ tokens) that `_compute_loss` multiplies into the completion mask. rung does not 
 episode loop (rung.envs.loop) is GRPOTrainer's public `rollout_func`, which replaces `_generate` whole and
 returns prompt_ids, completion_ids and `env_mask` (TRL's `tool_mask`); the methods are listed to be watched
 on a TRL upgrade, since `rollout_func`'s contract with them (tool_mask into the loss) is what episodes rely on.
+rung.envs.loop copies their behaviour (tool calls run and failures reported as `_tool_call_loop` does, env turns
+rendered as `_get_tool_suffix_ids` renders them); tests/test_tool_loop_contract.py runs both on the same scripted
+turns.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from trl import GRPOTrainer, RLOOTrainer
+from trl.models import unwrap_model_for_generation
 from trl.trainer.utils import nanstd as nanstd  # for rung's modules (module docstring)
 from trl.trainer.utils import pad
 
@@ -140,6 +146,21 @@ PHASES: dict[str, str] = {
 }
 """The trainer method that runs each phase of a training step (bench/phases.py times them)."""
 
+ROLLOUT_ATTRIBUTES = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "max_completion_length",
+    "eos_token_ids",
+    "num_generations",
+    "use_vllm",
+    "model_wrapped",
+)
+"""The trainer attributes a rollout reads (both trainers; GRPO's `use_transformers_continuous_batching` and
+`tools` too, where set)."""
+
 FUSED_LM_HEAD = "fused_lm_head"
 """The keyword with which TRL's trainers call the model for log-probs through their fused LM head."""
 
@@ -180,6 +201,70 @@ def wrap_phases(
 def generation_and_scoring(trainer: Any, inputs: list[dict[str, Any]]) -> dict[str, Any]:
     """The trainer's rollout phase on `inputs` (a generation batch as the dataset holds its rows)."""
     return trainer._generate_and_score_completions(inputs)
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """What a TRL trainer's rollouts are asked to do, read once from it (`rollout_settings`)."""
+
+    seed: int
+    temperature: float
+    top_p: float
+    top_k: int | None
+    min_p: float | None
+    repetition_penalty: float
+    generation_kwargs: dict[str, Any]
+    max_completion_length: int
+    eos_token_ids: list[int]
+    num_generations: int
+    use_vllm: bool
+    vllm_mode: str
+    vllm_tensor_parallel_size: int
+    continuous_batching: bool
+    """TRL's transformers continuous batching (GRPO's `use_transformers_continuous_batching`)."""
+    tools: bool
+    """TRL's own tool loop (GRPO's `tools`)."""
+    compute_dtype: torch.dtype | None
+    """bf16 / fp16 mixed precision's dtype; None under float32 compute."""
+
+
+def rollout_settings(trainer: Any) -> RolloutSettings:
+    """The rollout settings of a GRPO-family trainer (`ROLLOUT_ATTRIBUTES` and its args)."""
+    args = trainer.args
+    return RolloutSettings(
+        seed=args.seed,
+        temperature=trainer.temperature,
+        top_p=trainer.top_p,
+        top_k=trainer.top_k,
+        min_p=trainer.min_p,
+        repetition_penalty=trainer.repetition_penalty,
+        generation_kwargs=dict(args.generation_kwargs or {}),
+        max_completion_length=trainer.max_completion_length,
+        eos_token_ids=list(trainer.eos_token_ids),
+        num_generations=trainer.num_generations,
+        use_vllm=bool(trainer.use_vllm),
+        vllm_mode=args.vllm_mode,
+        vllm_tensor_parallel_size=args.vllm_tensor_parallel_size,
+        continuous_batching=bool(getattr(trainer, "use_transformers_continuous_batching", False)),
+        tools=bool(getattr(trainer, "tools", None)),
+        compute_dtype=torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else None,
+    )
+
+
+def generation_context(trainer: Any) -> AbstractContextManager[Any]:
+    """The trainer's model unwrapped for generation (DeepSpeed ZeRO-3 gathered, gradient checkpointing off), as
+    TRL's own generation unwraps it."""
+    return unwrap_model_for_generation(
+        trainer.model_wrapped,
+        trainer.accelerator,
+        gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
+        gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs,
+    )
+
+
+def global_step(trainer: Any) -> int:
+    """The optimizer steps the trainer has taken (transformers' TrainerState)."""
+    return int(trainer.state.global_step)
 
 
 class Seam:
