@@ -4,6 +4,7 @@ reward models of an ensemble trained on them with TRL's RewardTrainer, and their
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from prefect import flow
 
@@ -43,7 +44,7 @@ def reward_models(name: str, params_file: str = str(paths.PARAMS)) -> None:
         SECTION: {name: rm.model_dump()},
         "format": params.format.model_dump(),
     }
-    source = paths.FILTERED if not isinstance(rm.pairs, PreferenceFile) else rm.pairs.path
+    source = paths.FILTERED if not isinstance(rm.pairs, PreferenceFile) else Path(rm.pairs.path)
     with tracking.stage_run(
         f"{SECTION}@{name}", params, logged, inputs={"model": init, "train": source}, resumable=True
     ):
@@ -52,11 +53,11 @@ def reward_models(name: str, params_file: str = str(paths.PARAMS)) -> None:
         else:
             gen = generation.load(init, params.model, params.generation)
             rows = files.read_jsonl(paths.FILTERED)[: rm.pairs.max_prompts]
-            graded = pairs.graded(gen, rows, params.format, rm.pairs, seed)
+            samples = pairs.graded(gen, rows, params.format, rm.pairs, seed)
             if gen.close:
                 gen.close()
             del gen  # its memory, before training
-            made = pairs.from_samples(graded, rm.pairs, rm.heldout_fraction, seed, f"{key}.pairs")
+            made = pairs.from_samples(samples, rm.pairs, rm.heldout_fraction, seed, f"{key}.pairs")
         train, held, graded, stats = made
         if not train:
             raise InputError(f"{key}.pairs: no pair to train on ({stats}); sample more per prompt or from more prompts")
