@@ -9,7 +9,8 @@ from pathlib import Path
 from prefect import flow
 
 from flows.stage import finish, learned_reward_tags, main
-from rung import config, files, paths, tracking
+from rung import config, paths, tracking
+from rung.answers.rows import read_rows
 from rung.checks.models import chat_template
 from rung.checks.rewardmodels import reward_models as checked
 from rung.config import PreferenceFile
@@ -52,7 +53,7 @@ def reward_models(name: str, params_file: str = str(paths.PARAMS)) -> None:
             made = pairs.from_file(rm.pairs, rm.heldout_fraction, seed, f"{key}.pairs")
         else:
             gen = generation.load(init, params.model, params.generation)
-            rows = files.read_jsonl(paths.FILTERED)[: rm.pairs.max_prompts]
+            rows = read_rows(paths.FILTERED)[: rm.pairs.max_prompts]
             samples = pairs.graded(gen, rows, params.format, rm.pairs, seed)
             if gen.close:
                 gen.close()
