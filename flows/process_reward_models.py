@@ -8,7 +8,8 @@ import sys
 from prefect import flow, get_run_logger
 
 from flows.stage import finish, learned_reward_tags, main
-from rung import config, files, paths, tracking
+from rung import config, paths, tracking
+from rung.answers.rows import read_rows
 from rung.checks.models import chat_template
 from rung.checks.rewardmodels import process_reward_models as checked
 from rung.errors import InputError
@@ -43,7 +44,7 @@ def process_reward_models(name: str, params_file: str = str(paths.PARAMS)) -> No
     with tracking.stage_run(
         f"{SECTION}@{name}", params, logged, inputs={"model": init, "train": paths.FILTERED}, resumable=True
     ):
-        rows = files.read_jsonl(paths.FILTERED)[: prm.max_prompts]
+        rows = read_rows(paths.FILTERED)[: prm.max_prompts]
         gen = generation.load(init, params.model, params.generation)
         labelled = steps.labelled(gen, rows, params.format, prm, seed)
         if gen.close:

@@ -9,7 +9,8 @@ from pathlib import Path
 from prefect import flow
 
 from flows.stage import finish, learned_reward_tags, main
-from rung import config, files, paths, tracking
+from rung import config, paths, tracking
+from rung.answers.rows import read_rows
 from rung.checks.models import chat_template
 from rung.checks.rewardmodels import reward_models as checked
 from rung.config import PreferenceFile
@@ -44,8 +45,7 @@ def reward_models(name: str, params_file: str = str(paths.PARAMS)) -> None:
         SECTION: {name: rm.model_dump()},
         "format": params.format.model_dump(),
     }
-    # a preference file's md5 is tagged where it is local (a hub id is no path: skipped)
-    source = Path(rm.pairs.path) if isinstance(rm.pairs, PreferenceFile) else paths.FILTERED
+    source = paths.FILTERED if not isinstance(rm.pairs, PreferenceFile) else Path(rm.pairs.path)
     with tracking.stage_run(
         f"{SECTION}@{name}", params, logged, inputs={"model": init, "train": source}, resumable=True
     ):
@@ -53,16 +53,16 @@ def reward_models(name: str, params_file: str = str(paths.PARAMS)) -> None:
             made = pairs.from_file(rm.pairs, rm.heldout_fraction, seed, f"{key}.pairs")
         else:
             gen = generation.load(init, params.model, params.generation)
-            rows = files.read_jsonl(paths.FILTERED)[: rm.pairs.max_prompts]
-            graded = pairs.graded(gen, rows, params.format, rm.pairs, seed)
+            rows = read_rows(paths.FILTERED)[: rm.pairs.max_prompts]
+            samples = pairs.graded(gen, rows, params.format, rm.pairs, seed)
             if gen.close:
                 gen.close()
             del gen  # its memory, before training
-            made = pairs.from_samples(graded, rm.pairs, rm.heldout_fraction, seed, f"{key}.pairs")
-        train, held, held_graded, stats = made
+            made = pairs.from_samples(samples, rm.pairs, rm.heldout_fraction, seed, f"{key}.pairs")
+        train, held, graded, stats = made
         if not train:
             raise InputError(f"{key}.pairs: no pair to train on ({stats}); sample more per prompt or from more prompts")
-        heldout.write(data_dir, train, held, held_graded)
+        heldout.write(data_dir, train, held, graded)
         trained = {}
         for i in range(rm.ensemble):
             job = RewardModelJob(

@@ -34,8 +34,9 @@ rung.eval.arms.correct applies it); every printed p that carries a verdict is in
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 from scipy.stats import binom, binomtest, nct, norm
@@ -212,7 +213,15 @@ def mcnemar_interval(
     return (wrong_to_right - right_to_wrong) / n, max(centre - half, -1.0), min(centre + half, 1.0)
 
 
-def mcnemar(old: Sequence[bool], new: Sequence[bool]) -> dict[str, int | float]:
+class McNemar(TypedDict):
+    right_to_wrong: int
+    wrong_to_right: int
+    both_right: int
+    both_wrong: int
+    mcnemar_p: float
+
+
+def mcnemar(old: Sequence[bool], new: Sequence[bool]) -> McNemar:
     """Exact McNemar test of paired right/wrong outcomes: of the prompts whose outcome differs,
     is 'wrong -> right' as likely as 'right -> wrong'? A two-sided binomial test (p = 0.5) on the
     discordant prompts (scipy.stats.binomtest); p = 1 when none differ."""
@@ -350,12 +359,13 @@ def sampled_test(
     n = metrics.common_n([r for pair in pairs for r in pair], what)
     hits = [([s["correct"] for s in o["samples"][:n]], [s["correct"] for s in m["samples"][:n]]) for o, m in pairs]
     alpha = level(confidence)
-    per_prompt = {
+
+    def pass_at(k: int, correct: list[bool]) -> float:
+        return metrics.pass_at_k(n, int(sum(correct)), k)
+
+    per_prompt: dict[str, Callable[[list[bool]], float]] = {
         f"avg@{n}": lambda c: float(np.mean(c)),
-        **{
-            f"pass@{k}": (lambda c, k=k: metrics.pass_at_k(n, int(sum(c)), k))
-            for k in metrics.spectrum_ks(n, compare_k)
-        },
+        **{f"pass@{k}": functools.partial(pass_at, k) for k in metrics.spectrum_ks(n, compare_k)},
     }
     values = np.array([[[f(x), f(y)] for x, y in hits] for f in per_prompt.values()])  # (metric, prompt, old/new)
     diffs = values[..., 1] - values[..., 0]

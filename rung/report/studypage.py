@@ -4,9 +4,12 @@ from rung.report.htmlpage)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from matplotlib.figure import Figure
 
 from rung import files
 from rung.eval.results import Band, StudyResult
@@ -72,18 +75,21 @@ def plots(result: StudyResult) -> list[htmlpage.Plot]:
     def pct(key: str) -> dict[str, list[Band]]:
         return {arm: [(x, 100 * m, 100 * lo, 100 * hi) for x, m, lo, hi in pts] for arm, pts in pick(key).items()}
 
+    def spectrum(arms: dict[str, list[Band]]) -> Figure | None:
+        return htmlpage.pass_at_k_plot(
+            {
+                arm: {
+                    "pass_at_k": {str(int(p[0])): p[1] for p in points},
+                    "pass_at_k_band": {str(int(p[0])): [p[2], p[3]] for p in points},
+                }
+                for arm, points in arms.items()
+            }
+        )
+
     spectra: list[htmlpage.Plot] = [
         (
             f"plot-pass-at-k-{name}",
-            lambda arms=arms: htmlpage.pass_at_k_plot(
-                {
-                    arm: {
-                        "pass_at_k": {str(int(p[0])): p[1] for p in points},
-                        "pass_at_k_band": {str(int(p[0])): [p[2], p[3]] for p in points},
-                    }
-                    for arm, points in arms.items()
-                }
-            ),
+            functools.partial(spectrum, arms),
             f"pass@k on {name} per arm: mean over seeds, band the interval over prompt clusters "
             "(Clopper-Pearson at the effective number of prompts).",
         )

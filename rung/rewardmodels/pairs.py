@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from rung import files
 from rung.answers import formats
+from rung.answers.rows import Problem, Row
 from rung.answers.verify import is_correct
 from rung.config import FormatParams, PreferenceFile, VerifierPairs
 from rung.errors import InputError
@@ -21,14 +22,14 @@ if TYPE_CHECKING:  # types only: torch is imported by whoever loads the model (t
 COLUMNS = ("prompt", "chosen", "rejected")
 
 
-def right(text: str, row: dict[str, Any], fmt: FormatParams) -> bool:
+def right(text: str, row: Problem, fmt: FormatParams) -> bool:
     """Whether a completion is right, as the accuracy reward grades it (the answer where the format puts it):
     the one place the learned-reward stages call the verifier."""
     return is_correct(formats.extract(text, fmt), row)
 
 
 def graded(
-    gen: Generator, rows: list[dict[str, Any]], fmt: FormatParams, params: VerifierPairs, seed: int
+    gen: Generator, rows: list[Row], fmt: FormatParams, params: VerifierPairs, seed: int
 ) -> list[dict[str, Any]]:
     """Each row's `samples_per_prompt` completions, each graded as the accuracy reward grades it (the answer
     where the format puts it), with the row's difficulty bucket."""
@@ -103,7 +104,9 @@ def read(source: PreferenceFile, key: str, load: Callable[..., Any] | None = Non
         rows = files.read_jsonl(path)
     else:
         if load is None:
-            from datasets import load_dataset as load
+            from datasets import load_dataset
+
+            load = load_dataset
         rows = list(load(source.path, split=source.split))
     rows = rows[: source.max_pairs]
     if not rows:

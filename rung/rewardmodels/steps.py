@@ -9,6 +9,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from rung.answers import formats
+from rung.answers.rows import Row
 from rung.config import FormatParams, ProcessRewardModelParams
 from rung.rewardmodels.encoding import text_ids
 from rung.rewardmodels.pairs import right
@@ -44,7 +45,7 @@ def label(outcomes: list[bool], kind: str) -> float:
 
 
 def labelled(
-    gen: Generator, rows: list[dict[str, Any]], fmt: FormatParams, params: ProcessRewardModelParams, seed: int
+    gen: Generator, rows: list[Row], fmt: FormatParams, params: ProcessRewardModelParams, seed: int
 ) -> list[dict[str, Any]]:
     """Each row's `solutions_per_prompt` sampled solutions, split into steps (the first
     `max_steps_per_solution`), each step labelled by `rollouts` continuations of its prefix."""

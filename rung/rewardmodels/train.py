@@ -5,7 +5,7 @@ pairs are tokenized by rung (rung.rewardmodels.encoding), as every later scorer 
 from __future__ import annotations
 
 from datasets import Dataset
-from transformers import AutoModelForSequenceClassification, AutoTokenizer, set_seed
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedTokenizerBase, set_seed
 from trl import RewardConfig, RewardTrainer
 
 from rung import files
@@ -16,7 +16,7 @@ from rung.train.harness import common_args, finalize, fit, train_loss, trainable
 from rung.train.jobs import JobResult, RewardModelJob, main
 
 
-def tokenized(pairs: list[dict[str, str]], tok: object, fmt: FormatParams) -> Dataset:
+def tokenized(pairs: list[dict[str, str]], tok: PreTrainedTokenizerBase, fmt: FormatParams) -> Dataset:
     """The pairs as TRL's processed columns chosen_ids / rejected_ids."""
     rows = []
     for p in pairs:
@@ -54,6 +54,8 @@ def train(job: RewardModelJob) -> JobResult:
         processing_class=tok,
         callbacks=job.trainer_callbacks(),
     )
+    # RewardTrainer tokenizes (and filters by max_length) the Dataset it was given into another Dataset: sized.
+    assert isinstance(trainer.train_dataset, Dataset)
     if not len(trainer.train_dataset):
         raise InputError(f"{job.key}.max_length: {params.max_length} tokens is shorter than every one of the pairs")
     fit(trainer, job.resume, job.outage_wait)

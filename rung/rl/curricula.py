@@ -17,14 +17,25 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from statistics import mean
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from rung.config import Curriculum
+from rung.config import (
+    AdaptiveCurriculum,
+    BanditCurriculum,
+    Curriculum,
+    PoolsCurriculum,
+    ScheduledCurriculum,
+    StagedCurriculum,
+    UniformCurriculum,
+)
 from rung.data.difficulty import bucket
 
 UNKNOWN_PASS_RATE = 0.5
+
+# Each scheduler reads the params section of its own curriculum type (build() picks it by `type`).
+P = TypeVar("P", bound=Curriculum)
 
 
 @dataclass(frozen=True)
@@ -48,7 +59,7 @@ class GroupResult:
             object.__setattr__(self, name, cast(getattr(self, name)))
 
 
-class Scheduler:
+class Scheduler(Generic[P]):
     """Draws row indices, learns from their groups, reports metrics and checkpoints its state."""
 
     _state: tuple[str, ...] = ("step", "last")
@@ -57,7 +68,7 @@ class Scheduler:
     def __init__(
         self,
         rows: Sequence[Mapping[str, Any]],
-        params: Curriculum,
+        params: P,
         buckets: dict[str, float],
         max_steps: int,
         seed: int,
@@ -126,7 +137,7 @@ class Scheduler:
         return out
 
 
-class Uniform(Scheduler):
+class Uniform(Scheduler[UniformCurriculum]):
     _state = (*Scheduler._state, "passes", "drawn")
 
     def __init__(self, *args: Any) -> None:
@@ -142,7 +153,7 @@ class Uniform(Scheduler):
         return {"epoch": self.drawn / len(self.everything)}
 
 
-class Staged(Scheduler):
+class Staged(Scheduler[StagedCurriculum]):
     _state = (*Scheduler._state, "passes")
 
     def __init__(self, *args: Any) -> None:
@@ -169,7 +180,7 @@ class Staged(Scheduler):
         }
 
 
-class Scheduled(Scheduler):
+class Scheduled(Scheduler[ScheduledCurriculum]):
     def target(self, step: int) -> float:
         p, x = self.params, min(step / self.max_steps, 1.0)
         if p.shape == "cosine":
@@ -189,7 +200,7 @@ class Scheduled(Scheduler):
         return {"target": self.target(self.step)}
 
 
-class Adaptive(Scheduler):
+class Adaptive(Scheduler[AdaptiveCurriculum]):
     _state = (*Scheduler._state, "target", "reward")
 
     def __init__(self, *args: Any) -> None:
@@ -218,7 +229,7 @@ class Adaptive(Scheduler):
         return {"target": self.target} | ({"reward": self.reward} if self.reward is not None else {})
 
 
-class Bandit(Scheduler):
+class Bandit(Scheduler[BanditCurriculum]):
     _state = (*Scheduler._state, "passes", "pulls", "value", "window", "accuracy")
 
     def __init__(self, rows: Sequence[Mapping[str, Any]], *args: Any) -> None:
@@ -288,7 +299,7 @@ class Bandit(Scheduler):
         return values | {f"pulls/{a}": float(self.pulls[a]) for a in self.arms}
 
 
-class Pools(Scheduler):
+class Pools(Scheduler[PoolsCurriculum]):
     _state = (*Scheduler._state, "rate", "streak", "retired")
 
     def __init__(self, *args: Any) -> None:
@@ -331,12 +342,12 @@ class Pools(Scheduler):
         sizes = dict.fromkeys((name for name, _ in self.pools), 0.0)
         for rate, retired in zip(self.rate, self.retired, strict=True):
             sizes[self._pool(rate)] += not retired
-        retired = float(sum(self.retired))
-        exhausted = float(retired == len(self.retired))
-        return {f"size/{name}": size for name, size in sizes.items()} | {"retired": retired, "exhausted": exhausted}
+        n_retired = float(sum(self.retired))
+        exhausted = float(n_retired == len(self.retired))
+        return {f"size/{name}": size for name, size in sizes.items()} | {"retired": n_retired, "exhausted": exhausted}
 
 
-_SCHEDULERS: dict[str, type[Scheduler]] = {
+_SCHEDULERS: dict[str, type[Scheduler[Any]]] = {
     "uniform": Uniform,
     "staged": Staged,
     "scheduled": Scheduled,
@@ -348,6 +359,6 @@ _SCHEDULERS: dict[str, type[Scheduler]] = {
 
 def build(
     rows: Sequence[Mapping[str, Any]], params: Curriculum, *, buckets: dict[str, float], max_steps: int, seed: int
-) -> Scheduler:
+) -> Scheduler[Any]:
     """The scheduler of `params.type` over `rows` (dicts with id, task, source, pass_rate, bucket)."""
     return _SCHEDULERS[params.type](rows, params, buckets, max_steps, seed)
