@@ -383,7 +383,7 @@ def per_row(
         seed=seed,
         keys=keys,
         max_completion_tokens=budget(sampling.max_new_tokens, environment.spec.max_turns),
-        max_context=positions(gen.model),
+        max_context=positions(gen.model) if gen.model is not None else None,
         turn_seconds=environment.spec.turn_seconds,
     )
     return [trajectories[i * n : (i + 1) * n] for i in range(len(rows))]

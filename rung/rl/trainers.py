@@ -19,7 +19,7 @@ from trl import GRPOConfig, RLOOConfig
 
 from rung import compat, envs, files, models, placement
 from rung.answers import formats
-from rung.answers.rows import Row, dataset_row
+from rung.answers.rows import Row, dataset_row, read_rows
 from rung.config import FormatParams, RLStageParams, SamplingParams
 from rung.envs.loop import budget
 from rung.errors import InputError
@@ -129,7 +129,7 @@ class HeldOut(TrainerCallback):
     def __init__(
         self,
         trainer: Any,
-        rows: list[dict[str, Any]],
+        rows: list[Row],
         fmt: FormatParams,
         sampling: SamplingParams,
         every: int,
@@ -188,7 +188,7 @@ CURVES = {
 TRACKED_PREFIXES = ("curriculum/", "accuracy_by_bucket/", episodes.PREFIX)
 
 
-def select(rows: list[dict[str, Any]], stage: RLStageParams, key: str = "rl.stages.main") -> list[dict[str, Any]]:
+def select(rows: list[Row], stage: RLStageParams, key: str = "rl.stages.main") -> list[Row]:
     """The stage's training prompts: all filtered rows, or those of its difficulty buckets."""
     chosen = rows if stage.buckets is None else [r for r in rows if r.get("bucket") in stage.buckets]
     if len(chosen) < stage.prompts_per_step:
@@ -205,7 +205,7 @@ def trainer_for(job: RLJob, callbacks: list[Any] | None = None) -> GRPO | RLOO:
     stage, model_dir = job.params, job.init
     if stage.use_vllm:
         vllm_rollouts.preflight(stage, model_dir, job.key)
-    rows = select(files.read_jsonl(job.data), stage, job.key)
+    rows = select(read_rows(job.data), stage, job.key)
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = trainable(model_dir, job.cpu_matmul, job.device)
     dataset = prompts(rows, job.format)
@@ -253,10 +253,11 @@ def trainer_for(job: RLJob, callbacks: list[Any] | None = None) -> GRPO | RLOO:
         **episodic,
     )
     if stage.eval_every is not None and job.heldout is not None:
+        assert job.heldout_sampling is not None  # the stage sets both (rung.train.jobs.RLJob)
         trainer.add_callback(
             HeldOut(
                 trainer,
-                files.read_jsonl(job.heldout),
+                read_rows(job.heldout),
                 job.format,
                 job.heldout_sampling,
                 stage.eval_every,
@@ -284,7 +285,7 @@ def train(job: RLJob, callbacks: list[Any] | None = None) -> JobResult:
     summary = {
         "train_loss": train_loss(trainer.state),
         "steps": float(trainer.state.global_step),
-        **rewards.error_counts(funcs),
+        **rewards.error_counts([f for f in funcs if isinstance(f, rewards.Guarded)]),
     }
     if curves:
         summary["reward_last"] = curves[-1]["reward"]

@@ -284,8 +284,10 @@ class Seam:
     accelerator: Any
     processing_class: Any
     vllm_generation: Any
-    num_generations: int
+    num_generations: int | None  # TRL's config type; its __post_init__ always fills it in
+    num_iterations: int
     reward_func_names: list[str]
+    _get_output_dir: Callable[..., str]
     _metrics: dict[str, defaultdict[str, list[float]]]
     _logs: dict[str, Any]
 
@@ -304,6 +306,12 @@ class Seam:
         self.batch_source, self.advantages = batch_source, advantages
         if metrics is not None:
             self._metrics["train"] = metrics
+
+    @property
+    def group_size(self) -> int:
+        """Completions per prompt (TRL's num_generations, set by the time a trainer exists)."""
+        assert self.num_generations is not None
+        return self.num_generations
 
     # Hooks: TRL's behaviour, or the parts', unless a mixin in front overrides them.
 
@@ -372,9 +380,7 @@ class Seam:
         if self.advantages is None:
             return generated
         out = generated.batch
-        advantages = self.advantages(
-            generated.rewards, self.reward_func_names, generated.advantages, self.num_generations
-        )
+        advantages = self.advantages(generated.rewards, self.reward_func_names, generated.advantages, self.group_size)
         local = len(out["advantages"])  # TRL's slice of the gathered batch for this process
         start = self.accelerator.process_index * local
         out["advantages"] = advantages[start : start + local].to(out["advantages"].device)
@@ -399,7 +405,7 @@ class Seam:
     def concat_groups(self, groups: list[tuple[dict[str, Any], int]]) -> dict[str, Any]:
         """One training batch of groups taken from several generation batches: (batch, index of the
         group in it) each, re-padded as TRL pads them; `num_items_in_batch` recounted over all processes."""
-        g, pad_id = self.num_generations, self.processing_class.pad_token_id
+        g, pad_id = self.group_size, self.processing_class.pad_token_id
         merged: dict[str, Any] = {}
         for key, first in groups[0][0].items():
             if key == "num_items_in_batch" or not isinstance(first, torch.Tensor):
@@ -422,21 +428,21 @@ class Seam:
 
     # TRL's private methods, each through its hook.
 
-    def _generate_and_score_completions(self, inputs):  # type: ignore[no-untyped-def]
+    def _generate_and_score_completions(self, inputs):
         return self.generation_batch(inputs)
 
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):  # type: ignore[no-untyped-def]
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)  # type: ignore[misc]
         self.pending_rewards = self.scored(rewards, prompts)
         return self.pending_rewards
 
-    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, *args, **kwargs):
         ids = self.rollout(prompt_ids, images, multimodal_fields)
         if ids is None:
             return super()._generate_single_turn(prompt_ids, images, multimodal_fields, *args, **kwargs)  # type: ignore[misc]
         return (ids, None) if self.ROLLOUT_LOGPROBS else ids
 
-    def _get_per_token_logps_and_entropies(  # type: ignore[no-untyped-def]
+    def _get_per_token_logps_and_entropies(
         self,
         model,
         input_ids,
@@ -463,7 +469,7 @@ class Seam:
             **multimodal,
         )
 
-    def _save_checkpoint(self, model, trial):  # type: ignore[no-untyped-def]
+    def _save_checkpoint(self, model, trial):
         # rung's state first: TRL writes trainer_state.json last and then deletes the previous
         # checkpoint, so wherever a kill lands a complete checkpoint (rung.train.checkpoints) is left.
         checkpoint = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
@@ -478,7 +484,7 @@ class Seam:
         )
         super()._save_checkpoint(model, trial)  # type: ignore[misc]
 
-    def _load_optimizer_and_scheduler(self, checkpoint):  # type: ignore[no-untyped-def]
+    def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)  # type: ignore[misc]
         if checkpoint is None:
             return
