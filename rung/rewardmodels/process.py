@@ -27,7 +27,7 @@ from rung.errors import InputError
 from rung.rewardmodels.encoding import prompt_ids, step_ids
 from rung.rewardmodels.steps import split
 from rung.train.checkpoints import FINAL
-from rung.train.harness import common_args, finalize, fit, train_loss, trainable
+from rung.train.harness import common_args, fit_and_save, trainable
 from rung.train.jobs import JobResult, ProcessRewardModelJob, main
 
 SETTINGS = "process_reward_model.json"
@@ -100,17 +100,14 @@ def train(job: ProcessRewardModelJob) -> JobResult:
         compute_loss_func=step_loss,
         callbacks=job.trainer_callbacks(),
     )
-    fit(trainer, job.resume, job.outage_wait)
-    moved = finalize(trainer, tok, job.work_dir, job.init)
+    trained = fit_and_save(trainer, job, tok)
     if trainer.args.should_save:
         files.write_json(
             job.work_dir / FINAL / SETTINGS, {"splitter": params.splitter, "format": job.format.model_dump()}
         )
     return JobResult(
         metrics={
-            **moved,
-            "train_loss": train_loss(trainer.state),
-            "steps": float(trainer.state.global_step),
+            **trained,
             "solutions": float(len(rows)),
             "solutions_trained": float(len(data)),
         }

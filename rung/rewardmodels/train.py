@@ -12,7 +12,7 @@ from rung import files
 from rung.config import FormatParams
 from rung.errors import InputError
 from rung.rewardmodels.encoding import completion_ids, prompt_ids
-from rung.train.harness import common_args, finalize, fit, train_loss, trainable
+from rung.train.harness import common_args, fit_and_save, trainable
 from rung.train.jobs import JobResult, RewardModelJob, main
 
 
@@ -58,13 +58,10 @@ def train(job: RewardModelJob) -> JobResult:
     assert isinstance(trainer.train_dataset, Dataset)
     if not len(trainer.train_dataset):
         raise InputError(f"{job.key}.max_length: {params.max_length} tokens is shorter than every one of the pairs")
-    fit(trainer, job.resume, job.outage_wait)
-    moved = finalize(trainer, tok, job.work_dir, job.init)
+    trained = fit_and_save(trainer, job, tok)
     return JobResult(
         metrics={
-            **moved,
-            "train_loss": train_loss(trainer.state),
-            "steps": float(trainer.state.global_step),
+            **trained,
             "pairs": float(len(pairs)),
             "pairs_trained": float(len(trainer.train_dataset)),
         }

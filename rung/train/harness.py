@@ -21,6 +21,7 @@ from rung import onednn, placement
 from rung.config import LoraParams
 from rung.train import movement, trl_seam
 from rung.train.checkpoints import FINAL
+from rung.train.jobs import TrainJob
 
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
 
@@ -148,3 +149,11 @@ def finalize(trainer: Any, tok: Any, work_dir: Path, init: Path) -> dict[str, fl
         tok.save_pretrained(out)
     trainer.accelerator.wait_for_everyone()
     return movement.since(init, out) if trainer.args.should_save else {}
+
+
+def fit_and_save(trainer: Any, job: TrainJob, tok: Any) -> dict[str, float]:
+    """`fit` (resumed from `job.resume`), then `finalize`: the metrics every training stage reports first, how far
+    the weights moved, the mean training loss and the steps taken."""
+    fit(trainer, job.resume, job.outage_wait)
+    moved = finalize(trainer, tok, job.work_dir, job.init)
+    return {**moved, "train_loss": train_loss(trainer.state), "steps": float(trainer.state.global_step)}

@@ -19,7 +19,7 @@ from rung.answers import formats
 from rung.config import FormatParams
 from rung.envs import template
 from rung.errors import InputError
-from rung.train.harness import common_args, finalize, fit, peft_config, train_loss, trainable
+from rung.train.harness import common_args, fit_and_save, peft_config, trainable
 from rung.train.jobs import JobResult, SFTJob, main
 from rung.train.prefix import SharedPrefixSFT
 
@@ -108,13 +108,10 @@ def train(job: SFTJob) -> JobResult:
             f"sft.max_length: {params.max_length} tokens cut all trained tokens of every one of the {len(traces)} "
             "traces (the chat template's prompt counts, an episode's tool schemas too): raise it"
         )
-    fit(trainer, job.resume, job.outage_wait)
-    moved = finalize(trainer, tok, job.work_dir, job.init)
+    trained = fit_and_save(trainer, job, tok)
     return JobResult(
         metrics={
-            **moved,
-            "train_loss": train_loss(trainer.state),
-            "steps": float(trainer.state.global_step),
+            **trained,
             "examples": float(len(traces)),
             "truncated_fraction": truncated_fraction(traces, job.format, tok, params.max_length),
         }
