@@ -335,7 +335,7 @@ def test_sft_traces_keep_tool_and_model_text_plain(tiny_model, tok, tmp_path, mo
     from rung import files
     from rung.answers import formats
     from rung.config import SFTParams
-    from rung.train import sft
+    from rung.train import harness, sft
     from rung.train.jobs import SFTJob
     from tests.tiny_model import job
 
@@ -361,8 +361,8 @@ def test_sft_traces_keep_tool_and_model_text_plain(tiny_model, tok, tmp_path, mo
         captured["rows"] = list(trainer.train_dataset)
         fit_as_shipped(trainer, *args)
 
-    fit_as_shipped = sft.fit
-    monkeypatch.setattr(sft, "fit", fit)
+    fit_as_shipped = harness.fit
+    monkeypatch.setattr(harness, "fit", fit)
     params = SFTParams(max_steps=1, per_device_train_batch_size=3, max_length=256)
     sft.train(job(SFTJob, init, data, tmp_path / "work", key="sft", params=params, seed=0))
     call_turn = '<tool_call>\n{"name": "python", "arguments": {"code": "print(1 + 1)"}}\n</tool_call><|im_end|>'

@@ -146,7 +146,7 @@ def test_sft_trains_the_right_answer_never_the_wrong_one_or_the_feedback(tiny_mo
     """The SFT stage's own trainer (rung.train.sft) on retry traces, with the model's own chat template."""
     from transformers import AutoTokenizer
 
-    from rung.train import sft
+    from rung.train import harness, sft
     from rung.train.jobs import SFTJob
     from tests.tiny_model import job
 
@@ -161,8 +161,8 @@ def test_sft_trains_the_right_answer_never_the_wrong_one_or_the_feedback(tiny_mo
         captured["rows"] = list(trainer.train_dataset)
         fit_as_shipped(trainer, *args)
 
-    fit_as_shipped = sft.fit
-    monkeypatch.setattr(sft, "fit", fit)
+    fit_as_shipped = harness.fit
+    monkeypatch.setattr(harness, "fit", fit)
     params = SFTParams(max_steps=1, per_device_train_batch_size=3, max_length=128)
     result = sft.train(job(SFTJob, init, data, tmp_path / "work", key="sft", params=params, seed=3))
     assert result.metrics["steps"] == 1.0 and result.metrics["examples"] == 3.0
