@@ -124,7 +124,18 @@ def test_the_worker_reads_only_the_vllm_environment():
         for line in text.splitlines()
         if line.strip().startswith(("import ", "from ")) and not line.strip().startswith("from __future__")
     }
-    assert imports <= {"importlib", "json", "os", "sys", "time", "traceback", "types", "typing", "vllm", "transformers"}, imports
+    assert imports <= {
+        "importlib",
+        "json",
+        "os",
+        "sys",
+        "time",
+        "traceback",
+        "types",
+        "typing",
+        "vllm",
+        "transformers",
+    }, imports
 
 
 # --- one engine at a time: the tiny model first ---
