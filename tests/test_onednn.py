@@ -86,8 +86,11 @@ def test_training_on_onednn_follows_the_default_run(tiny_model):
     got, want = _adam_steps(model, batch, 6), _adam_steps(default, batch, 6)
     assert want[-1] < want[0] - 2  # it learned (from ln(vocab) = 10.8)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    # weights after 6 AdamW steps: on an Intel Xeon MKL and oneDNN sum in orders that leave 4 of 2,048 weights
+    # 1.7e-5 apart (AdamW's normalised steps amplify last-bit differences of near-zero gradients); still far
+    # below one step's size (lr 1e-2)
     for k, v in default.state_dict().items():
-        torch.testing.assert_close(model.state_dict()[k], v, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(model.state_dict()[k], v, rtol=1e-4, atol=5e-5)
         assert not torch.equal(v, start[k])  # moved
 
 
