@@ -128,6 +128,13 @@ def test_missing_and_malformed_files(tmp_path):
     broken.write_text("seed: [1,\n")
     with pytest.raises(config.ConfigError, match="not valid YAML"):
         config.load(broken)
+    # DVC refuses a mapping with a key twice (PyYAML alone would keep the last): so does validate
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("seed: 1\nreward_models: {}\nreward_models:\n  rm: {}\n")
+    with pytest.raises(
+        config.ConfigError, match=r"twice.yaml: not valid YAML: duplicate key 'reward_models' \(line 3\)$"
+    ):
+        config.load(twice)
 
 
 def test_prompts_per_step_must_split_evenly_across_processes(default_params):

@@ -343,11 +343,28 @@ def with_overrides(data: dict[str, Any], sets: dict[str, Any]) -> dict[str, Any]
     return data
 
 
+class _UniqueKeys(yaml.SafeLoader):
+    """PyYAML keeps the last of two equal keys; DVC (ruamel) refuses the file. Refusing here too means a params
+    file `rung validate` passes is one `dvc repro` can read."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (line {key_node.start_mark.line + 1})", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: Path | str) -> Any:
-    """A YAML file's content; ConfigError with one line naming the file when it is missing or not YAML."""
+    """A YAML file's content; ConfigError with one line naming the file when it is missing, not YAML or has a
+    key twice in one mapping."""
     path = Path(path)
     try:
-        return yaml.safe_load(path.read_text())
+        return yaml.load(path.read_text(), Loader=_UniqueKeys)
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found") from None
     except yaml.YAMLError as e:
