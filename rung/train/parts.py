@@ -1,5 +1,6 @@
 """The parts a TRL trainer of rung's is given (rung.train.trl_seam's `Seam`) and the values its hooks hand
-them: a generated batch, the generation and joining of batches, the advantage function, the batch source."""
+them: a generated batch, the generation and joining of batches, the advantage function, the batch source, and the
+generation parts (the rollout engine and the log-probs, with the batch TRL asks log-probs of)."""
 
 from __future__ import annotations
 
