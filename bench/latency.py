@@ -38,6 +38,7 @@ from rung.errors import InputError  # noqa: E402
 from rung.generate import api  # noqa: E402
 from rung.generate import vllm as vllm_backend  # noqa: E402
 from tests.tiny_model import build  # noqa: E402
+from tests.tools import Sleeper  # noqa: E402
 
 
 def refusals(model: Path, fake_vllm: Path) -> float:
@@ -80,22 +81,6 @@ class Scripted:
     def __call__(self, ids, keys, sampling, seed):
         said = [self.tok.encode(self.script[key[-1]], add_special_tokens=False) for key in keys]
         return [([*tokens, self.tok.eos_token_id], False) for tokens in said]
-
-
-class Sleeper:
-    """A tool that sleeps."""
-
-    def reset(self, **row) -> None:
-        pass
-
-    def nap(self, seconds: float) -> str:
-        """Sleep.
-
-        Args:
-            seconds: How long.
-        """
-        time.sleep(seconds)
-        return "rested"
 
 
 def napping_turn(tok) -> float:

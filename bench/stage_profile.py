@@ -180,20 +180,7 @@ def main() -> None:
 
     name, stage = next(iter(params.rl.stages.items()))
     stage = stage.model_copy(update={"max_steps": args.rl_steps, "eval_every": None})
-    rl_job = RLJob(
-        key=f"rl.stages.{name}",
-        params=stage,
-        init=paths.checkpoint(stage.init),
-        data=paths.FILTERED,
-        work_dir=paths.WORK / "rl" / name,
-        curves=paths.plot("rl", name),
-        format=fmt,
-        seed=derive(params.seed if stage.seed is None else stage.seed, "rl", name),
-        dtype=params.model.dtype,
-        device=params.model.device,
-        cpu_matmul=params.model.cpu_matmul,
-        buckets=params.difficulty.buckets,
-    )
+    rl_job = RLJob.of(params, name, stage)
     results["rl"] = training_stage(
         lambda: launch.train(rl_job, stage.launch, paths.checkpoint(f"rl/{name}")), rung.rl.trainers
     )

@@ -13,7 +13,6 @@ from rung.checks.models import chat_template
 from rung.checks.rl import rl_stages
 from rung.errors import InputError
 from rung.report import keys
-from rung.seeding import derive
 from rung.train import launch
 from rung.train.checkpoints import discard
 from rung.train.jobs import RLJob
@@ -28,29 +27,11 @@ def rl(stage_name: str, params_file: str = str(paths.PARAMS)) -> None:
     if stage_name not in params.rl.stages:
         raise InputError(f"rl.stages: no stage named {stage_name!r} (have {list(params.rl.stages)})")
     stage = params.rl.stages[stage_name]
-    seed = derive(params.seed if stage.seed is None else stage.seed, "rl", stage_name)
-    job = RLJob(
-        key=f"rl.stages.{stage_name}",
-        params=stage,
-        init=paths.checkpoint(stage.init),
-        data=paths.FILTERED,
-        work_dir=paths.WORK / "rl" / stage_name,
-        curves=paths.plot("rl", stage_name),
-        format=params.format,
-        seed=seed,
-        dtype=params.model.dtype,
-        device=params.model.device,
-        cpu_matmul=params.model.cpu_matmul,
-        buckets=params.difficulty.buckets,
-        heldout=paths.TEST if stage.eval_every else None,
-        heldout_sampling=params.eval.sampling,
-        outage_wait=params.tracking.outage_wait,
-        environment=params.environment_of(stage_name),
-    )
+    job = RLJob.of(params, stage_name)
     # "seed" is the trainer's own (TRL logs it too; MLflow refuses a second value for a param).
     logged = {
         "global_seed": params.seed,
-        "seed": seed,
+        "seed": job.seed,
         "rl": {stage_name: stage.model_dump()},
         "format": params.format.model_dump(),
     }

@@ -91,7 +91,7 @@ def stage_closure(module: str) -> set[str]:
     found = closure(module, records)
     source = modules()[module].read_text()
     for job in JOBS:
-        if f"{job.__name__}(" in source:
+        if f"{job.__name__}(" in source or f"{job.__name__}.of(" in source:  # built, or from params
             found |= closure(job.entry, records)
     return found
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -22,13 +21,15 @@ from transformers import AutoTokenizer
 from rung import files
 from rung.config import FormatParams, SamplingParams
 from rung.envs import Python, check, template
-from rung.envs.loop import EpisodeReward, env_turn_ids, per_row, run, sampler
+from rung.envs.loop import env_turn_ids, per_row, run, sampler
+from rung.envs.rollout_func import EpisodeReward
 from rung.envs.trajectory import Trajectory
 from rung.errors import InputError
 from rung.eval.episodes import metrics, solved_at
 from rung.generate import api
 from rung.rl.episodes import Episodes
 from tests.test_envs import ROW, _memorize
+from tests.tools import Sleeper
 
 FMT = FormatParams()
 CALL = '<tool_call>\n{{"name": "{name}", "arguments": {{"code": {code}}}}}\n</tool_call>'
@@ -246,22 +247,6 @@ def test_no_turn_passes_the_budget_or_the_models_positions(tok):
     (e,) = run(generate, tok, [env], [ROW], **KW, max_turns=5, max_context=prompt + 100)
     assert all(len(ids) < prompt + 100 for ids in generate.contexts)  # room for one more token at least
     assert len(e.prompt_ids + e.completion_ids) <= prompt + 100 and e.truncated
-
-
-class Sleeper:
-    """A tool that sleeps: the turn's tool time runs out."""
-
-    def reset(self, **row) -> None:
-        pass
-
-    def nap(self, seconds: float) -> str:
-        """Sleep.
-
-        Args:
-            seconds: How long.
-        """
-        time.sleep(seconds)
-        return "rested"
 
 
 def test_the_tool_calls_of_a_turn_stop_at_its_wall_budget(tok):

@@ -38,7 +38,7 @@ from prefect.settings import (
 )
 from typer.testing import CliRunner
 
-from flows import credentials, sweep
+from flows import credentials, serve_state, sweep
 from flows import serve as team
 from flows.cli import app
 from flows.run import commit
@@ -252,7 +252,7 @@ def _leaks(servers: dict, ws: Path, texts: dict[str, str]) -> tuple[list[tuple[s
     in `texts` or any record, that is every file of both servers' state (the MLflow store and artifacts,
     both servers' logs and databases) and of workspace `ws` (dvc.lock, metrics, params copies,
     checkpoints, the DVC cache) but git's; and how many records were read."""
-    secrets = [*PLANTED.values(), *team.read_env_file(servers["state"] / "credentials.env").values()]
+    secrets = [*PLANTED.values(), *serve_state.read_env_file(servers["state"] / "credentials.env").values()]
     secrets += [servers["prefect"]["PREFECT_API_AUTH_STRING"].split(":", 1)[1]]
     records = [
         *(f for f in servers["state"].rglob("*") if f.is_file() and f.suffix != ".env"),

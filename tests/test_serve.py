@@ -13,7 +13,7 @@ import mlflow.server as mlflow_server
 import pytest
 from prefect.settings import PREFECT_API_KEY, PREFECT_API_URL, temporary_settings
 
-from flows import credentials, mlflow_app
+from flows import credentials, mlflow_app, serve_state
 from flows import serve as team
 from rung import config
 from rung.errors import InputError
@@ -27,10 +27,10 @@ def test_credentials_are_generated_once_into_a_file_only_its_owner_reads(tmp_pat
     assert len({v for v in first.values()}) == 5 and all(len(v) >= 32 for v in first.values())
     # a file from before MLflow's gateway passphrase: the passphrase is added, the rest kept
     older = {k: v for k, v in first.items() if k != "MLFLOW_CRYPTO_KEK_PASSPHRASE"}
-    team._write_private(state / "credentials.env", older)
+    serve_state.write_private(state / "credentials.env", older)
     again = team.credentials(state)
     assert again.items() >= older.items() and len(again["MLFLOW_CRYPTO_KEK_PASSPHRASE"]) >= 32
-    assert team.read_env_file(state / "credentials.env") == again
+    assert serve_state.read_env_file(state / "credentials.env") == again
     (state / "credentials.env").chmod(0o644)
     with pytest.raises(InputError, match=r"credentials.env: readable by other users \(mode 644\); chmod 600 it$"):
         team.credentials(state)

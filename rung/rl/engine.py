@@ -25,6 +25,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from rung.config import SamplingParams
 from rung.errors import InputError
+from rung.generate.api import generate_ids
 from rung.seeding import derive
 from rung.train.trl_seam import RolloutSettings, generation_context, global_step, rollout_settings
 
@@ -142,3 +143,27 @@ class RolloutEngine:
         """The model to decode with, unwrapped for the duration (`GenerationModel`)."""
         with self.unwrap() as unwrapped:
             yield self.model(unwrapped)
+
+    def single_turn(self, prompt_ids: list[list[int]], images: Any, multimodal_fields: Any) -> list[list[int]] | None:
+        """Rollouts through rung's decode loop (rung.generate.api: finished rows leave the batch, the group's
+        prompt is encoded once for its samples, oneDNN-prepacked weights) where TRL would call batched
+        `model.generate`, or None where the stage chose another generator. Each completion draws from its own
+        stream seeded by (seed, step, call of the step, process, prompt, sample), so a resumed run generates what
+        an unkilled one would."""
+        seed = self.seed()
+        if self.generator != "rung":
+            return None  # TRL's own generation; vLLM's per-row seeds come from `seed`
+        if images or multimodal_fields:
+            raise InputError("rung's rollouts sample text prompts: a row with images needs TRL's generation")
+        # TRL repeats each prompt for its group: generate the group's samples from one prompt encoding
+        g = self.settings.num_generations
+        n = (
+            g
+            if len(prompt_ids) % g == 0 and all(prompt_ids[i] == prompt_ids[i - i % g] for i in range(len(prompt_ids)))
+            else 1
+        )
+        # every rollout of the step in one batch where memory allows (rung.generate.api sizes it on CUDA)
+        sampling = self.sampling(self.settings.max_completion_length, len(prompt_ids))
+        with self.decoding() as model:
+            out = generate_ids(model, prompt_ids[::n], sampling, self.settings.eos_token_ids, n=n, seed=seed, desc=None)
+        return [tokens for samples in out for tokens, _ in samples]

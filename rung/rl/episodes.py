@@ -32,7 +32,8 @@ from accelerate.utils import gather_object
 
 from rung.config import FormatParams, RLStageParams
 from rung.envs import Environment
-from rung.envs.loop import EpisodeReward, PromptColumns, rollout_batch, sampler
+from rung.envs.loop import sampler
+from rung.envs.rollout_func import EpisodeReward, PromptColumns, rollout_batch
 from rung.envs.trajectory import Trajectory
 from rung.eval.episodes import metrics
 from rung.generate.api import positions

@@ -15,6 +15,7 @@ import torch
 from transformers import PretrainedConfig
 
 from rung.generate.decode import shared_prefix
+from rung.train.parts import LogpsBatch, TokenLogps
 from rung.train.prefix import MIN_SHARED_PREFIX, broadcast, prefix_cache
 from rung.train.trl_seam import Seam
 
@@ -33,17 +34,7 @@ class LogProbs:
     autocast: Callable[[], AbstractContextManager[Any]]
     """The trainer's mixed-precision context (accelerate's)."""
 
-    def __call__(
-        self,
-        model: Any,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        logits_to_keep: int,
-        batch_size: int | None,
-        compute_entropy: bool,
-        compute_aux_loss: bool,
-        multimodal: dict[str, Any],
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None:
+    def __call__(self, batch: LogpsBatch) -> TokenLogps | None:
         """TRL's per-token log-probs (and entropies) of the completions, with each prompt run once: the
         prompts' shared prefix (chat template and system prompt) once per batch, the rest of each distinct
         prompt once for its group, their keys and values broadcast to every row of the group (gradients flow
@@ -51,6 +42,12 @@ class LogProbs:
         token, whose logits score the first completion token). Prompts are laid out as in generation:
         [prefix][left padding][rest of the prompt], positions counted over real tokens (TRL's forward counts
         left pads as positions; rung.generate.api, like `model.generate`, does not)."""
+        model, input_ids, attention_mask, logits_to_keep = (
+            batch.model,
+            batch.input_ids,
+            batch.attention_mask,
+            batch.logits_to_keep,
+        )
         prompt_len = input_ids.shape[1] - logits_to_keep
         # one copy to the host, not a device sync per row
         host_ids, host_mask = input_ids[:, :prompt_len].tolist(), attention_mask[:, :prompt_len].tolist()
@@ -60,8 +57,8 @@ class LogProbs:
         prefix = shared_prefix(rows) if len(rows) > 1 else []
         if (
             (len(prefix) < MIN_SHARED_PREFIX and len(distinct) == len(rows))
-            or compute_aux_loss
-            or any(v is not None for v in multimodal.values())
+            or batch.compute_aux_loss
+            or any(v is not None for v in batch.multimodal.values())
             or self.processes > 1
             or getattr(model, "peft_config", None)
         ):
@@ -102,7 +99,7 @@ class LogProbs:
                     use_cache=True,
                     logits_to_keep=1,
                 ).past_key_values
-            for chunk in length_chunks(lengths, batch_size or len(rows)):
+            for chunk in length_chunks(lengths, batch.batch_size or len(rows)):
                 order += chunk
                 at, keep = torch.tensor(chunk, device=device), max(lengths[i] for i in chunk)
                 cut = mask.shape[1] - logits_to_keep + keep
@@ -115,10 +112,10 @@ class LogProbs:
                     labels=labels[at, : keep + 1],
                 )
                 logps.append(torch.nn.functional.pad(lp[:, -keep:], (0, logits_to_keep - keep)))
-                if compute_entropy and entropy is not None:
+                if batch.compute_entropy and entropy is not None:
                     entropies.append(torch.nn.functional.pad(entropy[:, -keep:], (0, logits_to_keep - keep)))
         back = torch.tensor(order, device=device).argsort()  # the rows in TRL's order again
-        if compute_entropy:
+        if batch.compute_entropy:
             return torch.cat(logps)[back], torch.cat(entropies)[back], None
         return torch.cat(logps)[back], None, None
 

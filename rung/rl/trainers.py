@@ -1,13 +1,14 @@
-"""RL stages with TRL's GRPOTrainer or RLOOTrainer on verifiable rewards: the trainer classes (TRL's
-through rung.train.trl_seam, with shared-prefix rollouts mixed in) given their parts (a batch source with
-its reward log, the objective's advantages, a metrics sink), their arguments from params, the held-out
-accuracy callback, and the job entry point (`python -m rung.rl.trainers`)."""
+"""RL stages with TRL's GRPOTrainer or RLOOTrainer on verifiable rewards: the trainers (rung.train.trl_seam's
+GRPOSeam, RLOOSeam) given their parts (a batch source with its reward log, the objective's advantages, a metrics
+sink, the rollout engine and log-probs of rung.rl.rollouts), their arguments from params, the held-out accuracy
+callback, and the job entry point (`python -m rung.rl.trainers`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 from collections import defaultdict
+from functools import partial
 from pathlib import Path
 from statistics import mean
 from typing import Any
@@ -29,7 +30,7 @@ from rung.generate.completion import encode
 from rung.rl import curricula, episodes, rewards, vllm_rollouts
 from rung.rl.advantages import Advantages
 from rung.rl.reward_logs import RewardLog
-from rung.rl.rollouts import Rollouts
+from rung.rl.rollouts import generation
 from rung.rl.sampling import BatchSource
 from rung.train.harness import common_args, finalize, fit, peft_config, train_loss, trainable
 from rung.train.jobs import JobResult, RLJob, main
@@ -112,12 +113,8 @@ def trl_config(
     )
 
 
-class GRPO(Rollouts, GRPOSeam):
-    """TRL's GRPOTrainer with rung's rollouts, and the seam's parts (batch source, advantages, metrics sink)."""
-
-
-class RLOO(Rollouts, RLOOSeam):
-    """TRL's RLOOTrainer, as GRPO."""
+GRPO = GRPOSeam
+RLOO = RLOOSeam
 
 
 class HeldOut(TrainerCallback):
@@ -154,7 +151,7 @@ class HeldOut(TrainerCallback):
             records = grade(
                 self.rows,
                 generate(
-                    self.trainer.generation_model(model),
+                    self.trainer.rollouts.model(model),
                     self.tok,
                     self.prompts,
                     self.sampling,
@@ -249,7 +246,7 @@ def trainer_for(job: RLJob, callbacks: list[Any] | None = None) -> GRPO | RLOO:
         batch_source=batch_source,
         advantages=Advantages.of(stage, job.key),
         metrics=metrics,
-        key=job.key,
+        generation=partial(generation, key=job.key),
         **episodic,
     )
     if stage.eval_every is not None and job.heldout is not None:

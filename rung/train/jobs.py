@@ -13,15 +13,18 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
+from rung import paths
 from rung.config import (
     EnvironmentParams,
     FormatParams,
+    Params,
     ProcessRewardModelParams,
     RewardModelParams,
     RLStageParams,
     SamplingParams,
     SFTParams,
 )
+from rung.seeding import derive
 
 RESULT = "result.json"  # written by the main process into the work directory
 
@@ -86,6 +89,29 @@ class RLJob(TrainJob):
     heldout_sampling: SamplingParams | None = None
     environment: EnvironmentParams | None = None
     """The environment the stage trains episodes in (params.environment_of(stage)); None: single-turn."""
+
+    @classmethod
+    def of(cls, params: Params, name: str, stage: RLStageParams | None = None) -> RLJob:
+        """The job of RL stage `name` of `params`, run as given or as `stage` (its params changed: bench/)."""
+        stage = params.rl.stages[name] if stage is None else stage
+        return cls(
+            key=f"rl.stages.{name}",
+            params=stage,
+            init=paths.checkpoint(stage.init),
+            data=paths.FILTERED,
+            work_dir=paths.WORK / "rl" / name,
+            curves=paths.plot("rl", name),
+            format=params.format,
+            seed=derive(params.seed if stage.seed is None else stage.seed, "rl", name),
+            dtype=params.model.dtype,
+            device=params.model.device,
+            cpu_matmul=params.model.cpu_matmul,
+            buckets=params.difficulty.buckets,
+            heldout=paths.TEST if stage.eval_every else None,
+            heldout_sampling=params.eval.sampling,
+            outage_wait=params.tracking.outage_wait,
+            environment=params.environment_of(name),
+        )
 
     def fingerprint(self) -> dict[str, Any]:
         out = super().fingerprint()

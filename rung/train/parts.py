@@ -1,5 +1,6 @@
 """The parts a TRL trainer of rung's is given (rung.train.trl_seam's `Seam`) and the values its hooks hand
-them: a generated batch, the generation and joining of batches, the advantage function, the batch source."""
+them: a generated batch, the generation and joining of batches, the advantage function, the batch source, and the
+generation parts (the rollout engine and the log-probs, with the batch TRL asks log-probs of)."""
 
 from __future__ import annotations
 
@@ -52,3 +53,42 @@ class Batches(Protocol):
     def load(self, checkpoint: Path) -> None:
         """Restore the part's state from `checkpoint`."""
         ...
+
+
+@dataclass(frozen=True)
+class LogpsBatch:
+    """What TRL asks log-probs of (`_get_per_token_logps_and_entropies`'s arguments, rung.train.trl_seam)."""
+
+    model: Any
+    input_ids: torch.Tensor
+    """(rows, prompt + completion tokens): prompts left-padded, completions right-padded."""
+    attention_mask: torch.Tensor
+    logits_to_keep: int
+    """The completion tokens: the last `logits_to_keep` of each row."""
+    batch_size: int | None
+    compute_entropy: bool
+    compute_aux_loss: bool
+    multimodal: dict[str, Any]
+
+
+TokenLogps = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]
+"""(log-probs, entropies, aux loss) of the completion tokens, (rows, logits_to_keep) each."""
+
+
+class Rollouts(Protocol):
+    """The rollout-engine part of a trainer (rung.rl.engine.RolloutEngine)."""
+
+    def single_turn(self, prompt_ids: list[list[int]], images: Any, multimodal_fields: Any) -> list[list[int]] | None:
+        """Completion ids for `prompt_ids` (TRL repeats each prompt for its group), or None for TRL's own
+        generation."""
+        ...
+
+
+@dataclass(frozen=True)
+class Generation:
+    """The generation parts of a trainer, built from it once TRL has (`Seam`'s `generation` factory): they read
+    the settings TRL derived from its config and tokenizer."""
+
+    rollouts: Rollouts
+    logprobs: Callable[[LogpsBatch], TokenLogps | None]
+    """rung's log-probs of a batch, or None for TRL's own computation."""

@@ -6,8 +6,9 @@ listed here against the installed TRL on the tiny model; rung.compat refuses unt
 rung's logic (rung.rl.sampling, rung.rl.reward_logs, rung.rl.rollouts, rung.rl.engine, rung.train.harness,
 rung.train.movement) uses the public hooks and accessors below. Each override here is thin: it calls one
 hook, whose default is TRL's own behaviour or that of a part the trainer is given (`Seam.__init__`: a
-batch source, an advantage function, a metrics sink; called with values, they read nothing of the
-trainer), so rung changes what it changes and nothing else. It lives in rung.train (not rung.rl) because
+batch source, an advantage function, a metrics sink, and the rollout engine and log-probs, which read the
+trainer's settings once when built; called with values, they read nothing else of the trainer), so rung
+changes what it changes and nothing else. It lives in rung.train (not rung.rl) because
 the SFT stage's harness shares two of the accesses.
 
 Private methods overridden (OVERRIDDEN: the leading parameters relied on; the rest pass through):
@@ -94,7 +95,7 @@ from trl.trainer.utils import nanstd as nanstd  # for rung's modules (module doc
 from trl.trainer.utils import pad
 
 from rung.train.checkpoints import generation_state
-from rung.train.parts import AdvantageFn, Batches, Generated
+from rung.train.parts import AdvantageFn, Batches, Generated, Generation, LogpsBatch, TokenLogps
 
 OVERRIDDEN: dict[str, list[str]] = {
     "_generate_and_score_completions": ["self", "inputs"],
@@ -268,9 +269,9 @@ def global_step(trainer: Any) -> int:
 
 
 class Seam:
-    """Mixin of a TRL GRPO-family trainer (GRPOSeam, RLOOSeam): the parts it is given (a batch source, an
-    advantage function, a metrics sink), hooks whose defaults are TRL's behaviour or the parts', TRL's own
-    steps for them to call, and the private overrides that call the hooks."""
+    """The base of rung's trainers on TRL's GRPO family (GRPOSeam, RLOOSeam): the parts it is given (a batch
+    source, an advantage function, a metrics sink, a rollout engine and log-probs), hooks whose defaults are TRL's
+    behaviour or the parts', TRL's own steps for them to call, and the private overrides that call the hooks."""
 
     ROLLOUT_LOGPROBS: bool
     """Whether the trainer's `_generate_single_turn` returns (completion ids, logprobs) or the ids alone."""
@@ -297,15 +298,20 @@ class Seam:
         batch_source: Batches | None = None,
         advantages: AdvantageFn | None = None,
         metrics: defaultdict[str, list[float]] | None = None,
+        generation: Callable[[Seam], Generation] | None = None,
         **kwargs: Any,
     ) -> None:
         """TRL's trainer arguments, plus the parts: `batch_source` (None: TRL's sampler's batches), the
-        `advantages` trained with (None: TRL's), and `metrics`, the sink the parts log a step's metrics into,
-        which becomes TRL's (`train_metrics`)."""
+        `advantages` trained with (None: TRL's), `metrics`, the sink the parts log a step's metrics into,
+        which becomes TRL's (`train_metrics`), and `generation`, the factory of the rollout engine and
+        log-probs (None: TRL's), called once TRL has set the trainer up, since they read its settings."""
         super().__init__(*args, **kwargs)
         self.batch_source, self.advantages = batch_source, advantages
         if metrics is not None:
             self._metrics["train"] = metrics
+        parts = None if generation is None else generation(self)
+        self.rollouts = None if parts is None else parts.rollouts
+        self.logprobs = None if parts is None else parts.logprobs
 
     @property
     def group_size(self) -> int:
@@ -313,7 +319,7 @@ class Seam:
         assert self.num_generations is not None
         return self.num_generations
 
-    # Hooks: TRL's behaviour, or the parts', unless a mixin in front overrides them.
+    # Hooks: TRL's behaviour, or the parts'.
 
     def generation_batch(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         """The batch a generation step trains on, for TRL's generation batch `inputs` (module
@@ -330,23 +336,14 @@ class Seam:
         return rewards if self.batch_source is None else self.batch_source.scored(rewards, len(prompts))
 
     def rollout(self, prompt_ids: list[list[int]], images: Any, multimodal_fields: Any) -> list[list[int]] | None:
-        """Completion ids for `prompt_ids` (TRL repeats each prompt for its group), or None for TRL's own
-        generation."""
-        return None
+        """Completion ids for `prompt_ids` (TRL repeats each prompt for its group): the rollout engine's, or None
+        for TRL's own generation."""
+        return None if self.rollouts is None else self.rollouts.single_turn(prompt_ids, images, multimodal_fields)
 
-    def token_logps(
-        self,
-        model: Any,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        logits_to_keep: int,
-        batch_size: int | None,
-        compute_entropy: bool,
-        compute_aux_loss: bool,
-        multimodal: dict[str, Any],
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None:
-        """(log-probs, entropies, aux loss) of the completion tokens, or None for TRL's own computation."""
-        return None
+    def token_logps(self, batch: LogpsBatch) -> TokenLogps | None:
+        """(log-probs, entropies, aux loss) of the completion tokens: the log-probs part's, or None for TRL's own
+        computation."""
+        return None if self.logprobs is None else self.logprobs(batch)
 
     def save_rung_state(self, checkpoint: Path) -> None:
         """Write rung's state into `checkpoint` (every process calls it) before TRL writes its own."""
@@ -453,9 +450,10 @@ class Seam:
         compute_aux_loss=False,
         **multimodal,
     ):
-        out = self.token_logps(
+        batch = LogpsBatch(
             model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss, multimodal
         )
+        out = self.token_logps(batch)
         if out is not None:
             return out
         return super()._get_per_token_logps_and_entropies(  # type: ignore[misc]
@@ -496,8 +494,12 @@ class Seam:
 
 
 class GRPOSeam(Seam, GRPOTrainer):
+    """rung's trainer on TRL's GRPOTrainer (rung.rl.trainers builds it from a stage's params)."""
+
     ROLLOUT_LOGPROBS = True
 
 
 class RLOOSeam(Seam, RLOOTrainer):
+    """rung's trainer on TRL's RLOOTrainer, as GRPOSeam."""
+
     ROLLOUT_LOGPROBS = False
