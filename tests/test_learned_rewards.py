@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,10 +14,12 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification, TrainerCallback
 
 from rung import config, files, models
+from rung.checks import usercode
 from rung.config import FormatParams, RLStageParams
 from rung.config.base import ConfigError
 from rung.errors import InputError
-from rung.report import health
+from rung.report import health, htmlpage
+from rung.report.pipeline import overoptimization
 from rung.rewardmodels import scoring
 from rung.rewardmodels.encoding import completion_ids, prompt_ids, text_ids
 from rung.rewardmodels.process import SETTINGS, ProcessRewardModel
@@ -24,6 +27,7 @@ from rung.rl import gold, learned_rewards
 from rung.rl.judge import Judge, verdict
 from rung.rl.majority import Majority, agreement
 from rung.rl.rewards import Guarded
+from tests.conftest import ROOT
 from tests.rows import sums
 
 FMT = FormatParams()
@@ -177,7 +181,9 @@ def test_rl_on_a_reward_model_logs_gold_and_proxy_beside_the_kl(tiny_model, tmp_
     for h in steps:
         assert 0 <= h[gold.GOLD] <= 1 and math.isfinite(h[f"{gold.PROXY}reward_model"]) and "kl" in h
     assert summary["reward_errors"] == 0
-    assert set(gold.curve(steps)) == {"proxy: reward_model", "gold (verifier)"}
+    xlabel, lines = gold.curve(steps)
+    assert xlabel == "KL from the init" and set(lines) == {"proxy: reward_model", "gold: verifier accuracy"}
+    assert gold.curve([{k: v for k, v in h.items() if k != "kl"} for h in steps])[0] == "training step"
 
 
 def test_health_warns_when_gold_falls_while_the_proxy_rises():
@@ -189,6 +195,30 @@ def test_health_warns_when_gold_falls_while_the_proxy_rises():
     both = [{**c, gold.GOLD: 0.1 + 0.05 * c["step"]} for c in rising]
     assert health.warnings("rl-main", gold.summary(both)) == []
     assert gold.summary(rising[:2]) == {}  # too short to tell
+    # the report's figure: proxy and gold against the KL, for the stages that log gold only
+    plots = [
+        p for name, points in (("rl/main", rising), ("rl/b", [{"step": 1}])) if (p := overoptimization(name, points))
+    ]
+    page = htmlpage.render({"sft": {"accuracy": 0.5, "n": 10}}, plots=plots)
+    assert [p[0] for p in plots] == ["plot-overoptimization-rl-main"] and 'id="plot-overoptimization-rl-main"' in page
+
+
+def test_rl_stages_depend_on_the_models_their_learned_rewards_read(default_params, tmp_path):
+    rewards = {"reward_model": {"args": {"model": "reward_models/rm"}}, "judge": {}, "accuracy": 1.0}
+    params = config.parse(
+        {**default_params, "reward_models": {"rm": {}}, "rl": {"stages": {"main": {"rewards": rewards}}}}
+    )
+    deps = usercode.deps(params, tmp_path)
+    assert deps == {"rl": ["data/models/reward_models/rm", "data/models/sft"]}
+    shutil.copy(ROOT / "dvc.yaml", tmp_path / "dvc.yaml")
+    with pytest.raises(InputError) as e:
+        usercode.listed(tmp_path / "params.yaml", params)
+    assert str(e.value).startswith(
+        "rl.stages.main.rewards.reward_model.args.model: data/models/reward_models/rm is a model that dvc.yaml's rl "
+        "stages read, and not in their deps"
+    )
+    usercode.add(tmp_path / "dvc.yaml", deps)  # what `rung run` does to its workspace's dvc.yaml
+    usercode.listed(tmp_path / "params.yaml", params)
 
 
 def test_validate_refuses_learned_rewards_in_one_line(default_params, tiny_model, ensemble, prm):

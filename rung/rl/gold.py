@@ -1,46 +1,17 @@
 """Over-optimization, measured: a stage trained on a learned reward (the proxy) also grades every completion with
 the task's verifier (the gold grade, never trained on) and logs both per step: `rewards/gold/accuracy` and
 `rewards/gold/proxy/<reward>` (the proxy's mean over the completions it scored, before any normalisation), beside
-TRL's `kl` from the init (Gao et al. 2023 plot the two against it). `summary` condenses the curves for
-rung.report.health's warning."""
+TRL's `kl` from the init (Gao et al. 2023 plot the two against it; rung.rl.learned_rewards.log_gold logs them).
+Here: their keys, `summary` of the curves for rung.report.health's warning, and `curve` for the report's plot."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from statistics import mean
-from typing import Any
-
-from rung.answers.grading import grade
-from rung.answers.rows import problem
-from rung.config import FormatParams
-from rung.rl.completions import text
 
 PREFIX = "rewards/gold/"
 GOLD = f"{PREFIX}accuracy"
 PROXY = f"{PREFIX}proxy/"
-
-
-def log(
-    name: str,
-    proxy: Sequence[float | None],
-    completions: list[Any],
-    fmt: FormatParams,
-    log_metric: Callable[[str, float], None] | None = None,
-    **columns: Any,
-) -> None:
-    """Log the batch's mean proxy score and its verifier accuracy through TRL's `log_metric`; a completion the
-    grader fails on counts in neither side of the accuracy (unscored, as the accuracy reward leaves it)."""
-    if log_metric is None:  # called outside a trainer (best-of-N, tests)
-        return
-    keys = ("answer", "task", "prompt_text", "meta")
-    rows = [problem(dict(zip(keys, values, strict=True))) for values in zip(*(columns[k] for k in keys), strict=True)]
-    graded = [grade(text(c), row, fmt).correct for c, row in zip(completions, rows, strict=True)]
-    scored = [float(g) for g in graded if g is not None]
-    if scored:
-        log_metric(GOLD, mean(scored))
-    proxied = [p for p in proxy if p is not None]
-    if proxied:
-        log_metric(f"{PROXY}{name}", mean(proxied))
 
 
 def summary(curves: Sequence[Mapping[str, float]]) -> dict[str, float]:
@@ -60,14 +31,15 @@ def summary(curves: Sequence[Mapping[str, float]]) -> dict[str, float]:
     return out
 
 
-def curve(points: Sequence[Mapping[str, float]]) -> dict[str, list[tuple[float, float]]]:
-    """Gold and each proxy against the KL from the init, one (kl, value) a logged step: Gao et al. 2023's figure."""
+def curve(points: Sequence[Mapping[str, float]]) -> tuple[str, dict[str, list[tuple[float, float]]]]:
+    """Gold and each proxy per logged step against the KL from the init (Gao et al. 2023's figure), or against the
+    step where the stage logged no KL (beta 0: TRL holds no reference model); (x label, curves)."""
+    logged = [c for c in points if GOLD in c]
+    x = "kl" if logged and all("kl" in c for c in logged) else "step"
     out: dict[str, list[tuple[float, float]]] = {}
-    for c in points:
-        if "kl" not in c:
-            continue
+    for c in logged:
         for key, value in c.items():
             if key.startswith(PREFIX):
-                name = "gold (verifier)" if key == GOLD else f"proxy: {key.removeprefix(PROXY)}"
-                out.setdefault(name, []).append((c["kl"], value))
-    return out
+                name = "gold: verifier accuracy" if key == GOLD else f"proxy: {key.removeprefix(PROXY)}"
+                out.setdefault(name, []).append((c[x], value))
+    return ("KL from the init" if x == "kl" else "training step"), out

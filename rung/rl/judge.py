@@ -15,14 +15,19 @@ from rung.config import FormatParams, RLStageParams, SamplingParams
 from rung.errors import InputError
 from rung.generate import api
 from rung.rewardmodels.encoding import text_ids
-from rung.rl import gold
 from rung.rl.completions import text
+from rung.rl.learned_rewards import log_gold
 
 TEMPLATE = (
     "Problem: {prompt}\nProposed solution: {completion}\n"
     "Is the proposed solution's final answer correct? Reply with one word, correct or incorrect.\nVerdict:"
 )
 _VERDICT = re.compile(r"\s*(correct|incorrect)\s*\.?\s*", re.IGNORECASE)
+
+
+def model_dir(model: str) -> Path:
+    """The judge's model: a checkpoint name (base, sft) or a directory."""
+    return paths.checkpoint(model) if model in ("base", "sft") else Path(model)
 
 
 def verdict(written: str) -> float | None:
@@ -73,5 +78,5 @@ class Judge:
     def __call__(self, completions: list[Any], prompt_text: list[str], **columns: Any) -> list[float | None]:
         prompts = [self.ids(p, text(c)) for c, p in zip(completions, prompt_text, strict=True)]
         scores = [verdict(w) for w in self.written(prompts)]
-        gold.log(self.__name__, scores, completions, self.fmt, prompt_text=prompt_text, **columns)
+        log_gold(self.__name__, scores, completions, self.fmt, prompt_text=prompt_text, **columns)
         return scores

@@ -1,16 +1,20 @@
 """Rewards a trained model gives (docs/reward_models.md, Rewards for RL): `reward_model`, a reward model's score of
 each completion (an ensemble's members aggregated), and `process`, a process reward model's step scores
 aggregated over the steps. Both score the batch on the stage's device, and both grade each completion with the
-task's verifier too, never to train on: the gold grade logged beside the proxy (rung.rl.gold)."""
+task's verifier too, never to train on: the gold grade logged beside the proxy (`log_gold`, rung.rl.gold)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from statistics import mean
 from typing import Any, Literal
 
 import torch
 
 from rung import paths
+from rung.answers.grading import grade
+from rung.answers.rows import problem
 from rung.config import FormatParams, RLStageParams
 from rung.errors import InputError
 from rung.rewardmodels import scoring
@@ -45,6 +49,30 @@ def normalised(scores: torch.Tensor) -> torch.Tensor:
     only), so its raw values would weigh unpredictably against the other rewards."""
     std = scores.std(unbiased=False)
     return (scores - scores.mean()) / (std if std > 0 else 1.0)
+
+
+def log_gold(
+    name: str,
+    proxy: Sequence[float | None],
+    completions: list[Any],
+    fmt: FormatParams,
+    log_metric: Callable[[str, float], None] | None = None,
+    **columns: Any,
+) -> None:
+    """Log the batch's mean proxy score and its verifier accuracy through TRL's `log_metric` (rung.rl.gold); a
+    completion the grader fails on counts in neither side of the accuracy (unscored, as the accuracy reward leaves
+    it)."""
+    if log_metric is None:  # called outside a trainer (best-of-N, tests)
+        return
+    keys = ("answer", "task", "prompt_text", "meta")
+    rows = [problem(dict(zip(keys, values, strict=True))) for values in zip(*(columns[k] for k in keys), strict=True)]
+    graded = [grade(text(c), row, fmt).correct for c, row in zip(completions, rows, strict=True)]
+    scored = [float(g) for g in graded if g is not None]
+    if scored:
+        log_metric(gold.GOLD, mean(scored))
+    proxied = [p for p in proxy if p is not None]
+    if proxied:
+        log_metric(f"{gold.PROXY}{name}", mean(proxied))
 
 
 class RewardModel:
@@ -82,7 +110,7 @@ class RewardModel:
 
     def __call__(self, completions: list[Any], prompt_text: list[str], **columns: Any) -> list[float | None]:
         scores = self.raw(completions, prompt_text)
-        gold.log(self.__name__, scores.tolist(), completions, self.fmt, prompt_text=prompt_text, **columns)
+        log_gold(self.__name__, scores.tolist(), completions, self.fmt, prompt_text=prompt_text, **columns)
         return (normalised(scores) if self.normalize else scores).tolist()
 
 
@@ -114,7 +142,7 @@ class Process:
 
     def __call__(self, completions: list[Any], prompt_text: list[str], **columns: Any) -> list[float | None]:
         scores = [self.score(p, text(c)) for c, p in zip(completions, prompt_text, strict=True)]
-        gold.log(self.__name__, scores, completions, self.fmt, prompt_text=prompt_text, **columns)
+        log_gold(self.__name__, scores, completions, self.fmt, prompt_text=prompt_text, **columns)
         return list(scores)
 
 
