@@ -208,8 +208,8 @@ def test_rl_stages_depend_on_the_models_their_learned_rewards_read(default_param
     params = config.parse(
         {**default_params, "reward_models": {"rm": {}}, "rl": {"stages": {"main": {"rewards": rewards}}}}
     )
-    deps = usercode.deps(params, tmp_path)
-    assert deps == {"rl": ["data/models/reward_models/rm", "data/models/sft"]}
+    deps = usercode.model_deps(params)
+    assert deps == {"rl": ["data/models/reward_models/rm", "data/models/sft"]} and usercode.deps(params, tmp_path) == {}
     shutil.copy(ROOT / "dvc.yaml", tmp_path / "dvc.yaml")
     with pytest.raises(InputError) as e:
         usercode.listed(tmp_path / "params.yaml", params)

@@ -101,10 +101,13 @@ def deps(params: Params, root: Path) -> dict[str, list[str]]:
         for stage in code.stages:
             if file.as_posix() not in out.setdefault(stage, []):
                 out[stage].append(file.as_posix())
-    for _, model in _project_models(params):
-        if model.as_posix() not in out.setdefault("rl", []):
-            out["rl"].append(model.as_posix())
     return out
+
+
+def model_deps(params: Params) -> dict[str, list[str]]:
+    """dvc.yaml stage -> the model directories inside the project that the learned rewards of `params` read."""
+    dirs = list(dict.fromkeys(model.as_posix() for _, model in _project_models(params)))
+    return {"rl": dirs} if dirs else {}
 
 
 def _models_read(params: Params) -> list[tuple[str, Path]]:
