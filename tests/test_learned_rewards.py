@@ -131,6 +131,8 @@ def test_judge_parses_only_its_own_one_word_verdict(tiny_model):
     assert scores == judge([*COMPLETIONS[:3], forged], **COLUMNS)  # greedy: the same verdicts again
     written = judge.written([judge.ids(p, c) for p, c in zip(COLUMNS["prompt_text"], COMPLETIONS, strict=True)])
     assert scores[:3] == [verdict(w) for w in written[:3]]  # a random model's words are no verdict: unscored
+    sampled = [Judge(FMT, STAGE, model=str(tiny_model), temperature=1.0, seed=3, device="cpu") for _ in range(2)]
+    assert sampled[0].written(prompts := [judge.ids("Calculate 2 + 1.", forged)] * 3) == sampled[1].written(prompts)
     with pytest.raises(InputError, match="rewards.judge.args.template"):
         Judge(FMT, STAGE, model=str(tiny_model), template="{completion} then {prompt}")
 
@@ -183,7 +185,8 @@ def test_rl_on_a_reward_model_logs_gold_and_proxy_beside_the_kl(tiny_model, tmp_
     assert summary["reward_errors"] == 0
     xlabel, lines = gold.curve(steps)
     assert xlabel == "KL from the init" and set(lines) == {"proxy: reward_model", "gold: verifier accuracy"}
-    assert gold.curve([{k: v for k, v in h.items() if k != "kl"} for h in steps])[0] == "training step"
+    without_kl = [{"step": i, gold.GOLD: h[gold.GOLD]} for i, h in enumerate(steps)]  # beta 0: TRL logs no kl
+    assert gold.curve(without_kl)[0] == "training step"
 
 
 def test_health_warns_when_gold_falls_while_the_proxy_rises():
