@@ -93,7 +93,7 @@ def test_reward_model_aggregates_an_ensemble_and_normalises_per_batch(ensemble):
     reward.normalize = True
     normal = reward(COMPLETIONS, **COLUMNS)
     assert sum(normal) == pytest.approx(0, abs=1e-5) and torch.tensor(normal).std(unbiased=False) == pytest.approx(1)
-    with pytest.raises(InputError, match="rewards.reward_model.args.aggregate: 'max'"):
+    with pytest.raises(InputError, match=r"rewards.reward_model.args.aggregate: 'max' is not one of \['mean'"):
         learned_rewards.RewardModel(FMT, STAGE, str(ensemble), aggregate="max")
 
 
@@ -239,6 +239,9 @@ def test_validate_refuses_learned_rewards_in_one_line(default_params, tiny_model
     )
     assert refused({"reward_model": {"args": {"model": "reward_models/rm"}}}) == (
         "rl.stages.main.rewards.reward_model.args.model: reward_models has no stage 'rm' (have [])"
+    )
+    assert refused({"process": {"args": {"aggregate": "sum"}}}) == (
+        "rl.stages.main.rewards.process.args.aggregate: 'sum' is not one of ['min', 'last', 'mean']"
     )
     assert refused({"process": {}}).startswith("rl.stages.main.rewards.process.args.model: missing")
     assert refused({"process": {"args": {"model": str(ensemble)}}}) == (

@@ -25,6 +25,14 @@ from rung.rl.completions import text
 
 STAGES = {"reward_model": "reward_models", "process": "process_reward_models"}
 """The params section whose stages each learned reward kind can name as its `model`."""
+AGGREGATES = {"reward_model": ("mean", "min", "mean_minus_std"), "process": ("min", "last", "mean")}
+"""Each kind's `aggregate`s, the first its default: over an ensemble's members, over a solution's steps."""
+
+
+def known_aggregate(kind: str, how: str, key: str) -> str:
+    if how not in AGGREGATES[kind]:
+        raise InputError(f"{key}: {how!r} is not one of {list(AGGREGATES[kind])}")
+    return how
 
 
 def model_dir(model: str, kind: str) -> Path:
@@ -38,10 +46,10 @@ def aggregate(members: torch.Tensor, how: str, lam: float) -> torch.Tensor:
     minimum, or mean - lam * std (Coste et al. 2023's uncertainty-weighted optimisation; std 0 for one member)."""
     if how == "min":
         return members.min(dim=0).values
-    mean = members.mean(dim=0)
+    average = members.mean(dim=0)
     if how == "mean_minus_std":
-        return mean - lam * members.std(dim=0, unbiased=False)
-    return mean
+        return average - lam * members.std(dim=0, unbiased=False)
+    return average
 
 
 def normalised(scores: torch.Tensor) -> torch.Tensor:
@@ -91,8 +99,7 @@ class RewardModel:
         batch_size: int = 16,
         device: str = "auto",
     ) -> None:
-        if aggregate not in ("mean", "min", "mean_minus_std"):
-            raise InputError(f"rewards.reward_model.args.aggregate: {aggregate!r} is not mean, min or mean_minus_std")
+        known_aggregate(self.__name__, aggregate, "rewards.reward_model.args.aggregate")
         self.fmt, self.how, self.lam, self.normalize, self.batch = fmt, aggregate, lam, normalize, batch_size
         loaded = [scoring.load(m, device) for m in scoring.members(model_dir(model, "reward_model"), "model")]
         self.models = [m for m, _ in loaded]
@@ -129,8 +136,7 @@ class Process:
         aggregate: Literal["min", "last", "mean"] = "min",
         device: str = "auto",
     ) -> None:
-        if aggregate not in ("min", "last", "mean"):
-            raise InputError(f"rewards.process.args.aggregate: {aggregate!r} is not min, last or mean")
+        known_aggregate(self.__name__, aggregate, "rewards.process.args.aggregate")
         self.fmt, self.how = fmt, aggregate
         self.prm = ProcessRewardModel(model_dir(model, "process"), device)
 
@@ -149,6 +155,7 @@ class Process:
 def check(kind: str, args: dict[str, Any], sections: dict[str, Any], key: str) -> None:
     """Before any compute: the `model` of a learned reward is a stage of its section in params, or a directory
     holding such a model (a reward model: sequence-classification checkpoints; a PRM: its settings file)."""
+    known_aggregate(kind, args.get("aggregate", AGGREGATES[kind][0]), f"{key}.args.aggregate")
     model = args.get("model")
     if not isinstance(model, str):
         raise InputError(f"{key}.args.model: missing; a {STAGES[kind]} stage (`{STAGES[kind]}/<name>`) or a path")
