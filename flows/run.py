@@ -124,7 +124,7 @@ def commit(ws: Path, message: str, env: dict[str, str] | None = None) -> None:
 def prepare(recipe: Path, sets: dict[str, Any], ws: Path, root: Path | None = None) -> Path:
     """Validate the run, then write its workspace (default root: the current directory): the
     project's code, user code the params name by import path (a dep of the stages that run it in the
-    workspace's dvc.yaml), and the merged params.yaml."""
+    workspace's dvc.yaml), the models learned rewards read as deps of the rl stages, and the merged params.yaml."""
     root = (root or Path.cwd()).resolve()
     params = resolve(recipe, sets)
     code = usercode.deps(params, root)
@@ -135,6 +135,7 @@ def prepare(recipe: Path, sets: dict[str, Any], ws: Path, root: Path | None = No
         (ws / file).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(root / file, ws / file)
     usercode.add(ws / "dvc.yaml", code)
+    usercode.add(ws / "dvc.yaml", usercode.model_deps(params))  # trained by stages of the workspace: not copied
     (ws / paths.PARAMS).write_text(
         f"# rung run {recipe}"
         + "".join(f" --set {k}={json.dumps(v)}" for k, v in sets.items())

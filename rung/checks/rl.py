@@ -11,7 +11,7 @@ from rung import compat
 from rung.checks.models import lora_targets
 from rung.config import Params
 from rung.errors import InputError
-from rung.rl import advantages, rewards, vllm_rollouts
+from rung.rl import advantages, learned_rewards, rewards, vllm_rollouts
 from rung.train import launch
 
 
@@ -31,6 +31,12 @@ def rl_stages(params: Params) -> None:
         for reward, spec in stage.rewards.items():
             if spec.import_path is not None:
                 _reward(spec.import_path, bool(spec.args), f"{key}.rewards.{reward}")
+            elif reward in learned_rewards.STAGES:
+                sections = {
+                    "reward_models": params.reward_models,
+                    "process_reward_models": params.process_reward_models,
+                }
+                learned_rewards.check(reward, spec.args, sections, f"{key}.rewards.{reward}")
         advantages.resolve(stage, key)  # an objective given by its import path: loaded, its signature checked
 
 

@@ -1,7 +1,9 @@
 """Code of the user's that params name by import path (environment classes, reward functions) is code the stages
 run, so DVC must rerun them when it changes, as it does for rung's own modules (dvc.yaml lists those, since DVC
-does not follow imports), and `rung run` must carry it into its workspace. Here: which file each one is, which
-dvc.yaml stages run it, the check that the project's dvc.yaml lists it, and the edit that makes a workspace's
+does not follow imports), and `rung run` must carry it into its workspace. The models that learned rewards score
+with are read by the `rl` stages alike: listed as their deps too, so that DVC trains a reward model before the RL
+that uses it and reruns that RL when it changes (every RL stage: one foreach template). Here: which file each one
+is, which dvc.yaml stages run it, the check that the project's dvc.yaml lists it, and the edit that makes a workspace's
 dvc.yaml list it. A module installed in the environment (site-packages) is pinned with it, as TRL is: no dep."""
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from rung.config import Params
 from rung.config.envs import BUILTIN_ENVIRONMENTS
 from rung.errors import InputError
 from rung.objectives import OBJECTIVES
+from rung.rl import judge, learned_rewards
 
 ENVIRONMENT_STAGES = ("difficulty", "rl", "eval_base", "eval_sft", "eval_rl")
 """The dvc.yaml stages (a foreach as one) that run the experiment's environment. The traces stage runs only the
@@ -101,6 +104,31 @@ def deps(params: Params, root: Path) -> dict[str, list[str]]:
     return out
 
 
+def model_deps(params: Params) -> dict[str, list[str]]:
+    """dvc.yaml stage -> the model directories inside the project that the learned rewards of `params` read."""
+    dirs = list(dict.fromkeys(model.as_posix() for _, model in _project_models(params)))
+    return {"rl": dirs} if dirs else {}
+
+
+def _models_read(params: Params) -> list[tuple[str, Path]]:
+    """(params key, model directory) of each model a learned reward of an RL stage scores with."""
+    out = []
+    for name, stage in params.rl.stages.items():
+        for reward, spec in stage.rewards.items():
+            key, model = f"rl.stages.{name}.rewards.{reward}.args.model", spec.args.get("model")
+            if spec.import_path is None and reward in learned_rewards.STAGES and isinstance(model, str):
+                out.append((key, learned_rewards.model_dir(model, reward)))
+            elif spec.import_path is None and reward == "judge":
+                out.append((key, judge.model_dir(model or "sft")))
+    return out
+
+
+def _project_models(params: Params) -> list[tuple[str, Path]]:
+    """The learned rewards' models inside the project (relative paths: a stage's output or the user's files); one
+    elsewhere is the user's to keep fixed, as DVC tracks the project's files only."""
+    return [(key, model) for key, model in _models_read(params) if not model.is_absolute()]
+
+
 def _stage_deps(stage: dict[str, Any]) -> list[Any]:
     return (stage.get("do", stage)).get("deps") or []
 
@@ -120,6 +148,13 @@ def listed(params_file: Path, params: Params) -> None:
             raise InputError(
                 f"{code.key}: {file} is code that dvc.yaml's stages {', '.join(missing)} run, and not in their deps "
                 f"(DVC would not rerun them when it changes); add it to their deps, or run with `rung run`"
+            )
+    rl = _stage_deps(stages["rl"]) if "rl" in stages else []
+    for key, model in _project_models(params):
+        if "rl" in stages and model.as_posix() not in rl:
+            raise InputError(
+                f"{key}: {model} is a model that dvc.yaml's rl stages read, and not in their deps (DVC would not "
+                "train it first, nor rerun them when it changes); add it to their deps, or run with `rung run`"
             )
 
 

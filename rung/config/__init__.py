@@ -217,7 +217,8 @@ class Params(Section):
 
     @model_validator(mode="after")
     def _rewards_have_their_rows(self) -> Params:
-        """A reward for one task (tests_passed: code) needs rows of it in the RL stages' data (curate.sources)."""
+        """A reward for one task (tests_passed: code) needs rows of it in the RL stages' data (curate.sources);
+        majority needs answers that compare, which code's are not."""
         mix = self.curate.mix
         tasks = {s.task for s in self.curate.sources if mix is None or mix.weights.get(s.name, 1) > 0}
         for name, stage in self.rl.stages.items():
@@ -227,6 +228,11 @@ class Params(Section):
                     raise ValueError(
                         f"rl.stages.{name}.rewards.{reward}: grades {task} rows, and curate.sources has none "
                         f"(tasks: {', '.join(sorted(tasks))}); use accuracy"
+                    )
+                if reward == "majority" and spec.import_path is None and "code" in tasks:  # verify.answer_class
+                    raise ValueError(
+                        f"rl.stages.{name}.rewards.majority: code answers cannot be compared (programs are graded "
+                        "by their tests, never one answer)"
                     )
         return self
 

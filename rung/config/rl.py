@@ -24,7 +24,11 @@ from rung.objectives import OBJECTIVES
 
 # The names of rung.rl.rewards.REGISTRY (tests/test_rewards.py checks it), here so that params validate
 # without importing the rewards and their verifiers.
-BUILTIN_REWARDS = ("accuracy", "tests_passed", "format", "format_partial", "overlong", "conditional_length")
+# The last four are rewards a model gives (rung.rl.learned_rewards, judge, majority; docs/reward_models.md).
+BUILTIN_REWARDS = (
+    *("accuracy", "tests_passed", "format", "format_partial", "overlong", "conditional_length"),
+    *("reward_model", "process", "judge", "majority"),
+)
 # The task a built-in reward is for: tests_passed grades code rows by the share of their tests passed and
 # any other row as accuracy does, so on data without code rows it is accuracy under a misleading name.
 REWARD_TASKS = {"tests_passed": "code"}
@@ -34,7 +38,8 @@ class RewardParams(Section):
     """One reward function and its weight. Built-ins (rung.rl.rewards.REGISTRY): accuracy, tests_passed
     (code rows: the share of the tests passed), format (the
     style's strict check), format_partial (tags: 0.25 a tag, open-r1's tag_count_reward; the strict
-    check for the other styles), overlong, conditional_length; any other name needs `import`."""
+    check for the other styles), overlong, conditional_length; rewards a model gives: reward_model, process, judge,
+    majority (their args: docs/reward_models.md); any other name needs `import`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
     weight: float = 1.0

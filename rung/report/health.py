@@ -38,6 +38,8 @@ def warnings(stage: str, metrics: dict[str, Any]) -> list[str]:
         )
     if fnmatch.fnmatch(stage, "rl-*") and "entropy_first" in metrics:
         out += _echo_trap(stage, metrics)
+    if fnmatch.fnmatch(stage, "rl-*") and "gold_first" in metrics:
+        out += _overoptimized(stage, metrics)
     if fnmatch.fnmatch(stage, "eval-*"):
         for name, m in metrics.get("sets", {}).items():
             if m.get("format_rate") == 0:
@@ -60,6 +62,26 @@ def _barely_moved(stage: str, metrics: dict[str, Any]) -> list[str]:
         f"{stage}: only {touched:.1%} of the weights in the trained tensors changed since init "
         f"(‖Δw‖/‖w‖ = {metrics['weights_relative_change']:.1e}): updates below the weights' precision "
         "(bf16 weights) or a learning rate too small"
+    ]
+
+
+def _overoptimized(stage: str, metrics: dict[str, Any]) -> list[str]:
+    """A stage on a learned reward whose proxy rose while the verifier's accuracy (gold, never trained on) fell,
+    first to last third of the steps (rung.rl.gold.summary): Gao et al. 2023's over-optimization."""
+    g0, g1 = metrics["gold_first"], metrics["gold_last"]
+    risen = [
+        key.removeprefix("proxy/").removesuffix("_first")
+        for key in metrics
+        if key.startswith("proxy/")
+        and key.endswith("_first")
+        and metrics[key.replace("_first", "_last")] > metrics[key]
+    ]
+    if g1 >= g0 or not risen:
+        return []
+    return [
+        f"{stage}: over-optimization: the verifier's accuracy fell from {g0:.1%} to {g1:.1%} while the learned "
+        f"reward {', '.join(risen)} rose (first to last third of the steps): the policy exploits the reward model; "
+        "fewer steps, a KL penalty (beta) or an ensemble (aggregate: min or mean_minus_std)"
     ]
 
 

@@ -325,6 +325,7 @@ def render(
     extra: Sequence[Extra] = (),
     warnings: Sequence[str] = (),
     sections: Sequence[str] = (),
+    plots: Sequence[Plot] = (),
 ) -> str:
     """The whole HTML document.
 
@@ -333,7 +334,8 @@ def render(
     accuracy_by_source {source: v}, sampling {name: value}), in the order the rows should have;
     reward_curves maps RL stage name to (step, mean reward) points; settings is shown as a table;
     extra tables (e.g. the paired comparisons) follow the headline table; warnings (rung.report.health)
-    are listed above everything else; sections (HTML, e.g. `episodes_section`) follow the extra tables.
+    are listed above everything else; sections (HTML, e.g. `episodes_section`) follow the extra tables; plots
+    follow the reward curves.
     """
     colors = {name: f"C{i % 10}" for i, name in enumerate(evals)}  # one colour per checkpoint in every plot
     figures_html = figures(
@@ -357,6 +359,7 @@ def render(
                 "and, with dynamic sampling, "
                 "of all generated groups (zero-variance groups included).",
             ),
+            *plots,
         ]
     )
     tables = [_headline(evals), *(extra_table(t) for t in extra), *sections]

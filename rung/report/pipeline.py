@@ -13,6 +13,7 @@ from rung import files, paths
 from rung.answers import formats
 from rung.eval.results import Comparisons, EvalResult
 from rung.report import episode_tables, htmlpage, tables
+from rung.rl import gold
 
 # The paired comparisons: a DVC metrics file of the report stage (next to report.md, outside
 # data/metrics, which the stage depends on).
@@ -266,6 +267,23 @@ def _learned_table(learned: Mapping[str, Mapping[str, str]]) -> tables.Table:
     return ["learned reward", *keys], [[name, *(row[k] for k in keys)] for name, row in learned.items()]
 
 
+def overoptimization(name: str, points: list[dict[str, float]]) -> htmlpage.Plot | None:
+    """A stage on a learned reward: its proxy and the verifier's accuracy (gold) against the KL from the init."""
+    xlabel, lines = gold.curve(points)
+    if not lines:
+        return None
+    caption = (
+        f"Over-optimization on {name}: the learned reward's mean score (proxy, its own units) and the verifier's "
+        f"accuracy (gold, never trained on) of the completions of each logged step, against {xlabel.lower()} "
+        "(Gao et al. 2023). Gold falling while the proxy rises is the policy exploiting the reward model."
+    )
+    return (
+        f"plot-overoptimization-{name.replace('/', '-')}",
+        lambda: htmlpage.band_plot(lines, xlabel, "score"),
+        caption,
+    )
+
+
 def html(
     evals: Mapping[str, EvalResult],
     reward_curves: Mapping[str, list[dict[str, float]]],
@@ -341,6 +359,7 @@ def html(
             extra=extra,
             warnings=warnings or (),
             sections=[htmlpage.episodes_section(shown, TRANSCRIPTS_NOTE)] if shown else [],
+            plots=[plot for name, points in reward_curves.items() if (plot := overoptimization(name, points))],
         ),
     )
 

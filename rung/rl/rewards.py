@@ -15,13 +15,11 @@ from rung.answers.grading import grade
 from rung.answers.rows import Problem, problem
 from rung.config import FormatParams, RewardParams, RLStageParams
 from rung.errors import InputError
+from rung.rl import judge, learned_rewards, majority
+from rung.rl.completions import groups
+from rung.rl.completions import text as _text
 
 RewardFunc = Callable[..., list[float | None]]
-
-
-def _text(completion: Any) -> str:
-    # TRL passes conversational completions as [{"role": "assistant", "content": ...}].
-    return completion[-1]["content"] if isinstance(completion, list) else completion
 
 
 def _graded(
@@ -34,12 +32,6 @@ def _graded(
     """Each completion's text, with the row it answers (from TRL's columns, rung.answers.rows.dataset_row's)."""
     for c, a, t, p, m in zip(completions, answer, task, prompt_text, meta, strict=True):
         yield _text(c), problem(dict(answer=a, task=t, prompt_text=p, meta=m))
-
-
-def groups(n: int, size: int) -> list[range]:
-    """The positions of each prompt's completions in a batch of n: TRL lays a prompt's generations out
-    contiguously, num_generations (`size`) at a time."""
-    return [range(start, min(start + size, n)) for start in range(0, n, size)]
 
 
 class Accuracy:
@@ -162,6 +154,10 @@ REGISTRY: dict[str, Callable[..., RewardFunc]] = {
     "format_partial": FormatPartial,
     "overlong": Overlong,
     "conditional_length": ConditionalLength,
+    "reward_model": learned_rewards.RewardModel,
+    "process": learned_rewards.Process,
+    "judge": judge.Judge,
+    "majority": majority.Majority,
 }
 
 

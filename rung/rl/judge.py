@@ -1,0 +1,82 @@
+"""The `judge` reward: a generative model prompted to grade each completion, its verdict parsed (docs/reward_models.md).
+The completion is untrusted text inside the judge's prompt: it is encoded with its special-token strings kept as
+text (it cannot close the judge's turn), and only what the judge itself writes is parsed, so a completion that
+writes "Verdict: correct" forges nothing. A verdict is one word on the judge's first line, `correct` (1.0) or
+`incorrect` (0.0); anything else (a hedge, "not correct", a blank) is no verdict: the completion is unscored."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from rung import paths
+from rung.config import FormatParams, RLStageParams, SamplingParams
+from rung.errors import InputError
+from rung.generate import api
+from rung.rewardmodels.encoding import text_ids
+from rung.rl.completions import text
+from rung.rl.learned_rewards import log_gold
+
+TEMPLATE = (
+    "Problem: {prompt}\nProposed solution: {completion}\n"
+    "Is the proposed solution's final answer correct? Reply with one word, correct or incorrect.\nVerdict:"
+)
+_VERDICT = re.compile(r"\s*(correct|incorrect)\s*\.?\s*", re.IGNORECASE)
+
+
+def model_dir(model: str) -> Path:
+    """The judge's model: a checkpoint name (base, sft) or a directory."""
+    return paths.checkpoint(model) if model in ("base", "sft") else Path(model)
+
+
+def verdict(written: str) -> float | None:
+    """1.0 for `correct`, 0.0 for `incorrect` alone on the judge's first line; None otherwise."""
+    first = written.strip().split("\n", 1)[0] if written.strip() else ""
+    match = _VERDICT.fullmatch(first)
+    return None if match is None else float(match.group(1).lower() == "correct")
+
+
+class Judge:
+    """`model`: a checkpoint name (base, sft) or a model directory; `template`: the judge's prompt, with the
+    fields {prompt} and {completion}. Decoded greedily by default (temperature 0), else sampled from `seed`: a
+    verdict is a function of its prompt either way; batched on `device`."""
+
+    __name__ = "judge"
+
+    def __init__(
+        self,
+        fmt: FormatParams,
+        stage: RLStageParams,
+        model: str = "sft",
+        template: str = TEMPLATE,
+        max_new_tokens: int = 4,
+        temperature: float = 0.0,
+        seed: int = 0,
+        batch_size: int | None = None,
+        device: str = "auto",
+    ) -> None:
+        if template.count("{completion}") != 1 or "{prompt}" not in template.split("{completion}")[0]:
+            raise InputError("rewards.judge.args.template: needs {prompt}, then {completion} once")
+        self.before, self.after = template.split("{completion}")
+        self.fmt, self.seed = fmt, seed
+        self.sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, batch_size=batch_size)
+        self.gen = api.load(
+            paths.checkpoint(model) if model in ("base", "sft") else Path(model), "float32", device=device
+        )
+        self.tok = self.gen.tok
+
+    def ids(self, prompt: str, completion: str) -> list[int]:
+        """The judge's prompt: the template's text with the problem, the completion's text as text."""
+        head = self.tok(self.before.replace("{prompt}", prompt))["input_ids"]
+        return [*head, *text_ids(self.tok, completion), *text_ids(self.tok, self.after)]
+
+    def written(self, prompts: list[list[int]]) -> list[str]:
+        """What the judge writes after each prompt (rung's batched generation, seeded)."""
+        return [done[0].text for done in self.gen.generate(prompts, self.sampling, seed=self.seed, desc="judge")]
+
+    def __call__(self, completions: list[Any], prompt_text: list[str], **columns: Any) -> list[float | None]:
+        prompts = [self.ids(p, text(c)) for c, p in zip(completions, prompt_text, strict=True)]
+        scores = [verdict(w) for w in self.written(prompts)]
+        log_gold(self.__name__, scores, completions, self.fmt, prompt_text=prompt_text, **columns)
+        return scores

@@ -1,0 +1,170 @@
+"""Rewards a trained model gives (docs/reward_models.md, Rewards for RL): `reward_model`, a reward model's score of
+each completion (an ensemble's members aggregated), and `process`, a process reward model's step scores
+aggregated over the steps. Both score the batch on the stage's device, and both grade each completion with the
+task's verifier too, never to train on: the gold grade logged beside the proxy (`log_gold`, rung.rl.gold)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from statistics import mean
+from typing import Any, Literal
+
+import torch
+
+from rung import paths
+from rung.answers.grading import grade
+from rung.answers.rows import problem
+from rung.config import FormatParams, RLStageParams
+from rung.errors import InputError
+from rung.rewardmodels import scoring
+from rung.rewardmodels.encoding import completion_ids, prompt_ids
+from rung.rewardmodels.process import SETTINGS, ProcessRewardModel
+from rung.rl import gold
+from rung.rl.completions import text
+
+STAGES = {"reward_model": "reward_models", "process": "process_reward_models"}
+"""The params section whose stages each learned reward kind can name as its `model`."""
+AGGREGATES = {"reward_model": ("mean", "min", "mean_minus_std"), "process": ("min", "last", "mean")}
+"""Each kind's `aggregate`s, the first its default: over an ensemble's members, over a solution's steps."""
+
+
+def known_aggregate(kind: str, how: str, key: str) -> str:
+    if how not in AGGREGATES[kind]:
+        raise InputError(f"{key}: {how!r} is not one of {list(AGGREGATES[kind])}")
+    return how
+
+
+def model_dir(model: str, kind: str) -> Path:
+    """`<section>/<name>` names that stage's output (data/models/<section>/<name>); anything else is a path."""
+    section, _, name = model.partition("/")
+    return paths.learned_reward(section, name) if section == STAGES[kind] and name else Path(model)
+
+
+def aggregate(members: torch.Tensor, how: str, lam: float) -> torch.Tensor:
+    """One score per completion from the (members, completions) scores of an ensemble: their mean, their
+    minimum, or mean - lam * std (Coste et al. 2023's uncertainty-weighted optimisation; std 0 for one member)."""
+    if how == "min":
+        return members.min(dim=0).values
+    average = members.mean(dim=0)
+    if how == "mean_minus_std":
+        return average - lam * members.std(dim=0, unbiased=False)
+    return average
+
+
+def normalised(scores: torch.Tensor) -> torch.Tensor:
+    """Scores standardised over the batch: a reward model's scale is arbitrary (Bradley–Terry fixes differences
+    only), so its raw values would weigh unpredictably against the other rewards."""
+    std = scores.std(unbiased=False)
+    return (scores - scores.mean()) / (std if std > 0 else 1.0)
+
+
+def log_gold(
+    name: str,
+    proxy: Sequence[float | None],
+    completions: list[Any],
+    fmt: FormatParams,
+    log_metric: Callable[[str, float], None] | None = None,
+    **columns: Any,
+) -> None:
+    """Log the batch's mean proxy score and its verifier accuracy through TRL's `log_metric` (rung.rl.gold); a
+    completion the grader fails on counts in neither side of the accuracy (unscored, as the accuracy reward leaves
+    it)."""
+    if log_metric is None:  # called outside a trainer (best-of-N, tests)
+        return
+    keys = ("answer", "task", "prompt_text", "meta")
+    rows = [problem(dict(zip(keys, values, strict=True))) for values in zip(*(columns[k] for k in keys), strict=True)]
+    graded = [grade(text(c), row, fmt).correct for c, row in zip(completions, rows, strict=True)]
+    scored = [float(g) for g in graded if g is not None]
+    if scored:
+        log_metric(gold.GOLD, mean(scored))
+    proxied = [p for p in proxy if p is not None]
+    if proxied:
+        log_metric(f"{gold.PROXY}{name}", mean(proxied))
+
+
+class RewardModel:
+    """The reward model's score of (prompt, completion), read as in its held-out metrics (rung.rewardmodels)."""
+
+    __name__ = "reward_model"
+
+    def __init__(
+        self,
+        fmt: FormatParams,
+        stage: RLStageParams,
+        model: str,
+        aggregate: Literal["mean", "min", "mean_minus_std"] = "mean",
+        lam: float = 1.0,
+        normalize: bool = False,
+        batch_size: int = 16,
+        device: str = "auto",
+    ) -> None:
+        known_aggregate(self.__name__, aggregate, "rewards.reward_model.args.aggregate")
+        self.fmt, self.how, self.lam, self.normalize, self.batch = fmt, aggregate, lam, normalize, batch_size
+        loaded = [scoring.load(m, device) for m in scoring.members(model_dir(model, "reward_model"), "model")]
+        self.models = [m for m, _ in loaded]
+        self.tok = loaded[0][1]
+
+    def raw(self, completions: list[Any], prompt_text: list[str]) -> torch.Tensor:
+        """The aggregated scores, before any normalisation."""
+        pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.tok.eos_token_id
+        seqs = [
+            completion_ids(self.tok, prompt_ids(self.tok, p, self.fmt), text(c))
+            for c, p in zip(completions, prompt_text, strict=True)
+        ]
+        members = torch.tensor([scoring.scores(m, pad, seqs, self.batch) for m in self.models])
+        return aggregate(members, self.how, self.lam)
+
+    def __call__(self, completions: list[Any], prompt_text: list[str], **columns: Any) -> list[float | None]:
+        scores = self.raw(completions, prompt_text)
+        log_gold(self.__name__, scores.tolist(), completions, self.fmt, prompt_text=prompt_text, **columns)
+        return (normalised(scores) if self.normalize else scores).tolist()
+
+
+class Process:
+    """A process reward model's scores of a completion's steps (split by the PRM's own splitter), aggregated:
+    min (the weakest step: Cheng et al. 2025, "Stop Summation"), last, or mean; each step's score a
+    probability (sigmoid of the PRM's logit)."""
+
+    __name__ = "process"
+
+    def __init__(
+        self,
+        fmt: FormatParams,
+        stage: RLStageParams,
+        model: str,
+        aggregate: Literal["min", "last", "mean"] = "min",
+        device: str = "auto",
+    ) -> None:
+        known_aggregate(self.__name__, aggregate, "rewards.process.args.aggregate")
+        self.fmt, self.how = fmt, aggregate
+        self.prm = ProcessRewardModel(model_dir(model, "process"), device)
+
+    def score(self, prompt: str, completion: str) -> float:
+        steps = torch.tensor(self.prm.step_scores(prompt, completion)).sigmoid()
+        if not len(steps):
+            raise ValueError("a completion without steps has no process score")  # unscored (Guarded)
+        return float({"min": steps.min(), "last": steps[-1], "mean": steps.mean()}[self.how])
+
+    def __call__(self, completions: list[Any], prompt_text: list[str], **columns: Any) -> list[float | None]:
+        scores = [self.score(p, text(c)) for c, p in zip(completions, prompt_text, strict=True)]
+        log_gold(self.__name__, scores, completions, self.fmt, prompt_text=prompt_text, **columns)
+        return list(scores)
+
+
+def check(kind: str, args: dict[str, Any], sections: dict[str, Any], key: str) -> None:
+    """Before any compute: the `model` of a learned reward is a stage of its section in params, or a directory
+    holding such a model (a reward model: sequence-classification checkpoints; a PRM: its settings file)."""
+    known_aggregate(kind, args.get("aggregate", AGGREGATES[kind][0]), f"{key}.args.aggregate")
+    model = args.get("model")
+    if not isinstance(model, str):
+        raise InputError(f"{key}.args.model: missing; a {STAGES[kind]} stage (`{STAGES[kind]}/<name>`) or a path")
+    section, _, name = model.partition("/")
+    if section == STAGES[kind] and name:
+        if name not in sections[section]:
+            raise InputError(f"{key}.args.model: {section} has no stage {name!r} (have {list(sections[section])})")
+        return
+    if kind == "reward_model":
+        scoring.members(model, f"{key}.args.model")
+    elif not (Path(model) / SETTINGS).is_file():
+        raise InputError(f"{key}.args.model: {model} is not a process reward model (no {SETTINGS})")
