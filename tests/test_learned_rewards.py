@@ -183,6 +183,8 @@ def test_rl_on_a_reward_model_logs_gold_and_proxy_beside_the_kl(tiny_model, tmp_
     for h in steps:
         assert 0 <= h[gold.GOLD] <= 1 and math.isfinite(h[f"{gold.PROXY}reward_model"]) and "kl" in h
     assert summary["reward_errors"] == 0
+    # the stage's curves keep them, and its metrics summarise them (what the report and rung.health read)
+    assert all(gold.GOLD in c for c in curves) and {"gold_first", "gold_last", "kl_last"} <= set(summary)
     xlabel, lines = gold.curve(steps)
     assert xlabel == "KL from the init" and set(lines) == {"proxy: reward_model", "gold: verifier accuracy"}
     without_kl = [{"step": i, gold.GOLD: h[gold.GOLD]} for i, h in enumerate(steps)]  # beta 0: TRL logs no kl

@@ -27,7 +27,7 @@ from rung.errors import InputError
 from rung.eval.evaluate import grade
 from rung.generate.api import generate
 from rung.generate.completion import encode
-from rung.rl import curricula, episodes, rewards, vllm_rollouts
+from rung.rl import curricula, episodes, gold, rewards, vllm_rollouts
 from rung.rl.advantages import Advantages
 from rung.rl.reward_logs import RewardLog
 from rung.rl.rollouts import generation
@@ -182,7 +182,7 @@ CURVES = {
 }
 
 # rung's own per-step state, kept under its log keys (episodes/: only a stage with an environment logs them).
-TRACKED_PREFIXES = ("curriculum/", "accuracy_by_bucket/", episodes.PREFIX)
+TRACKED_PREFIXES = ("curriculum/", "accuracy_by_bucket/", episodes.PREFIX, gold.PREFIX)
 
 
 def select(rows: list[Row], stage: RLStageParams, key: str = "rl.stages.main") -> list[Row]:
@@ -292,6 +292,7 @@ def train(job: RLJob, callbacks: list[Any] | None = None) -> JobResult:
         summary["extra_generations"] = sum(c.get("extra_generations", 0.0) for c in curves)
     if job.environment is not None:
         summary.update(episodes.summary(curves))
+    summary.update(gold.summary(curves))
     summary.update(finalize(trainer, tok, job.work_dir, job.init))
     if trainer.args.should_save:
         files.write_json(job.curves, curves)
