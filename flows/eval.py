@@ -27,14 +27,15 @@ from rung.answers.rows import read_rows
 from rung.checks.environments import environments
 from rung.checks.generation import backend
 from rung.checks.models import chat_template
-from rung.eval import evaluate
+from rung.checks.rerank import rerank as rerankers
+from rung.eval import evaluate, rerank
 from rung.eval.results import EvalResult, SetMetrics
 from rung.report import htmlpage, keys
 from rung.seeding import derive
 from tasks import evaluate as evaluate_task
 from tasks import generation
 
-CHECKS = (chat_template, backend, environments)
+CHECKS = (chat_template, backend, environments, rerankers)
 """What this stage checks of params before any compute (flows.stage.main)."""
 
 
@@ -65,10 +66,14 @@ def eval_checkpoint(checkpoint: str, params_file: str = str(paths.PARAMS)) -> No
         eval_params = (
             params.eval if not sampled or checkpoint in sampled else params.eval.model_copy(update={"samples": None})
         )
+        scorers = {}
+        if eval_params.samples and eval_params.samples.rerank:
+            found = rerank.directories(params)
+            scorers = rerank.load(eval_params.samples.rerank, found, params.format, params.model.device)
         results, tokens, start = {}, 0, time.perf_counter()
         for name, path in set_paths.items():
             results[name] = evaluate_task.evaluate_set(
-                gen, name, read_rows(path), params.format, eval_params, seed, environment
+                gen, name, read_rows(path), params.format, eval_params, seed, environment, scorers
             )
             tokens += sum(s["tokens"] for records in results[name][:2] for r in records for s in r["samples"])
         seconds = time.perf_counter() - start

@@ -13,6 +13,7 @@ from rung.eval import evaluate
 if TYPE_CHECKING:  # types only: torch is imported by whoever loads the model (tasks.generation), after the preflight
     from rung.answers.rows import Row
     from rung.envs.spec import Environment
+    from rung.eval.rerank import Scorer
     from rung.eval.results import SetMetrics
     from rung.generate.completion import Generator
 
@@ -26,11 +27,13 @@ def evaluate_set(
     params: EvalParams,
     seed: int,
     environment: Environment | None = None,
+    scorers: dict[str, Scorer] | None = None,
 ) -> tuple[list[Any], list[Any], SetMetrics]:
-    """(greedy records, sampled records, metrics) of one eval set: completions, or `environment`'s episodes."""
+    """(greedy records, sampled records, metrics) of one eval set: completions, or `environment`'s episodes; the
+    samples reranked by `scorers`."""
     log = get_run_logger()
 
     def progress(message: str) -> None:
         log.info("%s: %s", name, message)
 
-    return evaluate.evaluate(gen, rows, fmt, params, seed, progress, environment)
+    return evaluate.evaluate(gen, rows, fmt, params, seed, progress, environment, scorers)

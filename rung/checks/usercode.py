@@ -101,7 +101,7 @@ def deps(params: Params, root: Path) -> dict[str, list[str]]:
     return out
 
 
-def _stage_deps(stage: dict[str, Any]) -> list[Any]:
+def stage_deps(stage: dict[str, Any]) -> list[Any]:
     return (stage.get("do", stage)).get("deps") or []
 
 
@@ -115,7 +115,7 @@ def listed(params_file: Path, params: Params) -> None:
     stages = yaml.safe_load(dag_file.read_text()).get("stages", {})
     for code in named(params):
         file = source(code, root)
-        missing = [s for s in code.stages if s in stages and file and file.as_posix() not in _stage_deps(stages[s])]
+        missing = [s for s in code.stages if s in stages and file and file.as_posix() not in stage_deps(stages[s])]
         if missing:
             raise InputError(
                 f"{code.key}: {file} is code that dvc.yaml's stages {', '.join(missing)} run, and not in their deps "

@@ -1,0 +1,155 @@
+"""Best-of-N in evaluation (rung.eval.rerank): best-of-k and weighted maj@k picks on scripted samples and
+scores (ties included), beside maj@k and pass@k on the same samples with the paired test of best-of-n against
+maj@n, an eval of scripted samples reranked by a random reward model and PRM of the tiny model, and the
+refusals before any compute."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rung import config, files, models, preflight
+from rung.checks import rerank as checks
+from rung.config import ConfigError, EvalParams, FormatParams
+from rung.errors import InputError
+from rung.eval import evaluate, rerank
+from rung.eval.paired import mcnemar_interval
+from rung.eval.results import EvalRecord, SetMetrics
+from rung.report import keys
+from tests.rows import sums
+from tests.test_reward_models import scripted
+
+FMT = FormatParams()
+
+
+def record(answers: list[str | None], right: str) -> EvalRecord:
+    samples = [{"completion": f"Answer: {a}", "extracted": a, "correct": a == right, "tokens": 3} for a in answers]
+    return EvalRecord(id=right, prompt="p", samples=samples)  # type: ignore[typeddict-item]
+
+
+# four prompts of 4 samples, the right answer second; the comment says what each method picks at k = 4
+RECORDS = [
+    record(["5", "5", "7", "9"], "7"),  # maj: 5 (wrong); best: 7 (3); weighted: 7 (.95 > 2 x .27): right
+    record(["3", "2", "2", None], "2"),  # best: tie at 4, the earlier 3 (wrong); maj and weighted: 2 (right)
+    record(["4", "6", "4", "6"], "6"),  # all tie: the first sample, the first class, 4 (wrong) for every method
+    record(["8", "8", "8", "8"], "8"),  # right whatever the scores
+]
+SCORES = [[-1, -1, 3, 1], [4, 4, 0, -2], [0, 0, 0, 0], [-5, 2, 0, 1]]
+
+
+def test_best_of_and_weighted_majority_pick_by_hand_ties_to_the_earlier():
+    assert rerank.best_of([1, 3, 3, 0], [False, False, True, True], [1, 2, 3, 4]) == [False, False, False, False]
+    assert rerank.best_of([1, 3, 5, 5], [False, False, True, False], [3, 4]) == [True, True]
+    assert rerank.sigmoid(0) == 0.5 and rerank.sigmoid(1000) == 1.0 and rerank.sigmoid(-1000) == 0.0
+    found = rerank.summarize(RECORDS, SCORES, [1, 2, 4], None, 0.95)
+    assert found.best_of_k == {"1": 0.25, "2": 0.25, "4": 0.5}
+    # k = 2: prompt 1's 3 and 2 weigh sigmoid(4) each, a tie that the first class (3, wrong) wins
+    assert found.weighted_maj_at_k == {"1": 0.25, "2": 0.25, "4": 0.75}
+    # on the same samples: maj@4 0.5 (prompts 1 and 3), pass@4 1.0
+    sampled = evaluate.summarize_sampled(RECORDS, compare_k=[2])
+    assert sampled["maj_at_k"]["4"] == 0.5 and sampled["pass_at_k"]["4"] == 1.0
+    # best-of-4 against maj@4: prompt 0 wrong -> right, prompt 1 right -> wrong
+    test = found.versus_maj
+    assert (test.right_to_wrong, test.wrong_to_right, test.both_right, test.both_wrong) == (1, 1, 1, 1)
+    assert (test.accuracy_old, test.accuracy_new, test.mcnemar_p) == (0.5, 0.5, 1.0)
+    assert (test.difference, test.ci_low, test.ci_high) == pytest.approx(mcnemar_interval(1, 1, 4, 0.95))
+    assert test.verdict == "not significant at 0.05 (exact McNemar)" and test.prompts_needed is None
+
+
+def test_a_clear_reranker_is_significant_against_majority_and_the_metrics_file_round_trips():
+    # 30 prompts where the majority is wrong and the one right sample scores highest: 30 flips wrong -> right
+    records = [record(["1", "1", "2", "1"], "2") for _ in range(30)]
+    found = rerank.summarize(records, [[0, 0, 1, 0]] * 30, [1, 2, 4], None, 0.95)
+    test = found.versus_maj
+    assert found.best_of_k["4"] == 1.0 and found.weighted_maj_at_k["4"] == 0.0  # 3 x .5 outweighs .73
+    assert test.wrong_to_right == 30 and test.mcnemar_p == pytest.approx(2 * 0.5**30) and test.significant
+    assert test.ci_low > 0.8 and test.ci_high == 1.0
+    m = SetMetrics(n=30, accuracy=0.0, rerank={"reward_model": found})
+    assert SetMetrics.model_validate(m.dump()).dump() == m.dump()
+    logged = keys.metric_keys(m.flat(), "test")
+    assert logged["test/rerank/reward_model/best_of_4"] == 1.0
+    assert logged["test/rerank/reward_model/weighted_maj_at_2"] == 0.0
+    assert logged["test/rerank/reward_model/versus_maj/mcnemar_p"] == test.mcnemar_p
+
+
+def _rerankers(tiny_model: Path, out: Path) -> dict[str, Path]:
+    """Random-init reward model (sequence classification, one label) and PRM (token classification and its
+    settings) of the tiny model: no training, what matters is that eval scores with them."""
+    from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
+
+    from rung.rewardmodels.process import SETTINGS
+
+    tok = models.load_tokenizer(tiny_model)
+    dirs = {"reward_model": out / "rm", "process_reward_model": out / "prm"}
+    for kind, cls in (("reward_model", AutoModelForSequenceClassification), ("process_reward_model", None)):
+        model = (cls or AutoModelForTokenClassification).from_pretrained(tiny_model, num_labels=1)
+        model.config.pad_token_id = tok.pad_token_id or tok.eos_token_id
+        model.save_pretrained(dirs[kind])
+        tok.save_pretrained(dirs[kind])
+    files.write_json(dirs["process_reward_model"] / SETTINGS, {"splitter": "\n", "format": FMT.model_dump()})
+    return dirs
+
+
+def test_eval_reranks_its_samples_with_a_reward_model_and_a_prm(tiny_model, tmp_path):
+    dirs = _rerankers(tiny_model, tmp_path)
+    rows = sums(3, lambda i: 2)  # 0 + 2, 1 + 2, 2 + 2
+    texts = {"0 + 2": ["Answer: 2", "so\nAnswer: 3", ""], "1 + 2": ["Answer: 3"], "2 + 2": ["x\nAnswer: 5", "4"]}
+    gen = scripted(models.load_tokenizer(tiny_model), texts)
+    params = EvalParams(samples={"n": 3, "temperature": 1.0, "rerank": {"reward_model": "x", "aggregate": "last"}})
+    assert params.samples is not None and params.samples.rerank is not None
+    scorers = rerank.load(params.samples.rerank, dirs, FMT, "cpu")
+    _, sampled, m = evaluate.evaluate(gen, rows, FMT, params, 0, scorers=scorers)
+    assert set(m.rerank) == {"reward_model", "process_reward_model"}
+    for kind, found in m.rerank.items():
+        scores = [[s["scores"][kind] for s in r["samples"]] for r in sampled]  # kept in the samples file
+        assert rerank.summarize(sampled, scores, [1, 2, 3], None, 0.95) == found
+        assert found.versus_maj.n == 3 and set(found.best_of_k) == {"1", "2", "3"}
+        assert found.versus_maj.accuracy_old == m.maj_at_k["3"]  # maj@n of the same samples
+    assert m.pass_at_k["3"] == 2 / 3 and m.rerank["reward_model"].best_of_k["3"] in (0, 1 / 3, 2 / 3)
+
+
+def test_validate_refuses_a_reranker_in_one_line_naming_the_key(tiny_model, tmp_path, default_params, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _rerankers(tiny_model, tmp_path)
+    shutil.copytree(tiny_model, "causal")
+
+    def refused(rerank: dict, **sections) -> str:
+        samples = {**default_params["eval"]["samples"], "rerank": rerank}
+        with pytest.raises((ConfigError, InputError)) as e:
+            preflight.check(config.parse({**default_params, **sections, "eval": {"samples": samples}}))
+        assert "\n" not in str(e.value)
+        return str(e.value)
+
+    key = "eval.samples.rerank"
+    assert refused({}).endswith(
+        f"{key}.reward_model: name a reward model or a process_reward_model to rerank with (or drop rerank)"
+    )
+    assert (
+        refused({"reward_model": "rm2"})
+        == f"{key}.reward_model: 'rm2' is no reward_models stage (have []) and no directory"
+    )
+    assert refused({"reward_model": "causal"}).startswith(f"{key}.reward_model: causal is not a reward model")
+    assert refused({"reward_model": "prm"}).startswith(f"{key}.reward_model: prm is not a reward model")  # a PRM
+    assert refused({"process_reward_model": "rm"}) == (
+        f"{key}.process_reward_model: rm is not a process reward model (no process_reward_model.json)"
+    )
+    assert refused({"reward_model": "rm"}, environment={"name": "retry"}).startswith(f"{key}: reranks single-turn")
+    # a stage of the section is enough (it writes the checkpoint); its directory must be a dep of the evals
+    params = config.parse(
+        {**default_params, "reward_models": {"rm": {}}, "eval": {"samples": {"rerank": {"reward_model": "rm"}}}}
+    )
+    preflight.check(params)
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"eval_sft": {"deps": ["flows/eval.py"]}}}))
+    with pytest.raises(
+        InputError, match=r"^eval.samples.rerank: data/models/reward_models/rm is what dvc.yaml's eval_sft"
+    ):
+        checks.listed(tmp_path / "params.yaml", params)
+    dag = {"stages": {"eval_sft": {"deps": ["data/models/reward_models/rm"]}}}
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump(dag))
+    checks.listed(tmp_path / "params.yaml", params)
+    assert checks.given(params) == [] and checks.deps(params, tmp_path)["eval_rl"] == ["data/models/reward_models/rm"]
+    with pytest.raises(InputError, match="outside the project"):
+        checks.deps(config.parse({**default_params, "eval": {"samples": {"rerank": {"reward_model": "/x"}}}}), tmp_path)
