@@ -101,7 +101,9 @@ def test_eval_reranks_its_samples_with_a_reward_model_and_a_prm(tiny_model, tmp_
     params = EvalParams(samples={"n": 3, "temperature": 1.0, "rerank": {"reward_model": "x", "aggregate": "last"}})
     assert params.samples is not None and params.samples.rerank is not None
     scorers = rerank.load(params.samples.rerank, dirs, FMT, "cpu")
-    _, sampled, m = evaluate.evaluate(gen, rows, FMT, params, 0, scorers=scorers)
+    _, sampled, plain = evaluate.evaluate(gen, rows, FMT, params, 0)
+    m = rerank.reranked(plain, rows, sampled, scorers, params)
+    assert m.dump() == plain.dump() | {"rerank": m.dump()["rerank"]}  # beside the rest, on the same samples
     assert set(m.rerank) == {"reward_model", "process_reward_model"}
     for kind, found in m.rerank.items():
         scores = [[s["scores"][kind] for s in r["samples"]] for r in sampled]  # kept in the samples file

@@ -5,7 +5,7 @@ prompt) avg@n and unbiased pass@k for every k <= n, maj@k at the k of the spectr
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from statistics import mean, median
 from typing import TYPE_CHECKING, Any, Literal
@@ -16,7 +16,7 @@ from rung.answers.rows import Row
 from rung.answers.verify import GraderFailed, answer_class
 from rung.config import EvalParams, FormatParams, SamplingParams
 from rung.data.rows import difficulty_label
-from rung.eval import metrics, rerank
+from rung.eval import metrics
 from rung.eval.results import EvalRecord, EvalResult, Graded, SetMetrics
 
 if TYPE_CHECKING:  # types only: torch is imported by whoever loads the model (tasks.generation), after the preflight
@@ -148,11 +148,10 @@ def evaluate(
     seed: int,
     progress: Callable[[str], None] = lambda _: None,
     environment: Environment | None = None,
-    scorers: Mapping[str, rerank.Scorer] | None = None,
 ) -> tuple[list[Record], list[Record], SetMetrics]:
     """Greedy (headline) and, when `params.samples` is set, sampled evaluation of `rows`: single-turn
     completions, or with `environment` its episodes (rung.eval.episodes.run), graded by their final answers and
-    summarized by their episode metrics too; the samples reranked by each of `scorers` (rung.eval.rerank.load).
+    summarized by their episode metrics too.
 
     Returns (greedy records, sampled records, metrics).
     """
@@ -181,12 +180,9 @@ def evaluate(
         s = params.samples
         subset = rows[: s.max_prompts]
         sampled = answer(subset, s, s.n, seed + 1, f"eval x{s.n}")
-        classes = [answer_class(r) for r in subset]
-        summary = summarize_sampled(sampled, params.bootstrap.confidence, s.compare_k, classes)
-        if scorers:
-            ks = metrics.spectrum_ks(s.n, s.compare_k)
-            summary["rerank"] = rerank.rerank(sampled, scorers, ks, classes, params.bootstrap.confidence)
-            progress(f"reranked by {', '.join(scorers)}")
+        summary = summarize_sampled(
+            sampled, params.bootstrap.confidence, s.compare_k, [answer_class(r) for r in subset]
+        )
         result = SetMetrics(**result.dump(), **summary)
     return greedy, sampled, result
 

@@ -18,11 +18,13 @@ from pathlib import Path
 from statistics import mean
 
 from rung import paths
-from rung.config import FormatParams, Params
+from rung.answers.rows import Row
+from rung.answers.verify import answer_class
+from rung.config import EvalParams, FormatParams, Params
 from rung.config.eval import RerankParams
 from rung.eval import metrics
 from rung.eval.paired import outcome_test
-from rung.eval.results import EvalRecord, Reranked
+from rung.eval.results import EvalRecord, Reranked, SetMetrics
 
 Scorer = Callable[[Sequence[EvalRecord]], list[list[float]]]
 """Each record's samples' scores (higher: better), in sampling order."""
@@ -162,3 +164,20 @@ def rerank(
                 sample.setdefault("scores", {})[kind] = x
         out[kind] = summarize(records, scores, ks, classes, confidence)
     return out
+
+
+def reranked(
+    result: SetMetrics,
+    rows: Sequence[Row],
+    sampled: list[EvalRecord],
+    scorers: Mapping[str, Scorer],
+    params: EvalParams,
+) -> SetMetrics:
+    """`result` (an eval set's metrics) with its samples (of `rows`, in order) reranked by each of `scorers`, at the
+    k where maj@k is reported, voting on the answers' classes under each row's grader as maj@k does."""
+    if not scorers or not sampled or params.samples is None:
+        return result
+    ks = metrics.spectrum_ks(params.samples.n, params.samples.compare_k)
+    classes = [answer_class(r) for r in rows[: len(sampled)]]
+    found = rerank(sampled, scorers, ks, classes, params.bootstrap.confidence)
+    return SetMetrics(**result.dump(), rerank=found)
