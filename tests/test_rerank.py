@@ -17,8 +17,9 @@ from rung.config import ConfigError, EvalParams, FormatParams
 from rung.errors import InputError
 from rung.eval import evaluate, rerank
 from rung.eval.paired import mcnemar_interval
-from rung.eval.results import EvalRecord, SetMetrics
+from rung.eval.results import EvalRecord, EvalResult, SetMetrics
 from rung.report import keys
+from rung.report.pipeline import markdown
 from tests.rows import sums
 from tests.test_reward_models import scripted
 
@@ -73,6 +74,13 @@ def test_a_clear_reranker_is_significant_against_majority_and_the_metrics_file_r
     assert logged["test/rerank/reward_model/best_of_4"] == 1.0
     assert logged["test/rerank/reward_model/weighted_maj_at_2"] == 0.0
     assert logged["test/rerank/reward_model/versus_maj/mcnemar_p"] == test.mcnemar_p
+    shown = dict.fromkeys(["accuracy_lenient", "format_rate", "mean_tokens", "truncation_rate"], 0.0)
+    sampled = {"maj_at_k": {"4": 0.0}, "pass_at_k": {"4": 1.0}, **shown}
+    report = markdown({"sft": EvalResult(sets={"test": SetMetrics(**m.dump(), **sampled)})})
+    assert (
+        "| sft | test | reward_model | 4 | 0.0% | 100.0% | 100.0% | 0.0% | +100.0 [+81.7, +100.0] | < 0.001 | "
+        "significant at 0.05 (exact McNemar) |" in report
+    )
 
 
 def _rerankers(tiny_model: Path, out: Path) -> dict[str, Path]:
