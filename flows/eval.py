@@ -4,7 +4,7 @@ Outputs (written by rung.eval.evaluate.run): per-sample records (data/eval/<ckpt
 and maj@k curves, accuracy by difficulty); this flow adds the DVC metrics file
 (data/metrics/eval-<ckpt>.json) and logs its numbers to the stage's MLflow run under the same keys
 for every checkpoint (`<set>/<metric>`: `test/accuracy`, `test/pass_at_4`; with an `environment`, its
-episodes' `test/episodes/...`), the checkpoint and its
+episodes' `test/episodes/...`; with eval.samples.rerank, `test/rerank/<reranker>/...`), the checkpoint and its
 init as tags and the settings as params, so MLflow's compare and chart views line checkpoints up;
 with the pass@k curve of every set as an SVG artifact and the stage's generation throughput
 (tokens/s, MLflow only: it depends on the machine).
@@ -52,7 +52,9 @@ def eval_checkpoint(checkpoint: str, params_file: str = str(paths.PARAMS)) -> No
         "checkpoint": checkpoint,
         "init": params.init_of(checkpoint),
     }
-    with tracking.stage_run(f"eval@{slug}", params, logged, inputs={"model": model_dir, **set_paths}):
+    rerankers = rerank.directories(params)  # their md5s tagged as the model's: what the reranked numbers read
+    inputs = {"model": model_dir, **set_paths, **{f"rerank.{k}": d for k, d in rerankers.items()}}
+    with tracking.stage_run(f"eval@{slug}", params, logged, inputs=inputs):
         seed = derive(params.seed, "eval")
         gen = generation.load(model_dir, params.model, params.generation)
         tracking.tag_placement(gen.device, gen.dtype)
@@ -68,8 +70,7 @@ def eval_checkpoint(checkpoint: str, params_file: str = str(paths.PARAMS)) -> No
         )
         scorers = {}
         if eval_params.samples and eval_params.samples.rerank:
-            found = rerank.directories(params)
-            scorers = rerank.load(eval_params.samples.rerank, found, params.format, params.model.device)
+            scorers = rerank.load(eval_params.samples.rerank, rerankers, params.format, params.model.device)
         results, tokens, start = {}, 0, time.perf_counter()
         for name, path in set_paths.items():
             results[name] = evaluate_task.evaluate_set(

@@ -163,3 +163,42 @@ def test_validate_refuses_a_reranker_in_one_line_naming_the_key(tiny_model, tmp_
     assert checks.given(params) == [] and checks.deps(params, tmp_path)["eval_rl"] == ["data/models/reward_models/rm"]
     with pytest.raises(InputError, match="outside the project"):
         checks.deps(config.parse({**default_params, "eval": {"samples": {"rerank": {"reward_model": "/x"}}}}), tmp_path)
+
+
+def test_the_eval_flow_reranks_with_a_stage_and_a_directory(tiny_model, tmp_path, default_params, monkeypatch):
+    """flows.eval end to end on the tiny model: a `reward_models` stage's directory and a PRM directory rerank its
+    samples; the metrics file, the samples file and the MLflow run hold the reranked numbers."""
+    import mlflow
+    from prefect.testing.utilities import prefect_test_harness
+
+    import flows.eval
+    from rung import paths
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    dirs = _rerankers(tiny_model, tmp_path)
+    shutil.copytree(dirs["reward_model"], paths.learned_reward("reward_models", "rm"))
+    shutil.copytree(tiny_model, paths.SFT)
+    files.write_jsonl(paths.TEST, sums(3, lambda i: 2))
+    rerank_with = {"reward_model": "rm", "process_reward_model": "prm", "aggregate": "mean"}
+    samples = {"n": 2, "temperature": 1.0, "max_new_tokens": 4, "max_prompts": 2, "rerank": rerank_with}
+    evals = {"sampling": {"temperature": 0.0, "max_new_tokens": 4}, "samples": samples, "sets": []}
+    params = {**default_params, "eval": evals, "reward_models": {"rm": {}}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    with prefect_test_harness(server_startup_timeout=180):
+        flows.eval.eval_checkpoint("sft", "params.yaml")
+    test = files.read_json(paths.metrics("eval-sft"))["sets"]["test"]
+    assert set(test["rerank"]) == {"reward_model", "process_reward_model"}
+    assert test["rerank"]["reward_model"]["versus_maj"]["accuracy_old"] == test["maj_at_k"]["2"]
+    kept = files.read_jsonl(paths.EVAL / "sft" / "test.samples.jsonl")
+    assert all(set(s["scores"]) == set(test["rerank"]) for r in kept for s in r["samples"])
+    (run,) = [
+        r
+        for r in mlflow.search_runs(search_all_experiments=True, output_format="list")
+        if r.info.run_name == "eval@sft"
+    ]
+    assert (
+        run.data.metrics["test/rerank/process_reward_model/best_of_2"]
+        == test["rerank"]["process_reward_model"]["best_of_k"]["2"]
+    )
+    assert run.data.tags["md5.rerank.reward_model"] == files.md5(paths.learned_reward("reward_models", "rm"))
