@@ -1,6 +1,6 @@
 """Best-of-N in evaluation (rung.eval.rerank): best-of-k and weighted maj@k picks on scripted samples and
 scores (ties included), beside maj@k and pass@k on the same samples with the paired test of best-of-n against
-maj@n, an eval of scripted samples reranked by a random reward model and PRM of the tiny model, and the
+maj@n, the eval flow on the tiny model reranking with a random reward model and PRM, and the
 refusals before any compute."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import yaml
 
 from rung import config, files, models, preflight
 from rung.checks import rerank as checks
-from rung.config import ConfigError, EvalParams, FormatParams
+from rung.config import ConfigError, FormatParams
 from rung.errors import InputError
 from rung.eval import evaluate, rerank
 from rung.eval.paired import mcnemar_interval
@@ -21,7 +21,6 @@ from rung.eval.results import EvalRecord, EvalResult, SetMetrics
 from rung.report import keys
 from rung.report.pipeline import markdown
 from tests.rows import sums
-from tests.test_reward_models import scripted
 
 FMT = FormatParams()
 
@@ -101,26 +100,6 @@ def _rerankers(tiny_model: Path, out: Path) -> dict[str, Path]:
     return dirs
 
 
-def test_eval_reranks_its_samples_with_a_reward_model_and_a_prm(tiny_model, tmp_path):
-    dirs = _rerankers(tiny_model, tmp_path)
-    rows = sums(3, lambda i: 2)  # 0 + 2, 1 + 2, 2 + 2
-    texts = {"0 + 2": ["Answer: 2", "so\nAnswer: 3", ""], "1 + 2": ["Answer: 3"], "2 + 2": ["x\nAnswer: 5", "4"]}
-    gen = scripted(models.load_tokenizer(tiny_model), texts)
-    params = EvalParams(samples={"n": 3, "temperature": 1.0, "rerank": {"reward_model": "x", "aggregate": "last"}})
-    assert params.samples is not None and params.samples.rerank is not None
-    scorers = rerank.load(params.samples.rerank, dirs, FMT, "cpu")
-    _, sampled, plain = evaluate.evaluate(gen, rows, FMT, params, 0)
-    m = rerank.reranked(plain, rows, sampled, scorers, params)
-    assert m.dump() == plain.dump() | {"rerank": m.dump()["rerank"]}  # beside the rest, on the same samples
-    assert set(m.rerank) == {"reward_model", "process_reward_model"}
-    for kind, found in m.rerank.items():
-        scores = [[s["scores"][kind] for s in r["samples"]] for r in sampled]  # kept in the samples file
-        assert rerank.summarize(sampled, scores, [1, 2, 3], None, 0.95) == found
-        assert found.versus_maj.n == 3 and set(found.best_of_k) == {"1", "2", "3"}
-        assert found.versus_maj.accuracy_old == m.maj_at_k["3"]  # maj@n of the same samples
-    assert m.pass_at_k["3"] == 2 / 3 and m.rerank["reward_model"].best_of_k["3"] in (0, 1 / 3, 2 / 3)
-
-
 def test_validate_refuses_a_reranker_in_one_line_naming_the_key(tiny_model, tmp_path, default_params, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _rerankers(tiny_model, tmp_path)
@@ -190,8 +169,12 @@ def test_the_eval_flow_reranks_with_a_stage_and_a_directory(tiny_model, tmp_path
     test = files.read_json(paths.metrics("eval-sft"))["sets"]["test"]
     assert set(test["rerank"]) == {"reward_model", "process_reward_model"}
     assert test["rerank"]["reward_model"]["versus_maj"]["accuracy_old"] == test["maj_at_k"]["2"]
-    kept = files.read_jsonl(paths.EVAL / "sft" / "test.samples.jsonl")
-    assert all(set(s["scores"]) == set(test["rerank"]) for r in kept for s in r["samples"])
+    kept = [EvalRecord(**r) for r in files.read_jsonl(paths.EVAL / "sft" / "test.samples.jsonl")]
+    for kind, found in test["rerank"].items():  # the numbers are those of the scores the samples file keeps
+        assert (
+            rerank.summarize(kept, [[s["scores"][kind] for s in r["samples"]] for r in kept], [1, 2], None, 0.95).dump()
+            == found
+        )
     (run,) = [
         r
         for r in mlflow.search_runs(search_all_experiments=True, output_format="list")
