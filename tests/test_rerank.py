@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import cast
 
 import pytest
 import yaml
@@ -169,7 +170,7 @@ def test_the_eval_flow_reranks_with_a_stage_and_a_directory(tiny_model, tmp_path
     test = files.read_json(paths.metrics("eval-sft"))["sets"]["test"]
     assert set(test["rerank"]) == {"reward_model", "process_reward_model"}
     assert test["rerank"]["reward_model"]["versus_maj"]["accuracy_old"] == test["maj_at_k"]["2"]
-    kept = [EvalRecord(**r) for r in files.read_jsonl(paths.EVAL / "sft" / "test.samples.jsonl")]
+    kept = cast(list[EvalRecord], files.read_jsonl(paths.EVAL / "sft" / "test.samples.jsonl"))
     for kind, found in test["rerank"].items():  # the numbers are those of the scores the samples file keeps
         assert (
             rerank.summarize(kept, [[s["scores"][kind] for s in r["samples"]] for r in kept], [1, 2], None, 0.95).dump()
