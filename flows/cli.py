@@ -13,7 +13,7 @@ from rich.markdown import Markdown
 
 from flows import credentials
 from rung import config, paths, preflight
-from rung.checks import usercode, workspace
+from rung.checks import rerank, usercode, workspace
 from rung.errors import InputError, Unavailable
 from rung.report import timings
 
@@ -44,6 +44,7 @@ def validate(params_file: Path = typer.Argument(paths.PARAMS, help="params file 
         _project_importable()
         preflight.check(params)
         usercode.listed(params_file, params)
+        rerank.listed(params_file, params)
         workspace.warn_git_identity(params)
         credentials.check(params)
     except (InputError, Unavailable) as e:

@@ -4,7 +4,7 @@ Outputs (written by rung.eval.evaluate.run): per-sample records (data/eval/<ckpt
 and maj@k curves, accuracy by difficulty); this flow adds the DVC metrics file
 (data/metrics/eval-<ckpt>.json) and logs its numbers to the stage's MLflow run under the same keys
 for every checkpoint (`<set>/<metric>`: `test/accuracy`, `test/pass_at_4`; with an `environment`, its
-episodes' `test/episodes/...`), the checkpoint and its
+episodes' `test/episodes/...`; with eval.samples.rerank, `test/rerank/<reranker>/...`), the checkpoint and its
 init as tags and the settings as params, so MLflow's compare and chart views line checkpoints up;
 with the pass@k curve of every set as an SVG artifact and the stage's generation throughput
 (tokens/s, MLflow only: it depends on the machine).
@@ -27,14 +27,15 @@ from rung.answers.rows import read_rows
 from rung.checks.environments import environments
 from rung.checks.generation import backend
 from rung.checks.models import chat_template
-from rung.eval import evaluate
+from rung.checks.rerank import rerank as rerankers
+from rung.eval import evaluate, rerank
 from rung.eval.results import EvalResult, SetMetrics
 from rung.report import htmlpage, keys
 from rung.seeding import derive
 from tasks import evaluate as evaluate_task
 from tasks import generation
 
-CHECKS = (chat_template, backend, environments)
+CHECKS = (chat_template, backend, environments, rerankers)
 """What this stage checks of params before any compute (flows.stage.main)."""
 
 
@@ -51,7 +52,9 @@ def eval_checkpoint(checkpoint: str, params_file: str = str(paths.PARAMS)) -> No
         "checkpoint": checkpoint,
         "init": params.init_of(checkpoint),
     }
-    with tracking.stage_run(f"eval@{slug}", params, logged, inputs={"model": model_dir, **set_paths}):
+    rerankers = rerank.directories(params)  # their md5s tagged as the model's: what the reranked numbers read
+    inputs = {"model": model_dir, **set_paths, **{f"rerank.{k}": d for k, d in rerankers.items()}}
+    with tracking.stage_run(f"eval@{slug}", params, logged, inputs=inputs):
         seed = derive(params.seed, "eval")
         gen = generation.load(model_dir, params.model, params.generation)
         tracking.tag_placement(gen.device, gen.dtype)
@@ -65,10 +68,13 @@ def eval_checkpoint(checkpoint: str, params_file: str = str(paths.PARAMS)) -> No
         eval_params = (
             params.eval if not sampled or checkpoint in sampled else params.eval.model_copy(update={"samples": None})
         )
+        scorers = {}
+        if eval_params.samples and eval_params.samples.rerank:
+            scorers = rerank.load(eval_params.samples.rerank, rerankers, params.format, params.model.device)
         results, tokens, start = {}, 0, time.perf_counter()
         for name, path in set_paths.items():
             results[name] = evaluate_task.evaluate_set(
-                gen, name, read_rows(path), params.format, eval_params, seed, environment
+                gen, name, read_rows(path), params.format, eval_params, seed, environment, scorers
             )
             tokens += sum(s["tokens"] for records in results[name][:2] for r in records for s in r["samples"])
         seconds = time.perf_counter() - start

@@ -24,7 +24,7 @@ import yaml
 
 from flows import with_server
 from rung import config, files, paths, preflight
-from rung.checks import usercode
+from rung.checks import rerank, usercode
 from rung.config import FileSource, HFSource, Params
 from rung.errors import InputError
 
@@ -128,6 +128,7 @@ def prepare(recipe: Path, sets: dict[str, Any], ws: Path, root: Path | None = No
     root = (root or Path.cwd()).resolve()
     params = resolve(recipe, sets)
     code = usercode.deps(params, root)
+    reranker_dirs = rerank.deps(params, root)  # refuses a reranker outside the project before any write
     _importable_from_the_workspace(params, root)
     ws.mkdir(parents=True, exist_ok=True)
     copy_project(root, ws)
@@ -136,6 +137,9 @@ def prepare(recipe: Path, sets: dict[str, Any], ws: Path, root: Path | None = No
         shutil.copy2(root / file, ws / file)
     usercode.add(ws / "dvc.yaml", code)
     usercode.add(ws / "dvc.yaml", usercode.model_deps(params))  # trained by stages of the workspace: not copied
+    for given in rerank.given(params):  # a reranker no stage writes: the project's copy, a dep as its code is
+        shutil.copytree(root / given, ws / given, dirs_exist_ok=True)
+    usercode.add(ws / "dvc.yaml", reranker_dirs)
     (ws / paths.PARAMS).write_text(
         f"# rung run {recipe}"
         + "".join(f" --set {k}={json.dumps(v)}" for k, v in sets.items())

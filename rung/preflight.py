@@ -5,7 +5,7 @@ runs only the checks of what it runs (its flow's CHECKS), so its DVC deps stay i
 
 from __future__ import annotations
 
-from rung.checks import environments, generation, models, rewardmodels, rl, sources, training
+from rung.checks import environments, generation, models, rerank, rewardmodels, rl, sources, training
 from rung.config import Params
 
 # in the order the stages run
@@ -20,6 +20,7 @@ ALL = (
     rewardmodels.reward_models,
     rewardmodels.process_reward_models,
     rl.rl_stages,
+    rerank.rerank,
 )
 
 

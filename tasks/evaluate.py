@@ -8,7 +8,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from rung.config import EvalParams, FormatParams
-from rung.eval import evaluate
+from rung.eval import evaluate, rerank
 
 if TYPE_CHECKING:  # types only: torch is imported by whoever loads the model (tasks.generation), after the preflight
     from rung.answers.rows import Row
@@ -26,11 +26,17 @@ def evaluate_set(
     params: EvalParams,
     seed: int,
     environment: Environment | None = None,
+    scorers: dict[str, rerank.Scorer] | None = None,
 ) -> tuple[list[Any], list[Any], SetMetrics]:
-    """(greedy records, sampled records, metrics) of one eval set: completions, or `environment`'s episodes."""
+    """(greedy records, sampled records, metrics) of one eval set: completions, or `environment`'s episodes; the
+    samples reranked by `scorers`."""
     log = get_run_logger()
 
     def progress(message: str) -> None:
         log.info("%s: %s", name, message)
 
-    return evaluate.evaluate(gen, rows, fmt, params, seed, progress, environment)
+    greedy, sampled, result = evaluate.evaluate(gen, rows, fmt, params, seed, progress, environment)
+    if scorers:
+        result = rerank.reranked(result, rows, sampled, scorers, params)
+        progress(f"samples reranked by {', '.join(scorers)}")
+    return greedy, sampled, result

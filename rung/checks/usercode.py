@@ -129,7 +129,7 @@ def _project_models(params: Params) -> list[tuple[str, Path]]:
     return [(key, model) for key, model in _models_read(params) if not model.is_absolute()]
 
 
-def _stage_deps(stage: dict[str, Any]) -> list[Any]:
+def stage_deps(stage: dict[str, Any]) -> list[Any]:
     return (stage.get("do", stage)).get("deps") or []
 
 
@@ -143,13 +143,13 @@ def listed(params_file: Path, params: Params) -> None:
     stages = yaml.safe_load(dag_file.read_text()).get("stages", {})
     for code in named(params):
         file = source(code, root)
-        missing = [s for s in code.stages if s in stages and file and file.as_posix() not in _stage_deps(stages[s])]
+        missing = [s for s in code.stages if s in stages and file and file.as_posix() not in stage_deps(stages[s])]
         if missing:
             raise InputError(
                 f"{code.key}: {file} is code that dvc.yaml's stages {', '.join(missing)} run, and not in their deps "
                 f"(DVC would not rerun them when it changes); add it to their deps, or run with `rung run`"
             )
-    rl = _stage_deps(stages["rl"]) if "rl" in stages else []
+    rl = stage_deps(stages["rl"]) if "rl" in stages else []
     for key, model in _project_models(params):
         if "rl" in stages and model.as_posix() not in rl:
             raise InputError(

@@ -2,11 +2,37 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from rung.config.base import Section
 from rung.config.common import SamplingParams
 from rung.config.data import Source
+
+
+class RerankParams(Section):
+    """Learned rewards that rerank the n samples of each prompt (rung.eval.rerank): best-of-k (the answer of
+    the highest-scored of the first k samples) and weighted maj@k (each answer's votes weighted by the sigmoid
+    of its sample's score), at the spectrum's k, beside maj@k and pass@k on the same samples, with best-of-n
+    against maj@n tested per prompt (exact McNemar). docs/reward_models.md (Best-of-N)."""
+
+    reward_model: str | None = None
+    """A reward model: a `reward_models` stage's name (its directory, which the eval stages then depend on) or
+    a checkpoint directory; an ensemble scores by its members' mean."""
+    process_reward_model: str | None = None
+    """A process reward model: a `process_reward_models` stage's name or a checkpoint directory."""
+    aggregate: Literal["min", "last", "mean"] = "min"
+    """How a PRM's step scores (logits) make a sample's score: min, the weakest step ("Let's Verify Step by
+    Step" and "Stop Summation" score a solution by it), last, or mean."""
+
+    @model_validator(mode="after")
+    def _one_at_least(self) -> RerankParams:
+        if self.reward_model is None and self.process_reward_model is None:
+            raise ValueError(
+                "reward_model: name a reward model or a process_reward_model to rerank with (or drop rerank)"
+            )
+        return self
 
 
 class SampledEvalParams(SamplingParams):
@@ -23,6 +49,8 @@ class SampledEvalParams(SamplingParams):
     checkpoints: list[str] | None = None
     """Checkpoints that get the sampled evaluation ('base', 'sft', 'rl/<stage>'); None: all. Cost grows
     with n: a study of RL against its init can leave the base model out."""
+    rerank: RerankParams | None = None
+    """Best-of-n and weighted majority by a reward model and/or a PRM on the same samples; None: no reranking."""
 
     @model_validator(mode="after")
     def _k_within_n(self) -> SampledEvalParams:

@@ -7,7 +7,7 @@ reused by any stage that has per-sample correctness.
 from __future__ import annotations
 
 import logging
-from collections import Counter
+from collections import defaultdict
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
@@ -103,17 +103,21 @@ _RIGHT = object()
 """The class of every answer graded right (each is equal to the reference)."""
 
 
-def _votes_right(
-    samples: Sequence[tuple[str | None, bool]], ks: Sequence[int], classify: Classify | None
+def votes_right(
+    samples: Sequence[tuple[str | None, bool]],
+    ks: Sequence[int],
+    classify: Classify | None,
+    weights: Sequence[float] | None = None,
 ) -> list[bool]:
     """For each k of ks (ascending): whether the majority answer among the first k samples is right.
 
     Answers are counted by class: every sample graded correct is one class, a wrong answer's class is
-    `classify` of it (or, without, the stripped string); ties go to the class that occurred first. One
+    `classify` of it (or, without, the stripped string); a sample counts 1, or its weight of `weights`
+    (weighted majority: rung.eval.rerank); ties go to the class that occurred first. One
     pass over the samples for all k, each distinct answer classified once: no answer is compared with
     the others, so the grader's cost grows with n, not with n times the distinct answers. Written out:
     no library votes over a grader's classes."""
-    counts: Counter[Hashable] = Counter()  # class -> votes so far
+    counts: dict[Hashable, float] = defaultdict(float)  # class -> votes (or weights) so far
     first: dict[Hashable, int] = {}  # class -> index of its first vote (the tie rule)
     classes: dict[str, Hashable] = {}  # answer string -> class
     # without a right sample the majority cannot be right, and with no wrong one it cannot be wrong:
@@ -130,7 +134,7 @@ def _votes_right(
                 if a not in classes:
                     classes[a] = ask(a) if ask is not None else a
                 c = classes[a]
-            counts[c] += 1
+            counts[c] += 1 if weights is None else weights[i - 1]
             first.setdefault(c, i)
         while k == i:
             top = max(counts.values(), default=0)
@@ -165,7 +169,7 @@ def maj_at_ks(
             raise ValueError(f"k={ks[-1]} but prompt {i} has only {len(samples)} samples")
     right = np.array(
         [
-            _votes_right(samples[: ks[-1]], ks, classes[i] if classes is not None else None)
+            votes_right(samples[: ks[-1]], ks, classes[i] if classes is not None else None)
             for i, samples in enumerate(per_prompt_samples)
         ]
     )

@@ -321,13 +321,19 @@ def _outcome_test(
     """A paired right/wrong outcome of each record's first sample: difference with its paired interval, flips
     each way, exact McNemar p and verdict."""
     pairs = align(old, new, what)
-    a = [outcome(o["samples"][0]) for o, _ in pairs]
-    b = [outcome(n["samples"][0]) for _, n in pairs]
+    return outcome_test(
+        [outcome(o["samples"][0]) for o, _ in pairs], [outcome(n["samples"][0]) for _, n in pairs], confidence
+    )
+
+
+def outcome_test(a: Sequence[bool], b: Sequence[bool], confidence: float) -> GreedyTest:
+    """Paired right/wrong outcomes `b` (new) against `a` (old), one per prompt: difference with its paired interval
+    (mcnemar_interval), flips each way, exact McNemar p and verdict."""
     test = mcnemar(a, b)
-    diff, lo, hi = mcnemar_interval(test["right_to_wrong"], test["wrong_to_right"], len(pairs), confidence)
+    diff, lo, hi = mcnemar_interval(test["right_to_wrong"], test["wrong_to_right"], len(a), confidence)
     alpha = level(confidence)
     return GreedyTest(
-        n=len(pairs),
+        n=len(a),
         accuracy_old=float(np.mean(a)),
         accuracy_new=float(np.mean(b)),
         difference=diff,
@@ -335,7 +341,7 @@ def _outcome_test(
         ci_high=hi,
         **test,
         test=MCNEMAR,
-        **judged(test["mcnemar_p"] < alpha, alpha, MCNEMAR, test["right_to_wrong"], test["wrong_to_right"], len(pairs)),
+        **judged(test["mcnemar_p"] < alpha, alpha, MCNEMAR, test["right_to_wrong"], test["wrong_to_right"], len(a)),
     )
 
 

@@ -36,6 +36,9 @@ class Graded(TypedDict, total=False):
     correct_lenient: bool
     tokens: int
     truncated: bool
+    scores: dict[str, float]
+    """With eval.samples.rerank (the samples file): each reranker's score of this sample ('reward_model',
+    'process_reward_model'; rung.eval.rerank)."""
     episode: dict[str, Any]
     """With an environment: the whole episode (rung.envs.trajectory.Trajectory.dump(); model_validate parses it
     back); the completion is its last turn."""
@@ -52,6 +55,19 @@ class EvalRecord(TypedDict, total=False):
     prompt: str
     answer: Any
     samples: list[Graded]
+
+
+class Reranked(Result):
+    """The n samples of an eval set reranked by one learned reward (rung.eval.rerank), at the spectrum's k:
+    best-of-k and weighted maj@k, and best-of-n against maj@n on the same samples, per prompt."""
+
+    best_of_k: dict[str, Number]
+    """Share of prompts whose highest-scored sample among the first k is right."""
+    weighted_maj_at_k: dict[str, Number]
+    """maj@k with each sample's vote weighted by the sigmoid of its score."""
+    versus_maj: GreedyTest
+    """Best-of-n (new) against maj@n (old) on the same prompts: paired difference, Bonett-Price interval, exact
+    McNemar (rung.eval.paired.outcome_test)."""
 
 
 class SetMetrics(Result):
@@ -78,6 +94,9 @@ class SetMetrics(Result):
     """Share of prompts solved at least once in the n samples (= pass@n)."""
     maj_at_k: dict[str, Number] = {}
     sampled_mean_tokens: Number | None = None
+    rerank: dict[str, Reranked] = {}
+    """With eval.samples.rerank: per reranker ('reward_model', 'process_reward_model') its best-of-k, weighted
+    maj@k and the paired test of best-of-n against maj@n."""
     episodes: dict[str, Any] | None = None
     """With an environment: the greedy episodes' metrics (rung.eval.episodes.EpisodeMetrics: success within t
     turns, first-answer accuracy, mean turns, tool calls, tool error rate, cut at max_turns)."""
@@ -95,9 +114,16 @@ class SetMetrics(Result):
 
     def flat(self) -> dict[str, Any]:
         """The metrics with one name per number (no lists, no k-keyed dicts): `accuracy_ci_low` /
-        `_high`, `pass_at_<k>`, `maj_at_<k>`, `episodes.success_within_<t>`; avg@<n> and the
-        by-source/task/difficulty dicts as they are."""
-        out = self.model_dump(exclude={"accuracy_ci", "pass_at_k", "maj_at_k", "episodes"}, exclude_none=True)
+        `_high`, `pass_at_<k>`, `maj_at_<k>`, `episodes.success_within_<t>`, `rerank.<reranker>.best_of_<k>` /
+        `.weighted_maj_at_<k>` / `.versus_maj.<field>`; avg@<n> and the by-source/task/difficulty dicts as they are."""
+        out = self.model_dump(exclude={"accuracy_ci", "pass_at_k", "maj_at_k", "episodes", "rerank"}, exclude_none=True)
+        if self.rerank:
+            out["rerank"] = {
+                name: {f"best_of_{k}": v for k, v in r.best_of_k.items()}
+                | {f"weighted_maj_at_{k}": v for k, v in r.weighted_maj_at_k.items()}
+                | {"versus_maj": r.versus_maj.dump()}
+                for name, r in self.rerank.items()
+            }
         if self.episodes:
             within = self.episodes.get("success_within", {})
             rest = {k: v for k, v in self.episodes.items() if k != "success_within"}

@@ -153,6 +153,13 @@ def spectrum_markdown(evals: Mapping[str, EvalResult]) -> list[str]:
     return ["", _spectrum_note(evals), *lines] if lines else []
 
 
+def rerank_markdown(evals: Mapping[str, EvalResult]) -> list[str]:
+    """Best-of-n and weighted majority beside maj@n and pass@n, when the evals reranked their samples."""
+    header, rows = tables.rerank_table(evals)
+    note = tables.RERANK_NOTE.format(conf=100 * _confidence(evals))
+    return ["", "Best-of-n by learned rewards:", "", *tables.md_table(header, rows), "", note] if rows else []
+
+
 Episode = tuple[str, list[tuple[str, str]]]
 """A whole episode as the report shows it: its title and (role, text) messages (episode_tables.episode_messages)."""
 
@@ -252,6 +259,7 @@ def markdown(
             "",
             *tables.md_table(*tables.checkpoint_table(views)),
             *spectrum_markdown(evals),
+            *rerank_markdown(evals),
             *episodes_markdown(evals, shown or []),
             *paired_lines,
             *rl_lines,
@@ -311,6 +319,9 @@ def html(
         for name in next(iter(evals.values())).sets
         if (table := episode_tables.episode_table(evals, name))[1]
     ]
+    if (rerank := tables.rerank_table(evals))[1]:
+        note = tables.RERANK_NOTE.format(conf=100 * _confidence(evals))
+        extra.append(htmlpage.Extra("rerank", "Best-of-n by learned rewards", *rerank, [note]))
     if learned:
         extra.append(htmlpage.Extra("learned", "Learned rewards (held out)", *_learned_table(learned), [LEARNED_NOTE]))
     if compared and compared.comparisons:

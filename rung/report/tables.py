@@ -224,6 +224,33 @@ def boundary_table(result: Comparisons) -> Table:
     return header, rows
 
 
+RERANK_NOTE = (
+    "Best-of-n: the answer of each prompt's highest-scored sample; weighted maj@n: votes weighted by the sigmoid "
+    "of each sample's score; both on the samples that give maj@n and pass@n. Best-of-n against maj@n: paired "
+    "difference in points with its {conf:.0f}% Bonett-Price interval and the exact McNemar test "
+    "(docs/reward_models.md, Best-of-N)."
+)
+
+
+def rerank_table(evals: Mapping[str, EvalResult]) -> Table:
+    """Per checkpoint, eval set and reranker: maj@n, pass@n, best-of-n and weighted maj@n on the same samples, and
+    best-of-n against maj@n (difference with its interval, McNemar p, verdict)."""
+    header = ["checkpoint", "eval set", "reranker", "n", "maj@n", "pass@n", "best-of-n", "weighted maj@n"]
+    header += ["best-of-n − maj@n (pts)", "McNemar p", "verdict"]
+    rows = []
+    for c, result in evals.items():
+        for name, m in result.sets.items():
+            for reranker, r in m.rerank.items():
+                n = max(r.best_of_k, key=int)
+                test = r.versus_maj
+                rows.append(
+                    [c, name, reranker, n, pct(m.maj_at_k[n]), pct(m.pass_at_k[n]), pct(r.best_of_k[n])]
+                    + [pct(r.weighted_maj_at_k[n]), interval(test.difference, test.ci_low, test.ci_high)]
+                    + [mcnemar_p(test), verdict(test)]
+                )
+    return header, rows
+
+
 def spectrum_table(evals: Mapping[str, EvalResult], set_name: str = "test") -> Table:
     """pass@k at every k of the spectrum (with its band over prompts) and coverage, per checkpoint
     that has samples on `set_name`."""
