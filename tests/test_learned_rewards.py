@@ -22,7 +22,7 @@ from rung.report import health, htmlpage
 from rung.report.pipeline import overoptimization
 from rung.rewardmodels import scoring
 from rung.rewardmodels.encoding import completion_ids, prompt_ids, text_ids
-from rung.rewardmodels.process import SETTINGS, ProcessRewardModel
+from rung.rewardmodels.scoring import SETTINGS, ProcessRewardModel
 from rung.rl import gold, learned_rewards
 from rung.rl.judge import Judge, verdict
 from rung.rl.majority import Majority, agreement

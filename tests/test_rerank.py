@@ -88,7 +88,7 @@ def _rerankers(tiny_model: Path, out: Path) -> dict[str, Path]:
     settings) of the tiny model: no training, what matters is that eval scores with them."""
     from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
 
-    from rung.rewardmodels.process import SETTINGS
+    from rung.rewardmodels.scoring import SETTINGS
 
     tok = models.load_tokenizer(tiny_model)
     dirs = {"reward_model": out / "rm", "process_reward_model": out / "prm"}

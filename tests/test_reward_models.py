@@ -19,7 +19,7 @@ from rung.config import ConfigError, FormatParams, ProcessRewardModelParams, Rew
 from rung.errors import InputError
 from rung.generate.completion import Completion, Generator
 from rung.rewardmodels import heldout, metrics, pairs, scoring, steps
-from rung.rewardmodels.process import ProcessRewardModel
+from rung.rewardmodels.scoring import ProcessRewardModel
 from rung.train import launch
 from rung.train.jobs import ProcessRewardModelJob, RewardModelJob
 from tests.rows import sums

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
 from rung import paths
-from rung.checks.usercode import stage_deps
+from rung.checks import dag
 from rung.config import Params
 from rung.errors import InputError
 from rung.eval.rerank import SECTIONS, directories
@@ -42,7 +40,7 @@ def rerank(params: Params) -> None:
 
             scoring.members(path, key)
         else:
-            from rung.rewardmodels.process import SETTINGS
+            from rung.rewardmodels.scoring import SETTINGS
 
             if not (path / SETTINGS).is_file():
                 raise InputError(f"{key}: {path} is not a process reward model (no {SETTINGS})")
@@ -81,9 +79,9 @@ def listed(params_file: Path, params: Params) -> None:
     dag_file = root / "dvc.yaml"
     if params_file.name != paths.PARAMS.name or not dag_file.is_file():
         return  # a recipe: `rung run` lists them in its workspace's dvc.yaml
-    stages = yaml.safe_load(dag_file.read_text()).get("stages", {})
+    stages = dag.stages(dag_file)
     for stage, dirs in deps(params, root).items():
-        missing = [d for d in dirs if stage in stages and d not in stage_deps(stages[stage])]
+        missing = [d for d in dirs if stage in stages and d not in dag.stage_deps(stages[stage])]
         if missing:
             raise InputError(
                 f"{KEY}: {', '.join(missing)} is what dvc.yaml's {stage} reranks with, and not in its deps (DVC would "

@@ -13,11 +13,9 @@ import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 from rung import paths
+from rung.checks import dag
 from rung.config import Params
 from rung.config.envs import BUILTIN_ENVIRONMENTS
 from rung.errors import InputError
@@ -129,10 +127,6 @@ def _project_models(params: Params) -> list[tuple[str, Path]]:
     return [(key, model) for key, model in _models_read(params) if not model.is_absolute()]
 
 
-def stage_deps(stage: dict[str, Any]) -> list[Any]:
-    return (stage.get("do", stage)).get("deps") or []
-
-
 def listed(params_file: Path, params: Params) -> None:
     """`params_file` when DVC reads it (params.yaml beside a dvc.yaml): each file of user code must be a dep of
     every stage that runs it, else editing it reruns nothing. Refused in one line naming the key and the fix."""
@@ -140,16 +134,16 @@ def listed(params_file: Path, params: Params) -> None:
     dag_file = root / "dvc.yaml"
     if params_file.name != paths.PARAMS.name or not dag_file.is_file():
         return  # a recipe: `rung run` lists them in its workspace's dvc.yaml
-    stages = yaml.safe_load(dag_file.read_text()).get("stages", {})
+    stages = dag.stages(dag_file)
     for code in named(params):
         file = source(code, root)
-        missing = [s for s in code.stages if s in stages and file and file.as_posix() not in stage_deps(stages[s])]
+        missing = [s for s in code.stages if s in stages and file and file.as_posix() not in dag.stage_deps(stages[s])]
         if missing:
             raise InputError(
                 f"{code.key}: {file} is code that dvc.yaml's stages {', '.join(missing)} run, and not in their deps "
                 f"(DVC would not rerun them when it changes); add it to their deps, or run with `rung run`"
             )
-    rl = stage_deps(stages["rl"]) if "rl" in stages else []
+    rl = dag.stage_deps(stages["rl"]) if "rl" in stages else []
     for key, model in _project_models(params):
         if "rl" in stages and model.as_posix() not in rl:
             raise InputError(

@@ -123,7 +123,7 @@ def _reward_model(model_dir: Path, fmt: FormatParams, device: str) -> Scorer:
 def _process_reward_model(model_dir: Path, aggregate: str, device: str) -> Scorer:
     """Each sample's step scores aggregated (min / last / mean); a sample the splitter finds no step in (an
     empty completion) is scored as one step."""
-    from rung.rewardmodels.process import ProcessRewardModel
+    from rung.rewardmodels.scoring import ProcessRewardModel
 
     prm, combine = ProcessRewardModel(model_dir, device), AGGREGATES[aggregate]
 

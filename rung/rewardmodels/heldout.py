@@ -11,7 +11,7 @@ from rung import files
 from rung.config import FormatParams
 from rung.rewardmodels import metrics, scoring
 from rung.rewardmodels.encoding import completion_ids, prompt_ids
-from rung.rewardmodels.process import ProcessRewardModel
+from rung.rewardmodels.scoring import ProcessRewardModel
 
 TRAIN = "train.jsonl"  # pairs, or labelled solutions, trained on
 HELDOUT = "heldout.jsonl"  # held-out pairs, or labelled solutions

@@ -6,7 +6,6 @@ format), which `load` reads so that a later stage splits and scores solutions as
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -14,23 +13,21 @@ from datasets import Dataset
 from transformers import (
     AutoModelForTokenClassification,
     AutoTokenizer,
-    PreTrainedModel,
     PreTrainedTokenizerBase,
     Trainer,
     TrainingArguments,
     set_seed,
 )
 
-from rung import files, models, placement
+from rung import files
 from rung.config import FormatParams
 from rung.errors import InputError
 from rung.rewardmodels.encoding import prompt_ids, step_ids
-from rung.rewardmodels.steps import split
+from rung.rewardmodels.scoring import SETTINGS
 from rung.train.checkpoints import FINAL
 from rung.train.harness import common_args, fit_and_save, trainable
 from rung.train.jobs import JobResult, ProcessRewardModelJob, main
 
-SETTINGS = "process_reward_model.json"
 IGNORE = -100.0  # the label of a token that is no step's last
 
 
@@ -112,33 +109,6 @@ def train(job: ProcessRewardModelJob) -> JobResult:
             "solutions_trained": float(len(data)),
         }
     )
-
-
-class ProcessRewardModel:
-    """A trained PRM, loaded for scoring: `step_scores(prompt, solution)` splits a solution as training did
-    and returns each step's score (a logit; sigmoid gives the estimated chance that the step's prefix still
-    reaches the right answer)."""
-
-    def __init__(self, model_dir: Path | str, device: str = "auto") -> None:
-        settings = Path(model_dir) / SETTINGS
-        if not settings.is_file():
-            raise InputError(f"{model_dir}: not a process reward model (no {SETTINGS})")
-        saved = files.read_json(settings)
-        self.splitter: str = saved["splitter"]
-        self.format = FormatParams(**saved["format"])
-        self.tok = models.load_tokenizer(model_dir)
-        self.model: PreTrainedModel = AutoModelForTokenClassification.from_pretrained(model_dir, dtype=torch.float32)
-        self.model.to(placement.device(device)).eval()
-
-    @torch.inference_mode()
-    def scores_of_steps(self, prompt: str, steps: list[str]) -> list[float]:
-        """Each step's score, the steps given."""
-        ids, ends = step_ids(self.tok, prompt_ids(self.tok, prompt, self.format), steps)
-        logits = self.model(input_ids=torch.tensor([ids], device=self.model.device)).logits[0, :, 0]
-        return logits[ends].float().tolist()
-
-    def step_scores(self, prompt: str, solution: str) -> list[float]:
-        return self.scores_of_steps(prompt, split(solution, self.splitter))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""Loading a trained reward model (the members of its ensemble) and scoring completions with it: what the
-held-out metrics use, and what a reward, best-of-N or over-optimization log loads later. A reward model's
+"""Loading a trained reward model (the members of its ensemble) or process reward model and scoring completions
+with it: what the held-out metrics, the RL rewards and best-of-N use, without the training code. A reward model's
 directory holds one standard transformers sequence-classification checkpoint (one label) per member, in
 `member-<i>/` (docs/reward_models.md)."""
 
@@ -8,12 +8,24 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForSequenceClassification, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
-from rung import models, placement
+from rung import files, models, placement
+from rung.config import FormatParams
 from rung.errors import InputError
+from rung.rewardmodels.encoding import prompt_ids, step_ids
+from rung.rewardmodels.steps import split
 
 MEMBER = "member-{}"
+
+SETTINGS = "process_reward_model.json"
+"""Beside a PRM's weights: the splitter and answer format it was trained with, which scoring must reuse."""
 
 
 def member_dir(out_dir: Path, i: int) -> Path:
@@ -67,3 +79,30 @@ def scores(model: PreTrainedModel, pad_id: int, sequences: list[list[int]], batc
             logits = logits[torch.arange(len(chunk)), mask.sum(1) - 1]
         out += logits[:, 0].float().tolist()
     return out
+
+
+class ProcessRewardModel:
+    """A trained PRM, loaded for scoring: `step_scores(prompt, solution)` splits a solution as training did
+    and returns each step's score (a logit; sigmoid gives the estimated chance that the step's prefix still
+    reaches the right answer)."""
+
+    def __init__(self, model_dir: Path | str, device: str = "auto") -> None:
+        settings = Path(model_dir) / SETTINGS
+        if not settings.is_file():
+            raise InputError(f"{model_dir}: not a process reward model (no {SETTINGS})")
+        saved = files.read_json(settings)
+        self.splitter: str = saved["splitter"]
+        self.format = FormatParams(**saved["format"])
+        self.tok = models.load_tokenizer(model_dir)
+        self.model: PreTrainedModel = AutoModelForTokenClassification.from_pretrained(model_dir, dtype=torch.float32)
+        self.model.to(placement.device(device)).eval()
+
+    @torch.inference_mode()
+    def scores_of_steps(self, prompt: str, steps: list[str]) -> list[float]:
+        """Each step's score, the steps given."""
+        ids, ends = step_ids(self.tok, prompt_ids(self.tok, prompt, self.format), steps)
+        logits = self.model(input_ids=torch.tensor([ids], device=self.model.device)).logits[0, :, 0]
+        return logits[ends].float().tolist()
+
+    def step_scores(self, prompt: str, solution: str) -> list[float]:
+        return self.scores_of_steps(prompt, split(solution, self.splitter))

@@ -19,7 +19,7 @@ from rung.config import FormatParams, RLStageParams
 from rung.errors import InputError
 from rung.rewardmodels import scoring
 from rung.rewardmodels.encoding import completion_ids, prompt_ids
-from rung.rewardmodels.process import SETTINGS, ProcessRewardModel
+from rung.rewardmodels.scoring import SETTINGS, ProcessRewardModel
 from rung.rl import gold
 from rung.rl.completions import text
 
