@@ -7,16 +7,20 @@ import sys
 from prefect import flow
 
 from flows.stage import finish, main, record_checkpoint
-from rung import config, paths, tracking
+from rung import config, files, paths, tracking
 from rung.checks.environments import environments
 from rung.checks.models import chat_template
 from rung.checks.rl import rl_stages
+from rung.config import PreferenceParams
+from rung.config.preference import OFFLINE
 from rung.errors import InputError
 from rung.report import keys
+from rung.rl import pairs
 from rung.seeding import derive
 from rung.train import launch
 from rung.train.checkpoints import discard
 from rung.train.jobs import RLJob
+from tasks import generation
 
 CHECKS = (chat_template, rl_stages, environments)
 """What this stage checks of params before any compute (flows.stage.main)."""
@@ -57,8 +61,22 @@ def rl(stage_name: str, params_file: str = str(paths.PARAMS)) -> None:
     if job.environment:  # logged only with one: a single-turn stage's params stay as they were
         logged["environment"] = job.environment.model_dump()
     inputs = {"model": job.init, "train": job.data}
+    out = paths.checkpoint(f"rl/{stage_name}")
     with tracking.stage_run(f"rl@{stage_name}", params, logged, inputs=inputs, resumable=True):
-        metrics = launch.train(job, stage.launch, paths.checkpoint(f"rl/{stage_name}"))
+        made: list[dict] = []
+        counts: dict[str, int] = {}
+        if stage.algorithm in OFFLINE:  # dpo / kto: the init's graded samples (or a file) first, then training
+            gen = generation.load(job.init, params.model, params.generation)
+            made, counts = pairs.build(stage.preference or PreferenceParams(), gen, job.data, params.format, seed, job.key)
+            if gen.close:
+                gen.close()
+            del gen  # its memory, before training
+            files.write_jsonl(job.work_dir / pairs.PAIRS, made)
+            job = job.model_copy(update={"data": job.work_dir / pairs.PAIRS})
+        metrics = launch.train(job, stage.launch, out)
+        if made:  # published beside the model: the pairs the stage trained on, for other stages to reuse
+            files.write_jsonl(out / pairs.PAIRS, made)
+        metrics.update({f"pairs/{k}": float(v) for k, v in counts.items()})
         record_checkpoint(params, f"rl/{stage_name}", trained=True)
         # One key per quantity: `rl/<metric>` for every RL stage (the stage is the run's rung.checkpoint tag).
         finish(f"rl-{stage_name}", metrics, keys.metric_keys(metrics, prefix="rl"))

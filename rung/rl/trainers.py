@@ -26,7 +26,8 @@ from rung.errors import InputError
 from rung.eval.evaluate import grade
 from rung.generate.api import generate
 from rung.generate.completion import encode
-from rung.rl import curricula, episodes, rewards, vllm_rollouts
+from rung.config.preference import PREFERENCE_ALGORITHMS
+from rung.rl import curricula, episodes, preference, rewards, vllm_rollouts
 from rung.rl.advantages import Advantages
 from rung.rl.reward_logs import RewardLog
 from rung.rl.rollouts import Rollouts
@@ -270,6 +271,8 @@ def trainer_for(job: RLJob, callbacks: list[Any] | None = None) -> GRPO | RLOO:
 def train(job: RLJob, callbacks: list[Any] | None = None) -> JobResult:
     """Run one RL stage from the job's init model (resuming from checkpoint `job.resume` if given);
     the model lands in work_dir/final and (main process) the per-step curves at `job.curves`."""
+    if job.params.algorithm in PREFERENCE_ALGORITHMS:  # DPO, KTO, online DPO: TRL's trainers as they are
+        return preference.train(job, callbacks)
     trainer = trainer_for(job, callbacks)
     funcs, tok = trainer.reward_funcs, trainer.processing_class
     fit(trainer, job.resume, job.outage_wait)

@@ -1,0 +1,136 @@
+"""Preference-optimization RL stages (algorithms dpo, kto, online_dpo; docs/preference.md) on the tiny model: each
+learns a separable toy task, a killed stage resumes to what an unkilled one trains, the pairs are built as
+documented, and params of the other family are refused in one line naming the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from rung import files, models
+from rung.answers import formats
+from rung.config import FormatParams, RLStageParams
+from rung.errors import InputError
+from rung.rl import pairs, trainers
+from rung.train.checkpoints import FINAL
+from rung.train.jobs import RLJob
+from tests.rows import sums
+from tests.test_reward_models import scripted
+from tests.test_rl import _Crash
+from tests.tiny_model import job
+
+FMT = FormatParams()
+# Separable: the right answer is the sum, the wrong one a word the chosen completions never hold.
+PAIRS = [
+    {"id": str(i), "prompt": f"What is {i} + {i}?", "chosen": f"Answer: {2 * i}", "rejected": f"Answer: banana {i}"}
+    for i in range(4)
+]
+
+
+@pytest.fixture(autouse=True)
+def _mlflow_store(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+
+
+def _stage(algorithm: str, **kw) -> RLStageParams:
+    base = {"algorithm": algorithm, "max_steps": 3, "learning_rate": 1e-3, "save_steps": 1}
+    return RLStageParams.model_validate({**base, "preference": {"batch_size": 2}, **kw})
+
+
+def _train(tiny_model: Path, work: Path, stage: RLStageParams, resume: str | None = None, callbacks=()):
+    data = work.parent / "pairs.jsonl"
+    files.write_jsonl(data, PAIRS)
+    j = job(
+        RLJob,
+        tiny_model,
+        data,
+        work,
+        key="rl.stages.dpo",
+        params=stage,
+        seed=0,
+        buckets={},
+        curves=work.parent / f"{work.name}.curves.json",
+        resume=resume,
+    )
+    return trainers.train(j, callbacks=list(callbacks)).metrics
+
+
+def _margin(model_dir: Path) -> float:
+    """Mean log-probability of the chosen completion minus the rejected one's, over the pairs."""
+    model, tok = models.load(model_dir)
+    out = []
+    for p in PAIRS:
+        prompt = tok.apply_chat_template(formats.prompt(p["prompt"], FMT), tokenize=False, add_generation_prompt=True)
+        n = len(tok(prompt)["input_ids"])
+        logps = []
+        for text in (p["chosen"], p["rejected"]):
+            ids = tok(prompt + text, return_tensors="pt")["input_ids"]
+            with torch.no_grad():
+                logits = model(ids).logits[0, n - 1 : -1]
+            logps.append(torch.log_softmax(logits, -1).gather(1, ids[0, n:, None]).sum().item())
+        out.append(logps[0] - logps[1])
+    return sum(out) / len(out)
+
+
+@pytest.mark.parametrize("algorithm", ["dpo", "kto"])
+def test_each_algorithm_learns_a_separable_task(tiny_model, tmp_path, algorithm):
+    summary = _train(tiny_model, tmp_path / "w", _stage(algorithm))
+    assert summary["steps"] == 3 and summary["weights_relative_change"] > 0
+    assert _margin(tmp_path / "w" / FINAL) > _margin(tiny_model) + 0.1
+    curves = files.read_json(tmp_path / "w.curves.json")
+    assert [c["step"] for c in curves] == [1, 2, 3]
+    assert curves[-1]["margin"] > 0 and {"logps_chosen", "logps_rejected"} <= set(curves[-1])
+
+
+def test_a_killed_dpo_stage_resumes_to_what_an_unkilled_one_trains(tiny_model, tmp_path):
+    stage = _stage("dpo", max_steps=2, preference={"batch_size": 2, "rpo_alpha": 1.0})
+    _train(tiny_model, tmp_path / "whole", stage)
+    with pytest.raises(KeyboardInterrupt):
+        _train(tiny_model, tmp_path / "cut", stage, callbacks=[_Crash(1)])
+    _train(tiny_model, tmp_path / "cut", stage, resume=str(tmp_path / "cut" / "checkpoint-1"))
+    a, _ = models.load(tmp_path / "whole" / FINAL)
+    b, _ = models.load(tmp_path / "cut" / FINAL)
+    for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True):
+        torch.testing.assert_close(x, y)
+
+
+def test_pairs_are_right_against_wrong_of_one_prompt_and_prompts_without_either_are_counted(tiny_model, tmp_path):
+    rows = sums(3, lambda i: 2, graded=True)  # answers 2, 3, 4
+    files.write_jsonl(tmp_path / "rows.jsonl", rows)
+    gen = scripted(
+        models.load_tokenizer(tiny_model),
+        {"0 + 2": ["Answer: 2", "Answer: 5"], "1 + 2": ["Answer: 3"], "2 + 2": ["Answer: 0"]},
+    )
+    pref = _stage("dpo", preference={"pairs": {"samples_per_prompt": 2, "pairs_per_prompt": 1}}).preference
+    assert pref is not None
+    made, counts = pairs.build(pref, gen, tmp_path / "rows.jsonl", FMT, 0, "rl.stages.dpo")
+    assert counts == {"prompts": 3, "prompts_no_right": 1, "prompts_no_wrong": 1, "pairs": 1}
+    assert [(p["chosen"], p["rejected"]) for p in made] == [("Answer: 2", "Answer: 5")]
+    none = scripted(models.load_tokenizer(tiny_model), {"+": ["Answer: 0"]})
+    with pytest.raises(InputError, match=r"^rl.stages.dpo.pairs: no pair to train on"):
+        pairs.build(pref, none, tmp_path / "rows.jsonl", FMT, 0, "rl.stages.dpo")
+    files.write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "p", "chosen": "c"}])
+    bad = _stage("dpo", preference={"pairs": {"type": "file", "path": str(tmp_path / "bad.jsonl")}}).preference
+    assert bad is not None
+    with pytest.raises(InputError, match=r"rl.stages.dpo.pairs.path: .* column\(s\) rejected"):
+        pairs.build(bad, None, tmp_path / "rows.jsonl", FMT, 0, "rl.stages.dpo")
+
+
+@pytest.mark.parametrize(
+    ("stage", "message"),
+    [
+        ({"algorithm": "dpo", "beta": 0.1}, "beta: a setting of the grpo / rloo trainers, not of algorithm dpo"),
+        ({"algorithm": "kto", "num_generations": 4}, "num_generations: a setting of the grpo / rloo trainers"),
+        ({"algorithm": "dpo", "temperature": 0.5}, "temperature: a setting of stages that sample while training"),
+        ({"algorithm": "grpo", "preference": {"beta": 0.1}}, "preference: settings of algorithms"),
+        ({"algorithm": "kto", "preference": {"loss_type": "ipo"}}, "preference.loss_type: 'ipo' is not a kto loss"),
+        ({"algorithm": "kto", "preference": {"rpo_alpha": 1.0}}, "preference.rpo_alpha: a dpo setting"),
+        ({"algorithm": "online_dpo", "preference": {"pairs": {"type": "verifier"}}}, "preference.pairs: online_dpo"),
+    ],
+)
+def test_settings_of_the_other_family_are_refused_naming_the_key(stage, message):
+    with pytest.raises(ValidationError, match=message):
+        RLStageParams.model_validate(stage)
