@@ -67,7 +67,9 @@ def rl(stage_name: str, params_file: str = str(paths.PARAMS)) -> None:
         counts: dict[str, int] = {}
         if stage.algorithm in OFFLINE:  # dpo / kto: the init's graded samples (or a file) first, then training
             gen = generation.load(job.init, params.model, params.generation)
-            made, counts = pairs.build(stage.preference or PreferenceParams(), gen, job.data, params.format, seed, job.key)
+            made, counts = pairs.build(
+                stage.preference or PreferenceParams(), gen, job.data, params.format, seed, job.key
+            )
             if gen.close:
                 gen.close()
             del gen  # its memory, before training

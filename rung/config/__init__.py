@@ -71,6 +71,7 @@ from rung.config.data import (
 )
 from rung.config.envs import BUILTIN_ENVIRONMENTS, EnvironmentParams
 from rung.config.eval import BootstrapParams, EvalParams, SampledEvalParams
+from rung.config.preference import PREFERENCE_ALGORITHMS, PreferenceParams
 from rung.config.rewardmodels import (
     STAGE_NAME,
     PreferenceFile,
@@ -78,7 +79,6 @@ from rung.config.rewardmodels import (
     RewardModelParams,
     VerifierPairs,
 )
-from rung.config.preference import PREFERENCE_ALGORITHMS, PreferenceParams
 from rung.config.rl import (
     BUILTIN_REWARDS,
     PRESETS,

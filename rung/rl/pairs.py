@@ -30,4 +30,3 @@ def build(
     if not made:
         raise InputError(f"{key}.pairs: no pair to train on ({stats}); sample more per prompt or from more prompts")
     return made, stats
-

@@ -48,7 +48,11 @@ def pair_dataset(pairs: list[dict[str, Any]], fmt: FormatParams) -> Dataset:
     for p in pairs:
         prompt = formats.prompt(p["prompt"], fmt)
         rows.append(
-            {"prompt": prompt, "chosen": _completion(p["chosen"], prompt), "rejected": _completion(p["rejected"], prompt)}
+            {
+                "prompt": prompt,
+                "chosen": _completion(p["chosen"], prompt),
+                "rejected": _completion(p["rejected"], prompt),
+            }
         )
     return Dataset.from_list(rows)
 

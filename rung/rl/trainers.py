@@ -21,12 +21,12 @@ from rung import compat, envs, files, models, placement
 from rung.answers import formats
 from rung.answers.rows import Row, dataset_row, read_rows
 from rung.config import FormatParams, RLStageParams, SamplingParams
+from rung.config.preference import PREFERENCE_ALGORITHMS
 from rung.envs.loop import budget
 from rung.errors import InputError
 from rung.eval.evaluate import grade
 from rung.generate.api import generate
 from rung.generate.completion import encode
-from rung.config.preference import PREFERENCE_ALGORITHMS
 from rung.rl import curricula, episodes, preference, rewards, vllm_rollouts
 from rung.rl.advantages import Advantages
 from rung.rl.reward_logs import RewardLog
