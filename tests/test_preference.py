@@ -10,10 +10,11 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from rung import files, models
+from rung import config, files, models
 from rung.answers import formats
 from rung.config import FormatParams, RLStageParams
 from rung.errors import InputError
+from rung.eval import comparisons
 from rung.rl import pairs, trainers
 from rung.train.checkpoints import FINAL
 from rung.train.jobs import RLJob
@@ -42,7 +43,7 @@ def _stage(algorithm: str, **kw) -> RLStageParams:
 
 def _train(tiny_model: Path, work: Path, stage: RLStageParams, resume: str | None = None, callbacks=()):
     data = work.parent / "pairs.jsonl"
-    files.write_jsonl(data, PAIRS)
+    files.write_jsonl(data, PAIRS if stage.algorithm != "online_dpo" else sums(4, lambda i: i % 3, graded=True))
     j = job(
         RLJob,
         tiny_model,
@@ -77,12 +78,28 @@ def _margin(model_dir: Path) -> float:
 
 @pytest.mark.parametrize("algorithm", ["dpo", "kto"])
 def test_each_algorithm_learns_a_separable_task(tiny_model, tmp_path, algorithm):
-    summary = _train(tiny_model, tmp_path / "w", _stage(algorithm))
+    summary = _train(tiny_model, tmp_path / "w", _stage(algorithm, save_steps=10))
     assert summary["steps"] == 3 and summary["weights_relative_change"] > 0
     assert _margin(tmp_path / "w" / FINAL) > _margin(tiny_model) + 0.1
     curves = files.read_json(tmp_path / "w.curves.json")
     assert [c["step"] for c in curves] == [1, 2, 3]
     assert curves[-1]["margin"] > 0 and {"logps_chosen", "logps_rejected"} <= set(curves[-1])
+
+
+def test_online_dpo_learns_what_its_rewards_judge(tiny_model, tmp_path):
+    # the judge is the stage's reward functions: here an even number of tokens, which a random model splits
+    stage = _stage(
+        "online_dpo",
+        max_steps=2,
+        save_steps=10,
+        max_completion_length=4,
+        rewards={"even": {"import": "tests.rows:even_tokens"}},
+    )
+    summary = _train(tiny_model, tmp_path / "w", stage)
+    assert summary["steps"] == 2 and summary["weights_relative_change"] > 0
+    curves = files.read_json(tmp_path / "w.curves.json")
+    assert {"reward", "margin", "kl", "logps_chosen", "logps_rejected"} <= set(curves[-1])
+    assert curves[-1]["margin"] > 0  # the judged-chosen sample gained on the rejected one against the reference
 
 
 def test_a_killed_dpo_stage_resumes_to_what_an_unkilled_one_trains(tiny_model, tmp_path):
@@ -134,3 +151,30 @@ def test_pairs_are_right_against_wrong_of_one_prompt_and_prompts_without_either_
 def test_settings_of_the_other_family_are_refused_naming_the_key(stage, message):
     with pytest.raises(ValidationError, match=message):
         RLStageParams.model_validate(stage)
+
+
+def test_a_preference_algorithm_with_an_environment_is_refused(default_params):
+    default_params["environment"] = {"name": "retry"}
+    default_params["rl"]["stages"]["dpo"] = {"algorithm": "dpo", "init": "sft"}
+    with pytest.raises(ValidationError, match=r"rl.stages.dpo.algorithm: dpo cannot train episodes"):
+        config.Params.model_validate(default_params)
+    default_params["rl"]["stages"]["dpo"]["environment"] = False  # its single-turn form trains
+    config.Params.model_validate(default_params)
+
+
+def test_the_report_pairs_a_preference_stage_with_every_other_rl_stage_of_its_init():
+    inits = {"main": "sft", "dpo": "sft", "kto": "sft", "round2": "rl/dpo"}
+    assert comparisons.pairs(inits, preference=["dpo", "kto", "round2"]) == [
+        ("sft", "base"),
+        ("rl/main", "sft"),
+        ("rl/main", "base"),
+        ("rl/dpo", "sft"),
+        ("rl/dpo", "base"),
+        ("rl/kto", "sft"),
+        ("rl/kto", "base"),
+        ("rl/round2", "rl/dpo"),
+        ("rl/round2", "base"),
+        ("rl/dpo", "rl/main"),
+        ("rl/kto", "rl/main"),
+        ("rl/kto", "rl/dpo"),
+    ]

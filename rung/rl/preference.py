@@ -22,19 +22,26 @@ from rung.rl import rewards
 from rung.train.harness import common_args, finalize, fit, peft_config, train_loss, trainable
 from rung.train.jobs import JobResult, RLJob
 
-# Per-step curves: our name -> TRL's log key (the same names as GRPO's curves where the quantity is the same).
+# Per-step curves: our name -> TRL's log keys, the first logged wins (the same names as GRPO's curves where the
+# quantity is the same).
 CURVES = {
-    "loss": "loss",
-    "reward_accuracy": "rewards/accuracies",  # share of pairs whose implicit reward ranks chosen first
-    "margin": "rewards/margins",
-    "reward_chosen": "rewards/chosen",
-    "reward_rejected": "rewards/rejected",
-    "logps_chosen": "logps/chosen",
-    "logps_rejected": "logps/rejected",
-    "kl": "kl",  # KTO's batch KL estimate; online DPO's objective/kl
-    "reward": "objective/scores",  # online DPO: the judge's mean score of the sampled completions
-    "entropy": "objective/entropy",
+    "loss": ("loss",),
+    "reward_accuracy": ("rewards/accuracies",),  # share of pairs whose implicit reward ranks chosen first
+    "margin": ("rewards/margins",),
+    "reward_chosen": ("rewards/chosen",),
+    "reward_rejected": ("rewards/rejected",),
+    "logps_chosen": ("logps/chosen",),
+    "logps_rejected": ("logps/rejected",),
+    "kl": ("kl", "objective/kl"),  # KTO's batch estimate; online DPO's of its samples
+    "reward": ("objective/scores",),  # online DPO: the judge's (the rewards') mean score of its samples
+    "entropy": ("objective/entropy",),
 }
+
+
+def curve_point(log: dict[str, Any]) -> dict[str, float]:
+    """One step's curves from TRL's log of it."""
+    found = {name: next((log[k] for k in keys if k in log), None) for name, keys in CURVES.items()}
+    return {"step": log["step"], **{name: float(v) for name, v in found.items() if v is not None}}
 
 
 def _completion(text: str, prompt: Any) -> Any:
@@ -128,11 +135,7 @@ def train(job: RLJob, callbacks: list[Any] | None = None) -> JobResult:
     process) the per-step curves at `job.curves`."""
     trainer = trainer_for(job, callbacks)
     fit(trainer, job.resume, job.outage_wait)
-    curves = [
-        {"step": h["step"], **{name: float(h[key]) for name, key in CURVES.items() if key in h}}
-        for h in trainer.state.log_history
-        if "loss" in h and "step" in h
-    ]
+    curves = [curve_point(h) for h in trainer.state.log_history if "loss" in h and "step" in h]
     summary = {"train_loss": train_loss(trainer.state), "steps": float(trainer.state.global_step)}
     if curves:
         summary.update({f"{name}_last": v for name, v in curves[-1].items() if name not in ("step", "loss")})
