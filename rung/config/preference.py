@@ -90,20 +90,21 @@ class PreferenceParams(Section):
     """Token cap of prompt + completion (TRL truncates longer ones)."""
 
 
-def check_family(algorithm: str, preference: PreferenceParams | None, explicit: set[str]) -> None:
+def check_family(algorithm: str, preference: PreferenceParams | None, changed: set[str]) -> None:
     """Refuse, naming the key, a setting of the other family: `preference` on a grpo / rloo stage, GRPO's keys
-    on a preference stage, a loss type the algorithm's TRL trainer lacks."""
+    set to other than their defaults (`changed`) on a preference stage, a loss type the algorithm's TRL trainer
+    lacks."""
     if algorithm not in PREFERENCE_ALGORITHMS:
         if preference is not None:
             raise ValueError(f"preference: settings of algorithms {list(PREFERENCE_ALGORITHMS)}, not of {algorithm}")
         return
-    grpo = sorted(k for k in GRPO_ONLY if k in explicit)
+    grpo = sorted(k for k in GRPO_ONLY if k in changed)
     if grpo:
         raise ValueError(
             f"{grpo[0]}: a setting of the grpo / rloo trainers, not of algorithm {algorithm}"
             + (" (its own is preference." + grpo[0] + ")" if grpo[0] in ("beta", "loss_type") else "")
         )
-    rollout = sorted(k for k in ROLLOUT_ONLY if k in explicit) if algorithm in OFFLINE else []
+    rollout = sorted(k for k in ROLLOUT_ONLY if k in changed) if algorithm in OFFLINE else []
     if rollout:
         raise ValueError(
             f"{rollout[0]}: a setting of stages that sample while training, not of algorithm {algorithm} "
@@ -116,5 +117,5 @@ def check_family(algorithm: str, preference: PreferenceParams | None, explicit: 
         raise ValueError(f"preference.loss_type: {preference.loss_type!r} is not a {algorithm} loss {list(losses)}")
     if preference.rpo_alpha is not None and algorithm != "dpo":
         raise ValueError(f"preference.rpo_alpha: a dpo setting, not of algorithm {algorithm}")
-    if algorithm == "online_dpo" and "pairs" in preference.model_fields_set:
+    if algorithm == "online_dpo" and preference.pairs != VerifierPairs():
         raise ValueError("preference.pairs: online_dpo samples its pairs while it trains; remove it")

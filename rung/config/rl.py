@@ -269,7 +269,10 @@ class RLStageParams(Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> RLStageParams:
-        check_family(self.algorithm, self.preference, self.model_fields_set)
+        # set to other than the default: a written params file (`rung run`) spells every default out
+        fields = type(self).model_fields
+        changed = {k for k in self.model_fields_set if getattr(self, k) != fields[k].default}
+        check_family(self.algorithm, self.preference, changed)
         if self.algorithm in PREFERENCE_ALGORITHMS:
             return self
         if self.overlong and "overlong" not in self.rewards:
