@@ -145,7 +145,10 @@ def test_pairs_are_right_against_wrong_of_one_prompt_and_prompts_without_either_
         ({"algorithm": "grpo", "preference": {"beta": 0.1}}, "preference: settings of algorithms"),
         ({"algorithm": "kto", "preference": {"loss_type": "ipo"}}, "preference.loss_type: 'ipo' is not a kto loss"),
         ({"algorithm": "kto", "preference": {"rpo_alpha": 1.0}}, "preference.rpo_alpha: a dpo setting"),
-        ({"algorithm": "online_dpo", "preference": {"pairs": {"samples_per_prompt": 4}}}, "preference.pairs: online_dpo"),
+        (
+            {"algorithm": "online_dpo", "preference": {"pairs": {"samples_per_prompt": 4}}},
+            "preference.pairs: online_dpo",
+        ),
     ],
 )
 def test_settings_of_the_other_family_are_refused_naming_the_key(stage, message):
