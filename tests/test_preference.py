@@ -8,16 +8,20 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from pydantic import ValidationError
+from transformers import TrainerCallback
 
 from rung import config, files, models
 from rung.answers import formats
 from rung.config import FormatParams, RLStageParams
 from rung.errors import InputError
 from rung.eval import comparisons
+from rung.report import study
 from rung.rl import pairs, trainers
 from rung.train.checkpoints import FINAL
 from rung.train.jobs import RLJob
+from tests.conftest import ROOT
 from tests.rows import sums
 from tests.test_reward_models import scripted
 from tests.test_rl import _Crash
@@ -34,6 +38,16 @@ PAIRS = [
 @pytest.fixture(autouse=True)
 def _mlflow_store(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+
+
+class _Logs(TrainerCallback):
+    """The logs the trainer sends (what rung.train.run_log sends to MLflow)."""
+
+    def __init__(self):
+        self.logs: list[dict] = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.logs.append(dict(logs or {}))
 
 
 def _stage(algorithm: str, **kw) -> RLStageParams:
@@ -78,12 +92,15 @@ def _margin(model_dir: Path) -> float:
 
 @pytest.mark.parametrize("algorithm", ["dpo", "kto"])
 def test_each_algorithm_learns_a_separable_task(tiny_model, tmp_path, algorithm):
-    summary = _train(tiny_model, tmp_path / "w", _stage(algorithm, save_steps=10))
+    logs = _Logs()
+    summary = _train(tiny_model, tmp_path / "w", _stage(algorithm, save_steps=10), callbacks=[logs])
     assert summary["steps"] == 3 and summary["weights_relative_change"] > 0
     assert _margin(tmp_path / "w" / FINAL) > _margin(tiny_model) + 0.1
     curves = files.read_json(tmp_path / "w.curves.json")
     assert [c["step"] for c in curves] == [1, 2, 3]
     assert curves[-1]["margin"] > 0 and {"logps_chosen", "logps_rejected"} <= set(curves[-1])
+    # rung's per-step metrics reach TRL's log through the seam's train_metrics (TRL's `_metrics`), as GRPO's do
+    assert all("update/relative" in log for log in logs.logs if "loss" in log)
 
 
 def test_online_dpo_learns_what_its_rewards_judge(tiny_model, tmp_path):
@@ -185,3 +202,14 @@ def test_the_report_pairs_a_preference_stage_with_every_other_rl_stage_of_its_in
         ("rl/kto", "rl/main"),
         ("rl/kto", "rl/dpo"),
     ]
+
+
+def test_the_study_definition_compares_every_algorithm_as_stage_final_from_sft():
+    spec = study.load(ROOT / "bench/preference.yaml")
+    base = yaml.safe_load((ROOT / "params.yaml").read_text())
+    experiments = [config.parse(config.with_overrides(base, t["point"]), e) for e, t in study.points(spec).items()]
+    study.check_design(spec, "bench/preference.yaml", experiments)
+    arms = {p.rl.stages["final"].algorithm for p in experiments}
+    assert arms == {"grpo", "dpo", "kto", "online_dpo"} and len(experiments) == 5 * 3
+    iterative = experiments[-1].rl.stages
+    assert [s.init for s in iterative.values()] == ["sft", "sft", "rl/round1", "rl/round2"]
