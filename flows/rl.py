@@ -11,7 +11,7 @@ from rung import config, files, paths, tracking
 from rung.checks.environments import environments
 from rung.checks.models import chat_template
 from rung.checks.rl import rl_stages
-from rung.config import PreferenceParams
+from rung.config import PreferenceFile, PreferenceParams
 from rung.config.preference import OFFLINE
 from rung.errors import InputError
 from rung.report import keys
@@ -66,13 +66,8 @@ def rl(stage_name: str, params_file: str = str(paths.PARAMS)) -> None:
         made: list[dict] = []
         counts: dict[str, int] = {}
         if stage.algorithm in OFFLINE:  # dpo / kto: the init's graded samples (or a file) first, then training
-            gen = generation.load(job.init, params.model, params.generation)
-            made, counts = pairs.build(
-                stage.preference or PreferenceParams(), gen, job.data, params.format, seed, job.key
-            )
-            if gen.close:
-                gen.close()
-            del gen  # its memory, before training
+            made, counts = _pairs(params, job)
+            job.work_dir.mkdir(parents=True, exist_ok=True)
             files.write_jsonl(job.work_dir / pairs.PAIRS, made)
             job = job.model_copy(update={"data": job.work_dir / pairs.PAIRS})
         metrics = launch.train(job, stage.launch, out)
@@ -83,6 +78,18 @@ def rl(stage_name: str, params_file: str = str(paths.PARAMS)) -> None:
         # One key per quantity: `rl/<metric>` for every RL stage (the stage is the run's rung.checkpoint tag).
         finish(f"rl-{stage_name}", metrics, keys.metric_keys(metrics, prefix="rl"))
         discard(job.work_dir)  # once the records are complete: a rerun for want of MLflow resumes from them
+
+
+def _pairs(params: config.Params, job: RLJob) -> tuple[list[dict], dict[str, int]]:
+    """A dpo / kto stage's pairs and their counts: its init loaded for sampling only when the pairs are verifier's,
+    and released before training."""
+    pref = job.params.preference or PreferenceParams()
+    gen = None if isinstance(pref.pairs, PreferenceFile) else generation.load(job.init, params.model, params.generation)
+    try:
+        return pairs.build(pref, gen, job.data, params.format, job.seed, job.key)
+    finally:
+        if gen is not None and gen.close:
+            gen.close()
 
 
 if __name__ == "__main__":
