@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 
 from prefect import flow
@@ -67,12 +68,14 @@ def rl(stage_name: str, params_file: str = str(paths.PARAMS)) -> None:
         counts: dict[str, int] = {}
         if stage.algorithm in OFFLINE:  # dpo / kto: the init's graded samples (or a file) first, then training
             made, counts = _pairs(params, job)
-            job.work_dir.mkdir(parents=True, exist_ok=True)
-            files.write_jsonl(job.work_dir / pairs.PAIRS, made)
-            job = job.model_copy(update={"data": job.work_dir / pairs.PAIRS})
+            # beside the work directory, which launch clears when it holds another experiment's checkpoints
+            data = job.work_dir.parent / f"{stage_name}.{pairs.PAIRS}"
+            data.parent.mkdir(parents=True, exist_ok=True)
+            files.write_jsonl(data, made)
+            job = job.model_copy(update={"data": data})
         metrics = launch.train(job, stage.launch, out)
         if made:  # published beside the model: the pairs the stage trained on, for other stages to reuse
-            files.write_jsonl(out / pairs.PAIRS, made)
+            shutil.move(job.data, out / pairs.PAIRS)
         metrics.update({f"pairs/{k}": float(v) for k, v in counts.items()})
         record_checkpoint(params, f"rl/{stage_name}", trained=True)
         # One key per quantity: `rl/<metric>` for every RL stage (the stage is the run's rung.checkpoint tag).

@@ -14,11 +14,12 @@ from transformers import TrainerCallback
 
 from rung import config, files, models
 from rung.answers import formats
-from rung.config import FormatParams, RLStageParams
+from rung.config import FormatParams, LaunchParams, RLStageParams
 from rung.errors import InputError
 from rung.eval import comparisons
 from rung.report import study
 from rung.rl import pairs, trainers
+from rung.train import launch
 from rung.train.checkpoints import FINAL
 from rung.train.jobs import RLJob
 from tests.conftest import ROOT
@@ -55,10 +56,10 @@ def _stage(algorithm: str, **kw) -> RLStageParams:
     return RLStageParams.model_validate({**base, "preference": {"batch_size": 2}, **kw})
 
 
-def _train(tiny_model: Path, work: Path, stage: RLStageParams, resume: str | None = None, callbacks=()):
+def _job(tiny_model: Path, work: Path, stage: RLStageParams) -> RLJob:
     data = work.parent / "pairs.jsonl"
     files.write_jsonl(data, PAIRS if stage.algorithm != "online_dpo" else sums(4, lambda i: i % 3, graded=True))
-    j = job(
+    return job(
         RLJob,
         tiny_model,
         data,
@@ -68,9 +69,11 @@ def _train(tiny_model: Path, work: Path, stage: RLStageParams, resume: str | Non
         seed=0,
         buckets={},
         curves=work.parent / f"{work.name}.curves.json",
-        resume=resume,
     )
-    return trainers.train(j, callbacks=list(callbacks)).metrics
+
+
+def _train(tiny_model: Path, work: Path, stage: RLStageParams, callbacks=()) -> dict[str, float]:
+    return trainers.train(_job(tiny_model, work, stage), callbacks=list(callbacks)).metrics
 
 
 def _margin(model_dir: Path) -> float:
@@ -119,14 +122,35 @@ def test_online_dpo_learns_what_its_rewards_judge(tiny_model, tmp_path):
     assert curves[-1]["margin"] > 0  # the judged-chosen sample gained on the rejected one against the reference
 
 
+class _CrashAfterOne(_Crash):
+    def __init__(self):
+        super().__init__(1)
+
+
+class _Steps(TrainerCallback):
+    """The steps trained in this process (a class attribute: launch builds callbacks from their import paths)."""
+
+    seen: list[int] = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        _Steps.seen.append(state.global_step)
+
+
 def test_a_killed_dpo_stage_resumes_to_what_an_unkilled_one_trains(tiny_model, tmp_path):
+    """Through launch.train, as the stage runs: it finds the last complete checkpoint itself."""
     stage = _stage("dpo", max_steps=2, preference={"batch_size": 2, "rpo_alpha": 1.0})
-    _train(tiny_model, tmp_path / "whole", stage)
+    whole = _job(tiny_model, tmp_path / "whole", stage)
+    launch.train(whole, LaunchParams(), tmp_path / "out-whole")
+    cut = _job(tiny_model, tmp_path / "cut", stage)
     with pytest.raises(KeyboardInterrupt):
-        _train(tiny_model, tmp_path / "cut", stage, callbacks=[_Crash(1)])
-    _train(tiny_model, tmp_path / "cut", stage, resume=str(tmp_path / "cut" / "checkpoint-1"))
-    a, _ = models.load(tmp_path / "whole" / FINAL)
-    b, _ = models.load(tmp_path / "cut" / FINAL)
+        launch.train(
+            cut.model_copy(update={"callbacks": [f"{__name__}:_CrashAfterOne"]}), LaunchParams(), tmp_path / "o"
+        )
+    _Steps.seen.clear()
+    launch.train(cut.model_copy(update={"callbacks": [f"{__name__}:_Steps"]}), LaunchParams(), tmp_path / "out-cut")
+    assert _Steps.seen == [2]  # resumed from checkpoint-1, not trained again from the start
+    a, _ = models.load(tmp_path / "out-whole")
+    b, _ = models.load(tmp_path / "out-cut")
     for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True):
         torch.testing.assert_close(x, y)
 
