@@ -274,6 +274,9 @@ class RLStageParams(Section):
         changed = {k for k in self.model_fields_set if getattr(self, k) != fields[k].default}
         check_family(self.algorithm, self.preference, changed)
         if self.algorithm in PREFERENCE_ALGORITHMS:
+            size, processes = (self.preference or PreferenceParams()).batch_size, self.launch.num_processes
+            if size % processes:
+                raise ValueError(f"preference.batch_size: {size} is not divisible by launch.num_processes {processes}")
             return self
         if self.overlong and "overlong" not in self.rewards:
             object.__setattr__(self, "rewards", {**self.rewards, "overlong": RewardParams(weight=1.0)})
