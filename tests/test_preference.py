@@ -187,6 +187,10 @@ def test_pairs_are_right_against_wrong_of_one_prompt_and_prompts_without_either_
         ({"algorithm": "kto", "preference": {"loss_type": "ipo"}}, "preference.loss_type: 'ipo' is not a kto loss"),
         ({"algorithm": "kto", "preference": {"rpo_alpha": 1.0}}, "preference.rpo_alpha: a dpo setting"),
         (
+            {"algorithm": "online_dpo", "rewards": {"accuracy": 1.0, "conditional_length": 0.5}},
+            "rewards.conditional_length: scores groups of num_generations samples; online_dpo has none",
+        ),
+        (
             {"algorithm": "dpo", "preference": {"batch_size": 3}, "launch": {"num_processes": 2}},
             "preference.batch_size: 3 is not divisible by launch.num_processes 2",
         ),

@@ -277,6 +277,10 @@ class RLStageParams(Section):
             size, processes = (self.preference or PreferenceParams()).batch_size, self.launch.num_processes
             if size % processes:
                 raise ValueError(f"preference.batch_size: {size} is not divisible by launch.num_processes {processes}")
+            if "conditional_length" in self.rewards:  # OnlineDPOTrainer lays a prompt's two samples B rows apart
+                raise ValueError(
+                    "rewards.conditional_length: scores groups of num_generations samples; online_dpo has none"
+                )
             return self
         if self.overlong and "overlong" not in self.rewards:
             object.__setattr__(self, "rewards", {**self.rewards, "overlong": RewardParams(weight=1.0)})
