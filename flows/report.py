@@ -13,6 +13,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from flows.stage import main
 from rung import config, files, paths, tracking
+from rung.config import PREFERENCE_ALGORITHMS
 from rung.eval import comparisons
 from rung.eval.results import EvalResult
 from rung.report import health, keys, tables
@@ -52,7 +53,8 @@ def report(params_file: str = str(paths.PARAMS)) -> str:
         boot = params.eval.bootstrap
         inits = {n: s.init for n, s in params.rl.stages.items()}
         episodic = comparisons.episode_trained(params)
-        pairs = comparisons.pairs(inits, episodic)
+        preference = [n for n, s in params.rl.stages.items() if s.algorithm in PREFERENCE_ALGORITHMS]
+        pairs = comparisons.pairs(inits, episodic, preference)
         compare_k = params.eval.samples.compare_k if params.eval.samples else []
         compared = comparisons.comparisons(pairs, boot.confidence, boot.resamples, params.seed, compare_k)
         warnings = [

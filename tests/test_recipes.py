@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 from flows.cli import app
 from flows.run import written
 from rung import config, preflight
+from rung.config import PREFERENCE_ALGORITHMS
 from tasks import dvc
 from tests.conftest import ROOT
 
@@ -82,6 +83,13 @@ def small(recipe: Path, model: Path) -> list[str]:
         )
     for name, stage in data["rl"]["stages"].items():
         key = f"rl.stages.{name}"
+        if stage.get("algorithm") in PREFERENCE_ALGORITHMS:
+            # the tiny model samples no right answer, so no verifier pair: a preference file instead
+            sets |= {f"{key}.max_steps": 2, f"{key}.save_steps": 2, f"{key}.trl": {}}
+            sets[f"{key}.preference"] = {**stage.get("preference", {}), "batch_size": 2, "max_length": 64}
+            if stage["algorithm"] != "online_dpo":
+                sets[f"{key}.preference"]["pairs"] = {"type": "file", "path": str(ROOT / "tests/fixtures/pairs.jsonl")}
+            continue
         sets |= {
             f"{key}.max_steps": 2,
             f"{key}.save_steps": 2,

@@ -71,6 +71,7 @@ from rung.config.data import (
 )
 from rung.config.envs import BUILTIN_ENVIRONMENTS, EnvironmentParams
 from rung.config.eval import BootstrapParams, EvalParams, SampledEvalParams
+from rung.config.preference import PREFERENCE_ALGORITHMS, PreferenceParams
 from rung.config.rewardmodels import (
     STAGE_NAME,
     PreferenceFile,
@@ -92,7 +93,9 @@ from rung.config.sft import SFTParams
 __all__ = [
     "BUILTIN_ENVIRONMENTS",
     "BUILTIN_REWARDS",
+    "PREFERENCE_ALGORITHMS",
     "PRESETS",
+    "PreferenceParams",
     "REWARD_TASKS",
     "AdaptiveCurriculum",
     "BanditCurriculum",
@@ -253,8 +256,11 @@ class Params(Section):
         for name, stage in self.rl.stages.items():
             if not self.environment_of(name):
                 continue
-            if stage.algorithm == "rloo":
-                raise ValueError(f"rl.stages.{name}.algorithm: rloo cannot train episodes (an environment); use grpo")
+            if stage.algorithm != "grpo":
+                raise ValueError(
+                    f"rl.stages.{name}.algorithm: {stage.algorithm} cannot train episodes (an environment); use grpo, "
+                    "or set the stage's environment: false"
+                )
             if stage.use_vllm:
                 raise ValueError(f"rl.stages.{name}.use_vllm: episodes are sampled by rung's decode loop, not vLLM")
             sampler = sorted(k for k in _TRL_SAMPLING if stage.trl.get(k) not in (None, False, 1.0, {}))

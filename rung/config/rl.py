@@ -20,6 +20,7 @@ from rung.config.base import Section, deprecated, known_or_import_path
 from rung.config.common import LaunchParams, LoraParams
 from rung.config.curricula import Curriculum, UniformCurriculum
 from rung.config.envs import EnvironmentParams
+from rung.config.preference import PREFERENCE_ALGORITHMS, PreferenceParams, check_family
 from rung.objectives import OBJECTIVES
 
 # The names of rung.rl.rewards.REGISTRY (tests/test_rewards.py checks it), here so that params validate
@@ -99,8 +100,10 @@ class RLStageParams(Section):
     preset: str | None = None
     """A published recipe whose settings this stage's own keys override: grpo, dr_grpo, dapo, gspo, or an
     objective's (psr, nsr, w_reinforce; rung.config.PRESETS)."""
-    algorithm: Literal["grpo", "rloo"] = "grpo"
-    """TRL trainer: GRPOTrainer, or RLOOTrainer (leave-one-out baseline; Ahmadian et al. 2024)."""
+    algorithm: Literal["grpo", "rloo", "dpo", "kto", "online_dpo"] = "grpo"
+    """TRL trainer: GRPOTrainer, RLOOTrainer (leave-one-out baseline; Ahmadian et al. 2024), or preference
+    optimization (docs/preference.md): DPOTrainer and KTOTrainer on verifier-graded samples of the init,
+    OnlineDPOTrainer with the stage's rewards as its judge; their settings are under `preference`."""
     init: str = "sft"
     """Checkpoint this stage starts from: 'sft', 'base' (zero-RL) or 'rl/<earlier stage>'."""
     seed: int | None = Field(None, ge=0)
@@ -212,6 +215,8 @@ class RLStageParams(Section):
     plot it). None: off. Each costs one greedy pass over the held-out split. A diagnostic: the
     held-out split and eval.sampling are not deps of the RL stage in dvc.yaml, so changing them
     reruns the evaluations, not RL (whose curve keeps the values it was graded with)."""
+    preference: PreferenceParams | None = None
+    """dpo / kto / online_dpo only: the pairs and TRL's loss settings (rung.config.preference); null: defaults."""
     trl: dict[str, Any] = Field(default_factory=dict)
     """Any other GRPOConfig/RLOOConfig argument under TRL's own name, passed through unchecked by
     rung (TRL checks it when the stage starts); `chat_template_kwargs` is refused, as rung renders
@@ -269,6 +274,19 @@ class RLStageParams(Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> RLStageParams:
+        # set to other than the default: a written params file (`rung run`) spells every default out
+        fields = type(self).model_fields
+        changed = {k for k in self.model_fields_set if getattr(self, k) != fields[k].default}
+        check_family(self.algorithm, self.preference, changed)
+        if self.algorithm in PREFERENCE_ALGORITHMS:
+            size, processes = (self.preference or PreferenceParams()).batch_size, self.launch.num_processes
+            if size % processes:
+                raise ValueError(f"preference.batch_size: {size} is not divisible by launch.num_processes {processes}")
+            if "conditional_length" in self.rewards:  # OnlineDPOTrainer lays a prompt's two samples B rows apart
+                raise ValueError(
+                    "rewards.conditional_length: scores groups of num_generations samples; online_dpo has none"
+                )
+            return self
         if self.overlong and "overlong" not in self.rewards:
             object.__setattr__(self, "rewards", {**self.rewards, "overlong": RewardParams(weight=1.0)})
         if self.algorithm == "rloo" and self.dynamic_sampling is not None:

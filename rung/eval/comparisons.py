@@ -35,14 +35,34 @@ def single_turn_controls(rl_inits: dict[str, str], episodic: Collection[str]) ->
     ]
 
 
-def pairs(rl_inits: dict[str, str], episodic: Collection[str] = ()) -> list[tuple[str, str]]:
+def same_init_rivals(rl_inits: dict[str, str], preference: Collection[str]) -> list[tuple[str, str]]:
+    """(preference-trained, other) RL checkpoints with the same init: each dpo / kto / online_dpo stage
+    (`preference`) against every other RL stage that started from the same checkpoint (is GRPO better than DPO on
+    the same samples?); two preference stages once, the later against the earlier; in params order."""
+    names = list(rl_inits)
+    return [
+        (f"rl/{name}", f"rl/{other}")
+        for name in names
+        if name in preference
+        for other in names
+        if other != name
+        and rl_inits[other] == rl_inits[name]
+        and not (other in preference and names.index(other) > names.index(name))
+    ]
+
+
+def pairs(
+    rl_inits: dict[str, str], episodic: Collection[str] = (), preference: Collection[str] = ()
+) -> list[tuple[str, str]]:
     """(new, old) checkpoints to compare: sft against base, every RL stage against the checkpoint it
-    started from and against base, and each episode-trained RL stage (`episodic`) against its single-turn
-    controls (single_turn_controls); each pair once, in pipeline order."""
+    started from and against base, each episode-trained RL stage (`episodic`) against its single-turn
+    controls (single_turn_controls), and each preference-trained one (`preference`) against the other RL stages
+    of its init (same_init_rivals); each pair once, in pipeline order."""
     out = [("sft", "base")]
     for name, init in rl_inits.items():
         out += [(f"rl/{name}", init), (f"rl/{name}", "base")]
     out += single_turn_controls(rl_inits, episodic)
+    out += same_init_rivals(rl_inits, preference)
     return list(dict.fromkeys(out))
 
 

@@ -303,8 +303,10 @@ def html(
     learned: Mapping[str, Mapping[str, str]] | None = None,
 ) -> None:
     """The self-contained HTML report (tables and inline SVG plots)."""
-    curves = {name: [(int(c["step"]), c["reward"]) for c in points] for name, points in reward_curves.items()}
-    for name, points in reward_curves.items():  # with dynamic sampling the reward of all generated groups differs
+    # dpo and kto stages train on pairs sampled before training: no reward per step to plot
+    rewarded = {name: points for name, points in reward_curves.items() if all("reward" in c for c in points)}
+    curves = {name: [(int(c["step"]), c["reward"]) for c in points] for name, points in rewarded.items()}
+    for name, points in rewarded.items():  # with dynamic sampling the reward of all generated groups differs
         if any(c.get("reward_generated", c["reward"]) != c["reward"] for c in points):
             curves[f"{name} (all generated)"] = [
                 (int(c["step"]), c["reward_generated"]) for c in points if "reward_generated" in c

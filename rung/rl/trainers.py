@@ -22,12 +22,13 @@ from rung import compat, envs, files, models, placement
 from rung.answers import formats
 from rung.answers.rows import Row, dataset_row, read_rows
 from rung.config import FormatParams, RLStageParams, SamplingParams
+from rung.config.preference import PREFERENCE_ALGORITHMS
 from rung.envs.loop import budget
 from rung.errors import InputError
 from rung.eval.evaluate import grade
 from rung.generate.api import generate
 from rung.generate.completion import encode
-from rung.rl import curricula, episodes, gold, rewards, vllm_rollouts
+from rung.rl import curricula, episodes, gold, preference, rewards, vllm_rollouts
 from rung.rl.advantages import Advantages
 from rung.rl.reward_logs import RewardLog
 from rung.rl.rollouts import generation
@@ -267,6 +268,8 @@ def trainer_for(job: RLJob, callbacks: list[Any] | None = None) -> GRPO | RLOO:
 def train(job: RLJob, callbacks: list[Any] | None = None) -> JobResult:
     """Run one RL stage from the job's init model (resuming from checkpoint `job.resume` if given);
     the model lands in work_dir/final and (main process) the per-step curves at `job.curves`."""
+    if job.params.algorithm in PREFERENCE_ALGORITHMS:  # DPO, KTO, online DPO: TRL's trainers as they are
+        return preference.train(job, callbacks)
     trainer = trainer_for(job, callbacks)
     funcs, tok = trainer.reward_funcs, trainer.processing_class
     fit(trainer, job.resume, job.outage_wait)

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from rung import files, models
-from rung.config import LaunchParams
+from rung.config import PREFERENCE_ALGORITHMS, LaunchParams
 from rung.errors import InputError
 from rung.train.checkpoints import CURRICULUM_STATE, FINAL, resume_point
 from rung.train.jobs import RESULT, JobResult, RLJob, TrainJob
@@ -97,7 +97,9 @@ def train(job: TrainJob, launch: LaunchParams, out_dir: Path) -> dict[str, float
     check(launch, key)
     # An RL checkpoint is complete with the curriculum state (written before TRL's files) and TRL's
     # trainer_state.json (written last).
-    complete = ("trainer_state.json", CURRICULUM_STATE) if isinstance(job, RLJob) else ("trainer_state.json",)
+    # (TRL's preference trainers have no curriculum: transformers' files alone)
+    curriculum = isinstance(job, RLJob) and job.params.algorithm not in PREFERENCE_ALGORITHMS
+    complete = ("trainer_state.json", CURRICULUM_STATE) if curriculum else ("trainer_state.json",)
     resume = resume_point(
         job.work_dir, {**job.fingerprint(), "init": files.md5(job.init), "data": files.md5(job.data)}, complete
     )

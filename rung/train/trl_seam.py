@@ -26,8 +26,8 @@ Private methods overridden (OVERRIDDEN: the leading parameters relied on; the re
   `load_rung_state`, plus TRL's generation cycle (below) per process.
 
 Private state and methods read or written (PRIVATE_STATE):
-- `_metrics["train"]`: a `defaultdict(list)` of the step's metrics, averaged at each log (GRPO, RLOO and
-  SFT): `train_metrics`.
+- `_metrics["train"]`: a `defaultdict(list)` of the step's metrics, averaged at each log (GRPO, RLOO, SFT,
+  and DPO, KTO and online DPO: rung.rl.preference, tests/test_preference.py): `train_metrics`.
 - `_logs["advantages"]`: the completions table's advantages, the gathered batch's appended last by
   `_generate_and_score_completions`: `relog_advantages`.
 - `_step`, `_buffered_inputs`: TRL's generation cycle (one batch per `steps_per_generation *
