@@ -127,6 +127,9 @@ def load(
     from transformers import AutoModelForCausalLM
 
     tok = load_tokenizer(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+    # in place (PreTrainedModel.to returns the model itself); typeshed types the functools.wraps on
+    # PreTrainedModel.to as an unbound function, so mypy asks for `self` as the first argument
+    model.to(device)  # type: ignore[arg-type]
     model.eval()
     return model, tok

@@ -23,7 +23,7 @@ from rung import models, placement
 from rung.config import SamplingParams, VllmParams
 from rung.errors import InputError
 from rung.generate import compiled, decode, vllm
-from rung.generate.completion import Completion, Generator, stop_ids, token_ids
+from rung.generate.completion import Completion, Generator, decode_text, stop_ids, token_ids
 from rung.generate.prepacked import prepacked
 
 log = logging.getLogger(__name__)
@@ -73,10 +73,7 @@ def generate(
     ids = token_ids(tok, prompts)
     out = generate_ids(model, ids, sampling, stop_ids(model.generation_config, tok), n, seed, desc)
     return [
-        [
-            Completion(tok.decode(t[: len(t) - (not cut)], skip_special_tokens=True), len(t) - (not cut), cut)
-            for t, cut in row
-        ]
+        [Completion(decode_text(tok, t[: len(t) - (not cut)]), len(t) - (not cut), cut) for t, cut in row]
         for row in out
     ]
 

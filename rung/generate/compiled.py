@@ -11,6 +11,7 @@ own stream (rung.generate.decode.pick), and generate's greedy step then takes ex
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Protocol, cast
 
 import torch
 from transformers import CompileConfig, GenerationConfig, LogitsProcessor, LogitsProcessorList, PreTrainedModel
@@ -39,7 +40,7 @@ class SeededPick(LogitsProcessor):
     def __init__(self, draws: torch.Tensor, width: int, sampling: SamplingParams) -> None:
         self.draws, self.width, self.sampling = draws, width, sampling
 
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
         picked = pick(scores, self.draws[:, input_ids.shape[1] - self.width], self.sampling)
         return torch.full_like(scores, float("-inf")).scatter_(1, picked[:, None], 0.0)
 
@@ -65,10 +66,26 @@ def generation_config(
     )
 
 
+class _Generates(Protocol):
+    """A causal LM's `generate` as decode calls it. transformers types GenerationMixin.generate's `self` as a
+    Protocol written for the ty checker, which mypy finds no PreTrainedModel to satisfy; with
+    `return_dict_in_generate` off (generation_config) it returns the token ids, prompt included."""
+
+    def generate(
+        self,
+        *,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        generation_config: GenerationConfig,
+        logits_processor: LogitsProcessorList,
+    ) -> torch.Tensor: ...
+
+
 @torch.inference_mode()
 def decode(model: PreTrainedModel, req: Request, compile_config: CompileConfig | None = None) -> Iterator[Row]:
     """The contract of rung.generate.decode.decode (each Row as it is known), through compiled
     static-cache `generate` in batches of at most `req.capacity` rows."""
+    lm = cast(_Generates, model)  # see _Generates: mypy finds no model that transformers' generate accepts
     ids, order, sampling, n, seed, eos_ids, capacity, keys = req
     compile_config = compile_config or CompileConfig()
     pairs = [(i, j) for i in sorted(order, key=lambda i: (len(ids[i]), i)) for j in range(n)]
@@ -90,7 +107,7 @@ def decode(model: PreTrainedModel, req: Request, compile_config: CompileConfig |
         )
         draws = draws_for(seed, padded, sampling, model.device, keys)
         processors = LogitsProcessorList([SeededPick(draws, width, sampling)] if draws is not None else [])
-        out = model.generate(
+        out = lm.generate(
             input_ids=input_ids, attention_mask=mask, generation_config=config, logits_processor=processors
         )
         # strict=False: out also has the filler rows of `padded`, past the end of `chunk`

@@ -25,10 +25,13 @@ def render(tok: PreTrainedTokenizerBase, prompts: list[Prompt]) -> list[str]:
     (already a string) is used as it is."""
     if any(not isinstance(p, str) for p in prompts) and tok.chat_template is None:
         raise InputError("format.template: chat, but the model's tokenizer has no chat template (use template: plain)")
-    return [
-        p if isinstance(p, str) else tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
-        for p in prompts
-    ]
+    return [p if isinstance(p, str) else _chat(tok, p) for p in prompts]
+
+
+def _chat(tok: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> str:
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert isinstance(text, str)  # tokenize=False
+    return text
 
 
 def encode(tok: PreTrainedTokenizerBase, prompts: list[Prompt]) -> list[list[int]]:
@@ -47,6 +50,13 @@ def token_ids(tok: PreTrainedTokenizerBase, prompts: Sequence[str | list[int]]) 
     """The ids a backend generates from: `encode`'s ids as they are, a rendered text (chat-template
     output, e.g. from `render`) without added special tokens."""
     return [p if isinstance(p, list) else tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+
+
+def decode_text(tok: PreTrainedTokenizerBase, ids: list[int]) -> str:
+    """The text of one completion's token ids, without special tokens."""
+    text = tok.decode(ids, skip_special_tokens=True)
+    assert isinstance(text, str)  # one sequence of ids: one string
+    return text
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,7 @@ class _Batch:
 
     rows: list[Row]
     cache: DynamicCache
+    """Of _Layers only (from `_cache`): see `_layers`."""
     mask: torch.Tensor
     pos: torch.Tensor
     last: torch.Tensor
@@ -205,6 +206,11 @@ class _Layer(DynamicLayer):
             row += rows
         self._window(0, width)
 
+    def kv(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The window's (keys, values); set by `build`, which every _Layer runs before it is read."""
+        assert self.keys is not None and self.values is not None
+        return self.keys, self.values
+
     def _window(self, lo: int, hi: int) -> None:
         self._lo, self._hi = lo, hi
         self.keys, self.values = self._k[:, :, lo:hi], self._v[:, :, lo:hi]
@@ -221,21 +227,28 @@ class _Layer(DynamicLayer):
         new = key_states.shape[2]
         if not self.is_initialized:
             self.build([(key_states, value_states)], new)
-            return self.keys, self.values
+            return self.kv()
         if self._hi + new > self._k.shape[2]:
-            self.build([(self.keys, self.values)], self._hi - self._lo, spare=max(64, new))
+            self.build([self.kv()], self._hi - self._lo, spare=max(64, new))
         self._k[:, :, self._hi : self._hi + new], self._v[:, :, self._hi : self._hi + new] = key_states, value_states
         self._window(self._lo, self._hi + new)
-        return self.keys, self.values
+        return self.kv()
 
 
 def _cache(parts: list[list[tuple[torch.Tensor, torch.Tensor]]], layers: int, width: int = 0) -> DynamicCache:
     """A cache of `layers` _Layers, each stacking its (keys, values) from every part; empty if no parts."""
     cache = DynamicCache()
     cache.layers = [_Layer() for _ in range(layers)]
-    for i, layer in enumerate(cache.layers if parts else []):
+    for i, layer in enumerate(_layers(cache) if parts else []):
         layer.build([part[i] for part in parts], width)
     return cache
+
+
+def _layers(cache: DynamicCache) -> list[_Layer]:
+    """The layers of a cache from `_cache`, all _Layers (transformers types them as any layer kind)."""
+    layers = [layer for layer in cache.layers if isinstance(layer, _Layer)]
+    assert len(layers) == len(cache.layers)
+    return layers
 
 
 def _step(model: PreTrainedModel, batch: _Batch) -> torch.Tensor:
@@ -277,7 +290,7 @@ def _select(batch: _Batch, keep: list[int]) -> None:
     batch.mask, batch.pos, batch.last = batch.mask[index], batch.pos[index], batch.last[index]
     start = int(batch.mask.any(0).int().argmax())
     batch.mask = batch.mask[:, start:]
-    for layer in batch.cache.layers:
+    for layer in _layers(batch.cache):
         layer.select(index, start)
 
 
@@ -288,6 +301,6 @@ def _merge(a: _Batch | None, b: _Batch) -> _Batch:
     width = max(a.mask.shape[1], b.mask.shape[1])
     mask = a.mask.new_zeros(len(a.rows) + len(b.rows), width)
     mask[: len(a.rows), width - a.mask.shape[1] :], mask[len(a.rows) :, width - b.mask.shape[1] :] = a.mask, b.mask
-    parts = [[(layer.keys, layer.values) for layer in x.cache.layers] for x in (a, b)]
+    parts = [[layer.kv() for layer in _layers(x.cache)] for x in (a, b)]
     cache = _cache(parts, len(a.cache.layers), width)
     return _Batch(a.rows + b.rows, cache, mask, torch.cat([a.pos, b.pos]), torch.cat([a.last, b.last]))

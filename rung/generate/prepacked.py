@@ -29,7 +29,9 @@ def prepacked(model: nn.Module, rows: int) -> Iterator[None]:
     linears = [
         m
         for m in model.modules()
-        if type(m) in LINEARS
+        # the exact classes, not subclasses (whose forward may differ); isinstance types m as an nn.Linear
+        if isinstance(m, nn.Linear)
+        and type(m) in LINEARS
         and m.weight.device.type == "cpu"
         and m.weight.dtype in (torch.float32, torch.bfloat16)
         and available(m.weight.dtype)
@@ -38,7 +40,9 @@ def prepacked(model: nn.Module, rows: int) -> Iterator[None]:
         yield
         return
     for m in linears:
-        m.forward = partial(linear, torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), rows), m.bias)
+        packed = torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), rows)
+        # an instance attribute over the class's forward, for the block only (mypy forbids it on a method)
+        m.forward = partial(linear, packed, m.bias)  # type: ignore[method-assign]
     try:
         yield
     finally:

@@ -18,12 +18,13 @@ import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator
+from matplotlib.typing import RcKeyType
 
 from rung.files import atomic_path
 
 # Applied while plots are built and saved. A fixed hash salt makes matplotlib's SVG ids the same
 # on every render (they are random otherwise); fonttype "none" writes text as <text>, not paths.
-_RC = {
+_RC: dict[RcKeyType, object] = {
     "svg.hashsalt": "rung",
     "svg.fonttype": "none",
     "font.size": 10,
@@ -274,7 +275,8 @@ def band_plot(curves: Mapping[str, Sequence[tuple[float, ...]]], xlabel: str, yl
             x, mid, marker="o" if len(points) <= 40 else None, markersize=4, color=f"C{i % 10}", label=_mpl_text(name)
         )
         if band:
-            ax.fill_between(x, *band, color=f"C{i % 10}", alpha=0.2, linewidth=0)
+            low, high = band
+            ax.fill_between(x, low, high, color=f"C{i % 10}", alpha=0.2, linewidth=0)
     ax.set(xlabel=xlabel, ylabel=ylabel)
     ax.legend()
     return fig

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import CacheLayerMixin
 from trl import SFTTrainer
 
 from rung.generate.decode import shared_prefix
@@ -23,6 +24,8 @@ def broadcast(kv: DynamicCache | None, index: torch.Tensor, config: Any) -> Dyna
         return None
     cache = DynamicCache(config=config)
     for i, layer in enumerate(kv.layers):
+        # the forward filled each attention layer's keys and values (a linear-attention layer keeps neither)
+        assert isinstance(layer, CacheLayerMixin) and layer.keys is not None and layer.values is not None
         if len(layer.keys) == 1:
             keys, values = (t.expand(len(index), -1, -1, -1) for t in (layer.keys, layer.values))
         else:
@@ -34,7 +37,9 @@ def broadcast(kv: DynamicCache | None, index: torch.Tensor, config: Any) -> Dyna
 def prefix_cache(model: Any, prefix: list[int], rows: int, device: torch.device, config: Any) -> DynamicCache:
     """The keys and values of `prefix`, computed once, as a cache of `rows` rows."""
     out = model(input_ids=torch.tensor([prefix], device=device), use_cache=True, logits_to_keep=1)
-    return broadcast(out.past_key_values, torch.zeros(rows, dtype=torch.long, device=device), config)
+    cache = broadcast(out.past_key_values, torch.zeros(rows, dtype=torch.long, device=device), config)
+    assert cache is not None  # use_cache=True: the forward returns its cache
+    return cache
 
 
 class _PrefixOnce:
