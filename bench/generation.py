@@ -90,21 +90,6 @@ def peer(
     return out
 
 
-def matmul_peak(size: int = 2048, reps: int = 10) -> float:
-    """Best fp32 GFLOP/s of a square matmul over a few timed rounds, by PyTorch's default GEMM (MKL) or
-    oneDNN's, whichever is faster here (on an AMD CPU MKL runs its AVX2 kernels: about half oneDNN's)."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    best = 0.0
-    for mm in (torch.matmul, onednn.matmul):
-        mm(a, b)
-        for _ in range(3):
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                mm(a, b)
-            best = max(best, reps * 2 * size**3 / (time.perf_counter() - t0) / 1e9)
-    return best
-
-
 def flops_per_token(model: PreTrainedModel, context: float) -> float:
     """2 x the weights of every matmul (LM head included, embedding lookup not) + attention
     (QK^T and AV: 4 x layers x heads x head_dim x context)."""
@@ -161,7 +146,7 @@ def main() -> None:
     prompts = render(tok, [formats.prompt(r["prompt"], FormatParams()) for r in rows])
     prompt_tokens = sum(len(x) for x in tok(prompts, add_special_tokens=False)["input_ids"]) / len(prompts)
 
-    peak = matmul_peak()
+    peak = onednn.matmul_peak()
     print(
         f"{len(prompts)} prompts ({prompt_tokens:.0f} tokens on average), {torch.get_num_threads()} threads, "
         f"fp32 matmul peak {peak:.0f} GFLOP/s"

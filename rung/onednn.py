@@ -11,6 +11,7 @@ BLAS libraries' do: tests/test_onednn.py holds them to nn.Linear's and a trainin
 
 from __future__ import annotations
 
+import time
 from functools import cache
 from typing import Any
 
@@ -88,3 +89,18 @@ def train_on_onednn(model: nn.Module) -> int:
     for m in layers:
         m.__class__ = OneDNNLinear
     return len(layers)
+
+
+def matmul_peak(size: int = 2048, reps: int = 10) -> float:
+    """Best fp32 GFLOP/s of a square matmul over a few timed rounds, by PyTorch's default GEMM (MKL) or
+    oneDNN's, whichever is faster here (on an AMD CPU MKL runs its AVX2 kernels: about half oneDNN's)."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    best = 0.0
+    for mm in (torch.matmul, matmul):
+        mm(a, b)
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                mm(a, b)
+            best = max(best, reps * 2 * size**3 / (time.perf_counter() - t0) / 1e9)
+    return best

@@ -46,8 +46,10 @@ def test_the_table_shows_this_runs_stages_and_the_cached_ones(tmp_path):
         ("report", "cached", None),
     ]
     assert (s.started, s.ended) == (start, start + 140)
+    assert s.peak is not None and s.peak > 1  # GFLOP/s of this machine's fp32 matmul, measured as the run began
     text = timings.markdown(order, tmp_path)
     assert "## Wall time per stage" in text
+    assert f"This machine's fp32 matmul peak read {s.peak:.0f} GFLOP/s as the run began" in text
     assert "140.0 s from its start to its last stage's end, 120.0 s of them in the stages" in text
     for row in (
         "| stage | status | wall time | share |",

@@ -53,6 +53,7 @@ class Summary:
     rows: list[tuple[str, Status, float | None]]  # (stage, status, seconds; None when cached)
     started: float | None
     ended: float | None
+    peak: float | None = None  # the machine's fp32 matmul GFLOP/s, measured as the run began
 
 
 def _ident(proc: psutil.Process) -> str:
@@ -74,7 +75,11 @@ def begin(root: Path = Path("."), proc: psutil.Process | None = None) -> None:
     proc = proc or psutil.Process()
     marked = _run(root)
     if not marked or marked["run"] not in _lineage(proc):
-        files.write_json(root / RUN, {"run": _ident(proc), "started": proc.create_time()})
+        # The demo's time scales about inversely with this (README): each run says what its machine read.
+        from rung.onednn import matmul_peak  # torch: only where a run begins
+
+        run = {"run": _ident(proc), "started": proc.create_time(), "peak": round(matmul_peak(reps=3), 1)}
+        files.write_json(root / RUN, run)
 
 
 def _run(root: Path) -> dict[str, Any] | None:
@@ -121,7 +126,9 @@ def summary(stages: Sequence[str], root: Path = Path(".")) -> Summary:
             ends.append(timing.started + timing.seconds)
         else:
             rows.append((stage, "cached", None))
-    return Summary(rows, marked["started"] if marked else None, max(ends, default=None))
+    return Summary(
+        rows, marked["started"] if marked else None, max(ends, default=None), marked.get("peak") if marked else None
+    )
 
 
 def markdown(stages: Sequence[str], root: Path = Path(".")) -> str:
@@ -139,4 +146,9 @@ def markdown(stages: Sequence[str], root: Path = Path(".")) -> str:
         )
     else:
         notes.append("Nothing ran: every stage was cached.")
+    if s.peak is not None:
+        notes.append(
+            f"This machine's fp32 matmul peak read {s.peak:.0f} GFLOP/s as the run began (rung.onednn.matmul_peak): "
+            "the stages' time scales about inversely with it (README, docs/benchmarks.md)."
+        )
     return "\n".join(["## Wall time per stage", "", *notes, "", *tables.md_table(*tables.timing_table(s.rows)), ""])
