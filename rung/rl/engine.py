@@ -10,7 +10,7 @@
 - Seeds: each generation call's stream is seeded by (seed, namespace, step, call of the step, rank), so a resumed
   run reproduces an unkilled one's rollouts; vLLM's tensor-parallel ranks share a rank, as they must sample alike.
 - The model rollouts decode with (`GenerationModel`): unwrapped as TRL unwraps it, and under bf16 / fp16 a
-  low-precision copy of the trained weights.
+  low-precision copy of the trained weights; a peft model's a plain copy with its adapters merged (rung.rl.lora).
 """
 
 from __future__ import annotations
