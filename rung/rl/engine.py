@@ -10,7 +10,7 @@
 - Seeds: each generation call's stream is seeded by (seed, namespace, step, call of the step, rank), so a resumed
   run reproduces an unkilled one's rollouts; vLLM's tensor-parallel ranks share a rank, as they must sample alike.
 - The model rollouts decode with (`GenerationModel`): unwrapped as TRL unwraps it, and under bf16 / fp16 a
-  low-precision copy of the trained weights.
+  low-precision copy of the trained weights; a peft model's a plain copy with its adapters merged (rung.rl.lora).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from rung.config import SamplingParams
 from rung.errors import InputError
 from rung.generate.api import generate_ids
+from rung.rl import lora
 from rung.seeding import derive
 from rung.train.trl_seam import RolloutSettings, generation_context, global_step, rollout_settings
 
@@ -61,24 +62,25 @@ def check(settings: RolloutSettings, key: str, episodes: bool) -> Generator:
 
 class GenerationModel:
     """The model rung's rollouts and held-out curve decode with: the trained weights themselves (float32
-    compute, or a peft model), or under bf16 / fp16 compute a copy of them in that dtype, refreshed in place at
-    each call: the fp32 master weights stay what the optimizer updates, and the copy keeps its addresses, so the
-    compiled path's CUDA graphs stay valid."""
+    compute), or a copy of them, refreshed in place at each call: in the compute dtype under bf16 / fp16, and a
+    peft model's as a plain model with its adapters merged (rung.rl.lora). The fp32 master weights stay what the
+    optimizer updates, and the copy keeps its addresses, so the compiled path's CUDA graphs stay valid."""
 
     def __init__(self, dtype: torch.dtype | None) -> None:
         self.dtype = dtype
         self.copy: PreTrainedModel | None = None
-        """The low-precision copy, made at the first call that needs it."""
+        """The copy, made at the first call that needs it."""
 
     def __call__(self, model: PreTrainedModel) -> PreTrainedModel:
-        if self.dtype is None or self.dtype == model.dtype or getattr(model, "peft_config", None):
+        peft = lora.is_peft(model)  # decoded as a plain model with the adapters merged (rung.rl.lora)
+        if not peft and (self.dtype is None or self.dtype == model.dtype):
             return model
         if self.copy is None:
             with torch.device(model.device):
-                self.copy = AutoModelForCausalLM.from_config(model.config, dtype=self.dtype)
+                self.copy = AutoModelForCausalLM.from_config(model.config, dtype=self.dtype or model.dtype)
             self.copy.eval().requires_grad_(False)
             self.copy.generation_config = model.generation_config
-        weights = model.state_dict()
+        weights = lora.merged_weights(model) if lora.is_peft(model) else model.state_dict()
         with torch.no_grad():
             for name, t in self.copy.state_dict().items():
                 t.copy_(weights[name])

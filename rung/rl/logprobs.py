@@ -2,7 +2,7 @@
 prefix (chat template and system prompt) encoded once per batch and each prompt once per group instead of once per
 completion, and completions run in chunks of like lengths instead of all padded to the longest, in the forward and
 the backward pass. Batches it does not cover (no shared prefix nor groups, a router loss, images, several
-processes, a peft model) get TRL's own computation (None)."""
+processes) get TRL's own computation (None); a peft model runs on its inner model (rung.rl.lora)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import torch
 from transformers import PretrainedConfig
 
 from rung.generate.decode import shared_prefix
+from rung.rl import lora
 from rung.train.parts import LogpsBatch, TokenLogps
 from rung.train.prefix import MIN_SHARED_PREFIX, broadcast, prefix_cache
 from rung.train.trl_seam import Seam
@@ -60,9 +61,9 @@ class LogProbs:
             or batch.compute_aux_loss
             or any(v is not None for v in batch.multimodal.values())
             or self.processes > 1
-            or getattr(model, "peft_config", None)
         ):
             return None
+        model = lora.inner(model)  # a peft model's adapter layers and fused LM head live on it
         p, prompts, device = len(prefix), [list(k) for k in distinct], input_ids.device
         width = max(len(r) for r in prompts) - p  # each prompt keeps at least one token after the prefix
         # built on the host, moved once; pads (0) are masked
