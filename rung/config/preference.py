@@ -34,8 +34,7 @@ DPO_LOSSES = (
 KTO_LOSSES = ("kto", "apo_zero_unpaired")
 ONLINE_DPO_LOSSES = ("sigmoid", "ipo")
 
-GRPO_ONLY = (
-    "preset",
+GRPO_CONFIG_FIELDS = (
     "num_generations",
     "num_iterations",
     "mask_truncated_completions",
@@ -44,8 +43,6 @@ GRPO_ONLY = (
     "epsilon",
     "epsilon_high",
     "scale_rewards",
-    "objective",
-    "positive_weight",
     "importance_sampling_level",
     "top_entropy_quantile",
     "use_vllm",
@@ -56,6 +53,13 @@ GRPO_ONLY = (
     "vllm_importance_sampling_correction",
     "vllm_importance_sampling_mode",
     "vllm_importance_sampling_clip_max",
+)
+"""Stage keys that are GRPOConfig / RLOOConfig fields under the same name (rung.rl.trainers passes them through)."""
+GRPO_ONLY = (
+    "preset",
+    *GRPO_CONFIG_FIELDS,
+    "objective",
+    "positive_weight",
     "dynamic_sampling",
     "overlong",
     "eval_every",

@@ -22,7 +22,7 @@ from rung import compat, envs, files, models, placement
 from rung.answers import formats
 from rung.answers.rows import Row, dataset_row, read_rows
 from rung.config import FormatParams, RLStageParams, SamplingParams
-from rung.config.preference import PREFERENCE_ALGORITHMS
+from rung.config.preference import GRPO_CONFIG_FIELDS, PREFERENCE_ALGORITHMS
 from rung.envs.loop import budget
 from rung.errors import InputError
 from rung.eval.evaluate import grade
@@ -44,31 +44,7 @@ def prompts(rows: list[Row], fmt: FormatParams) -> Dataset:
 
 
 # rung's stage fields that are TRL config fields under the same name.
-_PASSTHROUGH = (
-    "max_steps",
-    "learning_rate",
-    "num_generations",
-    "num_iterations",
-    "max_completion_length",
-    "mask_truncated_completions",
-    "temperature",
-    "top_p",
-    "beta",
-    "loss_type",
-    "epsilon",
-    "epsilon_high",
-    "scale_rewards",
-    "importance_sampling_level",
-    "top_entropy_quantile",
-    "use_vllm",
-    "vllm_mode",
-    "vllm_server_base_url",
-    "vllm_gpu_memory_utilization",
-    "vllm_max_model_length",
-    "vllm_importance_sampling_correction",
-    "vllm_importance_sampling_mode",
-    "vllm_importance_sampling_clip_max",
-)
+_PASSTHROUGH = ("max_steps", "learning_rate", "max_completion_length", "temperature", "top_p", *GRPO_CONFIG_FIELDS)
 
 
 def trl_config(
