@@ -15,6 +15,7 @@ from rung.config import SamplingParams
 from rung.generate.api import generate_ids
 from rung.rl.engine import GenerationModel
 from rung.rl.logprobs import LogProbs
+from rung.train.parts import LogpsBatch
 
 
 @pytest.fixture
@@ -68,9 +69,8 @@ def test_shared_prefix_logprobs_of_a_peft_model_match_its_forward_and_train_only
     input_ids = torch.stack([torch.cat([prompts[i // 2], completions[i]]) for i in range(4)])  # groups of 2
     mask = torch.ones_like(input_ids)
     mask[1, -2:] = 0  # a shorter completion
-    logps, _, _ = LogProbs(peft_model.config, 1, nullcontext)(
-        peft_model, input_ids, mask, 5, None, False, False, {}
-    ) or pytest.fail("rung's path declined a peft model")
+    batch = LogpsBatch(peft_model, input_ids, mask, 5, None, False, False, {})
+    logps, _, _ = LogProbs(peft_model.config, 1, nullcontext)(batch) or pytest.fail("rung's path declined a peft model")
     logits = peft_model(input_ids=input_ids, attention_mask=mask).logits[:, -6:-1]
     want = logits.log_softmax(-1).gather(-1, input_ids[:, -5:, None])[..., 0]
     torch.testing.assert_close(logps * mask[:, -5:], want * mask[:, -5:], rtol=1e-4, atol=1e-4)
