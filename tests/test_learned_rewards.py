@@ -4,14 +4,21 @@ validate's refusals. The reward models are random-init classifiers on the tiny m
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification, TrainerCallback
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+    TrainerCallback,
+)
 
 from rung import config, files, models
 from rung.checks import usercode
@@ -23,7 +30,7 @@ from rung.report.pipeline import overoptimization
 from rung.rewardmodels import scoring
 from rung.rewardmodels.encoding import completion_ids, prompt_ids, text_ids
 from rung.rewardmodels.process import SETTINGS, ProcessRewardModel
-from rung.rl import gold, learned_rewards
+from rung.rl import gold, kl_probe, learned_rewards, trainers
 from rung.rl.judge import Judge, verdict
 from rung.rl.majority import Majority, agreement
 from rung.rl.rewards import Guarded
@@ -156,29 +163,26 @@ class _Logs(TrainerCallback):
         self.logs.append(dict(logs or {}))
 
 
-def test_rl_on_a_reward_model_logs_gold_and_proxy_beside_the_kl(tiny_model, tmp_path, ensemble):
+def _rl_stage(**kw) -> RLStageParams:
+    base = dict(max_steps=3, num_generations=2, prompts_per_step=2, max_completion_length=8, save_steps=3)
+    return RLStageParams.model_validate({**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def rm_run(tiny_model, tmp_path_factory, ensemble):
+    """One short RL run on a reward model with beta 0 (no KL term: rung's probe logs the KL) at a high learning
+    rate: (summary, curves, each step's logs)."""
     from tests.test_rl import _train
 
     rewards = {"reward_model": {"args": {"model": str(ensemble), "device": "cpu"}}}
     logs = _Logs()
-    summary, curves = _train(
-        tiny_model,
-        tmp_path / "w",
-        RLStageParams.model_validate(
-            dict(
-                max_steps=3,
-                num_generations=2,
-                prompts_per_step=2,
-                max_completion_length=8,
-                learning_rate=1e-3,
-                save_steps=3,
-                beta=0.04,
-                rewards=rewards,
-            )
-        ),
-        callbacks=[logs],
-    )
-    steps = [h for h in logs.logs if "reward" in h]
+    stage = _rl_stage(learning_rate=1e-2, beta=0.0, rewards=rewards)
+    summary, curves = _train(tiny_model, tmp_path_factory.mktemp("rl") / "w", stage, callbacks=[logs])
+    return summary, curves, [h for h in logs.logs if "reward" in h]
+
+
+def test_rl_on_a_reward_model_logs_gold_and_proxy_beside_the_kl(rm_run):
+    summary, curves, steps = rm_run
     assert len(steps) == 3
     for h in steps:
         assert 0 <= h[gold.GOLD] <= 1 and math.isfinite(h[f"{gold.PROXY}reward_model"]) and "kl" in h
@@ -187,8 +191,34 @@ def test_rl_on_a_reward_model_logs_gold_and_proxy_beside_the_kl(tiny_model, tmp_
     assert all(gold.GOLD in c for c in curves) and {"gold_first", "gold_last", "kl_last"} <= set(summary)
     xlabel, lines = gold.curve(steps)
     assert xlabel == "KL from the init" and set(lines) == {"proxy: reward_model", "gold: verifier accuracy"}
-    without_kl = [{"step": i, gold.GOLD: h[gold.GOLD]} for i, h in enumerate(steps)]  # beta 0: TRL logs no kl
+    without_kl = [{"step": i, gold.GOLD: h[gold.GOLD]} for i, h in enumerate(steps)]
     assert gold.curve(without_kl)[0] == "training step"
+
+
+def test_with_beta_0_the_probe_logs_the_kl_from_the_init(rm_run):
+    _, _, steps = rm_run
+    kl = [h["kl"] for h in steps]
+    assert kl[0] == pytest.approx(0, abs=1e-6)  # step 1 trains the init itself
+    assert kl[-1] > 1e-4  # updates at a high learning rate moved the policy away
+    assert not kl_probe.needed(_rl_stage(beta=0.04, rewards={"reward_model": {"args": {"model": "m"}}}))
+    assert not kl_probe.needed(_rl_stage(beta=0.0, rewards={"accuracy": 1.0}))
+
+
+def test_the_probe_computes_trls_kl(tiny_model, tmp_path, ensemble):
+    """With beta > 0 TRL logs its own `kl`; a probe on the same trainer, logging apart, computes the same."""
+    from tests.test_rl import _job
+
+    rewards = {"reward_model": {"args": {"model": str(ensemble), "device": "cpu"}}}
+    stage = _rl_stage(max_steps=2, learning_rate=1e-2, beta=0.04, rewards=rewards)
+    trainer = trainers.trainer_for(_job(tiny_model, tmp_path / "w", stage))
+    assert trainer.probe is None  # TRL logs its own
+    apart: defaultdict[str, list[float]] = defaultdict(list)
+    init = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    probe = kl_probe.KLProbe.of(trainer, init)
+    trainer.probe = dataclasses.replace(probe, metrics=apart)
+    trainer.train()
+    trl = [h["kl"] for h in trainer.state.log_history if "kl" in h]
+    assert len(trl) == 2 and trl == pytest.approx(apart["kl"], rel=1e-4, abs=1e-7) and apart["kl"][-1] > 0
 
 
 def test_health_warns_when_gold_falls_while_the_proxy_rises():
