@@ -33,7 +33,7 @@ from rung.rewardmodels.process import SETTINGS, ProcessRewardModel
 from rung.rl import gold, kl_probe, learned_rewards, trainers
 from rung.rl.judge import Judge, verdict
 from rung.rl.majority import Majority, agreement
-from rung.rl.rewards import Guarded
+from rung.rl.rewards import Accuracy, Guarded
 from tests.conftest import ROOT
 from tests.rows import sums
 
@@ -153,6 +153,12 @@ def test_majority_rewards_agreement_with_the_groups_answer_without_reading_a_ref
     wrong = {**COLUMNS, "answer": ["never read"] * 4}
     columns = {k: v + v for k, v in wrong.items()}
     assert Majority(FMT, STAGE)(group + tie, **columns) == [1.0, 1.0, 0.0, 0.0] + [0.0] * 4
+    # the verifier grades the same completions beside it (gold), never to train on
+    logged: dict[str, float] = {}
+    scores = Majority(FMT, STAGE)(COMPLETIONS, **COLUMNS, log_metric=logged.__setitem__)
+    accuracy = Accuracy(FMT, STAGE)(COMPLETIONS, **COLUMNS)
+    assert logged == {gold.GOLD: sum(accuracy) / 4, f"{gold.PROXY}majority": sum(scores) / 4}
+    assert 0 < logged[gold.GOLD] < 1
 
 
 class _Logs(TrainerCallback):
