@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from datasets import Dataset
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
@@ -22,7 +23,7 @@ from transformers import (
 
 from rung import config, files, models
 from rung.checks import usercode
-from rung.config import FormatParams, RLStageParams
+from rung.config import DifficultyParams, FormatParams, RLStageParams
 from rung.config.base import ConfigError
 from rung.errors import InputError
 from rung.report import health, htmlpage
@@ -30,10 +31,13 @@ from rung.report.pipeline import overoptimization
 from rung.rewardmodels import scoring
 from rung.rewardmodels.encoding import completion_ids, prompt_ids, text_ids
 from rung.rewardmodels.process import SETTINGS, ProcessRewardModel
-from rung.rl import gold, kl_probe, learned_rewards, trainers
+from rung.rl import curricula, gold, kl_probe, learned_rewards, trainers
 from rung.rl.judge import Judge, verdict
 from rung.rl.majority import Majority, agreement
+from rung.rl.reward_logs import RewardLog
 from rung.rl.rewards import Accuracy, Guarded
+from rung.rl.sampling import BatchSource
+from rung.train.parts import Generated
 from tests.conftest import ROOT
 from tests.rows import sums
 
@@ -144,6 +148,33 @@ def test_judge_parses_only_its_own_one_word_verdict(tiny_model):
         Judge(FMT, STAGE, model=str(tiny_model), template="{completion} then {prompt}")
 
 
+def test_normalisation_covers_the_whole_batch_when_a_crash_rescores_it_group_by_group(ensemble):
+    reward = learned_rewards.RewardModel(FMT, STAGE, str(ensemble), normalize=True, device="cpu")
+    raw = reward.score(COMPLETIONS[:3], COLUMNS["prompt_text"][:3])
+    guarded = Guarded(reward, "reward_model", group=2)
+    scores = guarded([*COMPLETIONS[:3], None], **COLUMNS)  # the batch crashes: scored as groups {0, 1}, {2}
+    assert guarded.crashed == [3] and scores[3] is None
+    assert scores[:3] == pytest.approx(learned_rewards.normalised(raw))
+
+
+def test_accuracy_by_bucket_reads_gold_and_the_curricula_what_the_stage_trains_on():
+    rows = sums(4, lambda i: 1, graded=True)
+    reward = Guarded(Majority(FMT, STAGE), "majority", 4)
+    log = RewardLog(["majority"], torch.tensor([1.0]), [r["bucket"] for r in rows], defaultdict(list))
+    curriculum = curricula.build(
+        rows, RLStageParams().curriculum, buckets=DifficultyParams().buckets, max_steps=1, seed=0
+    )
+    source = BatchSource(curriculum, Dataset.from_list(rows), None, 4, 1, 0, [reward], log)
+    trained = torch.tensor(reward(COMPLETIONS, **COLUMNS, log_metric=lambda *_: None)).unsqueeze(1)
+    assert source.scored(trained, 4).tolist() == trained.tolist()
+    (result,), _ = source._score_groups([2], Generated({}, trained, torch.zeros(4)))
+    accuracy = Accuracy(FMT, STAGE)(COMPLETIONS, **COLUMNS)
+    # the curricula read the agreement trained on, never the gold grade
+    assert result.accuracy == pytest.approx(trained.mean().item()) and trained.mean().item() != sum(accuracy) / 4
+    (gold_result,) = source._gold_results([2])
+    assert (gold_result.index, gold_result.accuracy) == (2, pytest.approx(sum(accuracy) / 4))
+
+
 def test_majority_rewards_agreement_with_the_groups_answer_without_reading_a_reference():
     assert agreement(["a", "b", "a", None]) == [1.0, 0.0, 1.0, 0.0]
     assert agreement(["a", "b", None, None]) == [0.0] * 4  # a tie: no majority
@@ -199,6 +230,10 @@ def test_rl_on_a_reward_model_logs_gold_and_proxy_beside_the_kl(rm_run):
     assert xlabel == "KL from the init" and set(lines) == {"proxy: reward_model", "gold: verifier accuracy"}
     without_kl = [{"step": i, gold.GOLD: h[gold.GOLD]} for i, h in enumerate(steps)]
     assert gold.curve(without_kl)[0] == "training step"
+    # accuracy by bucket is the verifier's (the step's groups are equal in size: their buckets average to gold)
+    for h in steps:
+        by_bucket = [v for k, v in h.items() if k.startswith("accuracy_by_bucket/")]
+        assert by_bucket and sum(by_bucket) / len(by_bucket) == pytest.approx(h[gold.GOLD])
 
 
 def test_with_beta_0_the_probe_logs_the_kl_from_the_init(rm_run):

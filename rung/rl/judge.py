@@ -16,7 +16,7 @@ from rung.errors import InputError
 from rung.generate import api
 from rung.rewardmodels.encoding import text_ids
 from rung.rl.completions import text
-from rung.rl.learned_rewards import log_gold
+from rung.rl.learned_rewards import Learned
 
 TEMPLATE = (
     "Problem: {prompt}\nProposed solution: {completion}\n"
@@ -37,7 +37,7 @@ def verdict(written: str) -> float | None:
     return None if match is None else float(match.group(1).lower() == "correct")
 
 
-class Judge:
+class Judge(Learned):
     """`model`: a checkpoint name (base, sft) or a model directory; `template`: the judge's prompt, with the
     fields {prompt} and {completion}. Decoded greedily by default (temperature 0), else sampled from `seed`: a
     verdict is a function of its prompt either way; batched on `device`."""
@@ -75,8 +75,6 @@ class Judge:
         """What the judge writes after each prompt (rung's batched generation, seeded)."""
         return [done[0].text for done in self.gen.generate(prompts, self.sampling, seed=self.seed, desc="judge")]
 
-    def __call__(self, completions: list[Any], prompt_text: list[str], **columns: Any) -> list[float | None]:
+    def score(self, completions: list[Any], prompt_text: list[str], **_: Any) -> list[float | None]:
         prompts = [self.ids(p, text(c)) for c, p in zip(completions, prompt_text, strict=True)]
-        scores = [verdict(w) for w in self.written(prompts)]
-        log_gold(self.__name__, scores, completions, self.fmt, prompt_text=prompt_text, **columns)
-        return scores
+        return [verdict(w) for w in self.written(prompts)]

@@ -17,7 +17,7 @@ from rung.answers.rows import problem
 from rung.answers.verify import answer_class
 from rung.config import FormatParams, RLStageParams
 from rung.rl.completions import groups, text
-from rung.rl.learned_rewards import log_gold
+from rung.rl.learned_rewards import Learned
 
 
 def agreement(classes: list[Hashable | None]) -> list[float]:
@@ -28,20 +28,18 @@ def agreement(classes: list[Hashable | None]) -> list[float]:
     return [float(c is not None and c == counts[0][0]) for c in classes]
 
 
-class Majority:
+class Majority(Learned):
     __name__ = "majority"
 
     def __init__(self, fmt: FormatParams, stage: RLStageParams) -> None:
         self.fmt, self.group = fmt, stage.num_generations
 
-    def __call__(
-        self, completions: list[Any], task: list[str], prompt_text: list[str], meta: list[str], **columns: Any
-    ) -> list[float | None]:
+    def score(self, completions: list[Any], prompt_text: list[str], **columns: Any) -> list[float | None]:
         out: list[float | None] = []
         for group in groups(len(completions), self.group):
             i = group.start  # the answer is never read: a placeholder keeps the row a Problem
-            classify = answer_class(problem(dict(task=task[i], prompt_text=prompt_text[i], meta=meta[i], answer="")))
+            row = dict(task=columns["task"][i], prompt_text=prompt_text[i], meta=columns["meta"][i], answer="")
+            classify = answer_class(problem(row))
             answers = [formats.extract(text(completions[j]), self.fmt) for j in group]
             out += agreement([None if a is None else classify(a) for a in answers])
-        log_gold(self.__name__, out, completions, self.fmt, task=task, prompt_text=prompt_text, meta=meta, **columns)
         return out
