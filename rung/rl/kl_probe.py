@@ -3,7 +3,7 @@ Over-optimization): TRL logs `kl` only when it holds a reference model (beta > 0
 plots proxy and gold against it. The probe holds a frozen copy of the init and, on each batch the loss takes
 log-probs of, computes the init's log-probs through the trainer's own log-prob path (one forward of the init, no
 gradient) and logs TRL's k3 estimator exp(ref - pol) - (ref - pol) - 1, masked mean over the completion tokens,
-under TRL's key `kl`."""
+under TRL's key `kl` (on episodes the environment's tokens count too: the loss's tool mask is not in the batch)."""
 
 from __future__ import annotations
 
