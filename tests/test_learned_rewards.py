@@ -1,6 +1,8 @@
 """Rewards a model gives, on the tiny model: reward_model (ensemble aggregates, per-batch normalisation), process,
-judge, majority; a crash unscored; gold logged beside the proxy in an RL run; the over-optimization warning; and
-validate's refusals. The reward models are random-init classifiers on the tiny model, saved as the stages save them."""
+judge, majority; a crash unscored, and the batch still normalised whole; gold logged beside the proxy and the KL
+from the init (rung's probe with beta 0, equal to TRL's kl) in one shared RL run; accuracy by bucket on gold; the
+over-optimization warning; and validate's refusals. The reward models are random-init classifiers on the tiny model,
+saved as the stages save them."""
 
 from __future__ import annotations
 
