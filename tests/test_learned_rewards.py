@@ -161,9 +161,16 @@ def test_normalisation_covers_the_whole_batch_when_a_crash_rescores_it_group_by_
     reward = learned_rewards.RewardModel(FMT, STAGE, str(ensemble), normalize=True, device="cpu")
     raw = reward.score(COMPLETIONS[:3], COLUMNS["prompt_text"][:3])
     guarded = Guarded(reward, "reward_model", group=2)
-    scores = guarded([*COMPLETIONS[:3], None], **COLUMNS)  # the batch crashes: scored as groups {0, 1}, {2}
+    logged: dict[str, float] = {}
+    scores = guarded([*COMPLETIONS[:3], None], **COLUMNS, log_metric=logged.__setitem__)  # groups {0, 1}, {2}
     assert guarded.crashed == [3] and scores[3] is None
     assert scores[:3] == pytest.approx(learned_rewards.normalised(raw))
+    # gold covers the batch too; the completion the verifier cannot grade is on neither side
+    assert (
+        guarded.gold is not None
+        and guarded.gold[3] is None
+        and logged[f"{gold.PROXY}reward_model"] == pytest.approx(sum(raw) / 3)
+    )
 
 
 def test_accuracy_by_bucket_reads_gold_and_the_curricula_what_the_stage_trains_on():

@@ -15,7 +15,7 @@ import torch
 
 from rung import paths
 from rung.answers.grading import grade
-from rung.answers.rows import problem
+from rung.answers.rows import Problem, problem
 from rung.config import FormatParams, RLStageParams
 from rung.errors import InputError
 from rung.rewardmodels import scoring
@@ -78,14 +78,23 @@ def log_gold(
         return None
     keys = ("answer", "task", "prompt_text", "meta")
     rows = [problem(dict(zip(keys, values, strict=True))) for values in zip(*(columns[k] for k in keys), strict=True)]
-    graded = [grade(text(c), row, fmt).correct for c, row in zip(completions, rows, strict=True)]
-    scored = [float(g) for g in graded if g is not None]
+    graded = [gold_grade(c, row, fmt) for c, row in zip(completions, rows, strict=True)]
+    scored = [g for g in graded if g is not None]
     if scored:
         log_metric(gold.GOLD, mean(scored))
     proxied = [p for p in proxy if p is not None]
     if proxied:
         log_metric(f"{gold.PROXY}{name}", mean(proxied))
-    return [None if g is None else float(g) for g in graded]
+    return graded
+
+
+def gold_grade(completion: Any, row: Problem, fmt: FormatParams) -> float | None:
+    """The verifier's grade of one completion (1.0, 0.0), None where it cannot grade it."""
+    try:
+        correct = grade(text(completion), row, fmt).correct
+    except Exception:  # noqa: BLE001 - a grade only logged must not stop training: the completion is ungraded
+        return None
+    return None if correct is None else float(correct)
 
 
 class Learned:
