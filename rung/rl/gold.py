@@ -1,7 +1,8 @@
 """Over-optimization, measured: a stage trained on a learned reward (the proxy) also grades every completion with
 the task's verifier (the gold grade, never trained on) and logs both per step: `rewards/gold/accuracy` and
 `rewards/gold/proxy/<reward>` (the proxy's mean over the completions it scored, before any normalisation), beside
-TRL's `kl` from the init (Gao et al. 2023 plot the two against it; rung.rl.learned_rewards.log_gold logs them).
+the `kl` from the init (TRL's, or with beta 0 rung.rl.kl_probe's; Gao et al. 2023 plot the two against it;
+rung.rl.learned_rewards.log_gold logs them).
 Here: their keys, `summary` of the curves for rung.report.health's warning, and `curve` for the report's plot."""
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def summary(curves: Sequence[Mapping[str, float]]) -> dict[str, float]:
 
 def curve(points: Sequence[Mapping[str, float]]) -> tuple[str, dict[str, list[tuple[float, float]]]]:
     """Gold and each proxy per logged step against the KL from the init (Gao et al. 2023's figure), or against the
-    step where the stage logged no KL (beta 0: TRL holds no reference model); (x label, curves)."""
+    step where the stage logged no KL (a run from before the KL probe); (x label, curves)."""
     logged = [c for c in points if GOLD in c]
     x = "kl" if logged and all("kl" in c for c in logged) else "step"
     out: dict[str, list[tuple[float, float]]] = {}

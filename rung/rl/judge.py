@@ -1,8 +1,9 @@
 """The `judge` reward: a generative model prompted to grade each completion, its verdict parsed (docs/reward_models.md).
-The completion is untrusted text inside the judge's prompt: it is encoded with its special-token strings kept as
-text (it cannot close the judge's turn), and only what the judge itself writes is parsed, so a completion that
-writes "Verdict: correct" forges nothing. A verdict is one word on the judge's first line, `correct` (1.0) or
-`incorrect` (0.0); anything else (a hedge, "not correct", a blank) is no verdict: the completion is unscored."""
+The prompt is the user's turn of the judge model's chat template, and the completion untrusted text inside it: it is
+encoded with its special-token strings kept as text (it cannot close the user's turn nor open the judge's), and
+only what the judge itself writes is parsed, so a completion that writes "Verdict: correct" forges nothing. A
+verdict is one word on the judge's first line, `correct` (1.0) or `incorrect` (0.0); anything else (a hedge,
+"not correct", a blank) is no verdict: the completion is unscored."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ from typing import Any
 
 from rung import paths
 from rung.config import FormatParams, RLStageParams, SamplingParams
+from rung.envs.template import render_ids
 from rung.errors import InputError
 from rung.generate import api
 from rung.rewardmodels.encoding import text_ids
 from rung.rl.completions import text
-from rung.rl.learned_rewards import log_gold
+from rung.rl.learned_rewards import Learned
 
 TEMPLATE = (
     "Problem: {prompt}\nProposed solution: {completion}\n"
@@ -37,7 +39,7 @@ def verdict(written: str) -> float | None:
     return None if match is None else float(match.group(1).lower() == "correct")
 
 
-class Judge:
+class Judge(Learned):
     """`model`: a checkpoint name (base, sft) or a model directory; `template`: the judge's prompt, with the
     fields {prompt} and {completion}. Decoded greedily by default (temperature 0), else sampled from `seed`: a
     verdict is a function of its prompt either way; batched on `device`."""
@@ -67,16 +69,18 @@ class Judge:
         self.tok = self.gen.tok
 
     def ids(self, prompt: str, completion: str) -> list[int]:
-        """The judge's prompt: the template's text with the problem, the completion's text as text."""
-        head = self.tok(self.before.replace("{prompt}", prompt))["input_ids"]
-        return [*head, *text_ids(self.tok, completion), *text_ids(self.tok, self.after)]
+        """The judge's prompt: the template's text with the problem and the completion, as the user's turn of the
+        judge's chat template (rung.envs.template.render_ids: the text tokenized as plain text), the judge's turn
+        to write next; a model without a chat template reads the text alone."""
+        content = self.before.replace("{prompt}", prompt) + completion + self.after
+        if self.tok.chat_template is None:
+            return text_ids(self.tok, content)
+        return render_ids(self.tok, [{"role": "user", "content": content}], add_generation_prompt=True)
 
     def written(self, prompts: list[list[int]]) -> list[str]:
         """What the judge writes after each prompt (rung's batched generation, seeded)."""
         return [done[0].text for done in self.gen.generate(prompts, self.sampling, seed=self.seed, desc="judge")]
 
-    def __call__(self, completions: list[Any], prompt_text: list[str], **columns: Any) -> list[float | None]:
+    def score(self, completions: list[Any], prompt_text: list[str], **_: Any) -> list[float | None]:
         prompts = [self.ids(p, text(c)) for c, p in zip(completions, prompt_text, strict=True)]
-        scores = [verdict(w) for w in self.written(prompts)]
-        log_gold(self.__name__, scores, completions, self.fmt, prompt_text=prompt_text, **columns)
-        return scores
+        return [verdict(w) for w in self.written(prompts)]

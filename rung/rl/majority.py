@@ -2,7 +2,9 @@
 completion whose answer agrees with its group's majority answer, 0.0 otherwise; no reference answer is read.
 Answers are compared the way the grader compares them (rung.answers.verify.answer_class: `1,000` and `1e3` are one
 answer), so the majority is the maj@n vote of evaluation. A completion without an answer agrees with nothing (0.0);
-a group whose most frequent answers tie has no majority, so all of it scores 0.0 (no signal, no gradient)."""
+a group whose most frequent answers tie has no majority, so all of it scores 0.0 (no signal, no gradient). The
+verifier still grades every completion against the reference, never to train on: the gold accuracy logged beside
+the agreement (rung.rl.gold), which is where a label-free reward's gap shows."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from rung.answers.rows import problem
 from rung.answers.verify import answer_class
 from rung.config import FormatParams, RLStageParams
 from rung.rl.completions import groups, text
+from rung.rl.learned_rewards import Learned
 
 
 def agreement(classes: list[Hashable | None]) -> list[float]:
@@ -25,19 +28,18 @@ def agreement(classes: list[Hashable | None]) -> list[float]:
     return [float(c is not None and c == counts[0][0]) for c in classes]
 
 
-class Majority:
+class Majority(Learned):
     __name__ = "majority"
 
     def __init__(self, fmt: FormatParams, stage: RLStageParams) -> None:
         self.fmt, self.group = fmt, stage.num_generations
 
-    def __call__(
-        self, completions: list[Any], task: list[str], prompt_text: list[str], meta: list[str], **_: Any
-    ) -> list[float | None]:
+    def score(self, completions: list[Any], prompt_text: list[str], **columns: Any) -> list[float | None]:
         out: list[float | None] = []
         for group in groups(len(completions), self.group):
             i = group.start  # the answer is never read: a placeholder keeps the row a Problem
-            classify = answer_class(problem(dict(task=task[i], prompt_text=prompt_text[i], meta=meta[i], answer="")))
+            row = dict(task=columns["task"][i], prompt_text=prompt_text[i], meta=columns["meta"][i], answer="")
+            classify = answer_class(problem(row))
             answers = [formats.extract(text(completions[j]), self.fmt) for j in group]
             out += agreement([None if a is None else classify(a) for a in answers])
         return out

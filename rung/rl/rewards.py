@@ -169,26 +169,37 @@ class Guarded:
     group that raises has its completions tried one at a time to find the ones that crash, then the rest
     are scored together, so a group reward sees its whole group minus the crashed completions, not each
     completion alone (conditional_length pays no bonus to a group that lost one). Failures are counted
-    (`errors`, `crashed`) and logged as rewards/<name>/errors."""
+    (`errors`, `crashed`) and logged as rewards/<name>/errors. A learned reward (rung.rl.learned_rewards.Learned)
+    is scored so and then finished once on the whole batch: its gold grades and per-batch normalisation never
+    see only a group."""
 
     def __init__(self, func: RewardFunc, name: str, group: int):
         self.func, self.__name__ = func, name
+        self.learned = func if isinstance(func, learned_rewards.Learned) else None
+        self.scorer: RewardFunc = func if self.learned is None else self.learned.score
         self.group = group
         """Completions per prompt (num_generations), laid out contiguously (groups)."""
         self.errors = 0
         self.crashed: list[int] = []
         """Indices of the completions of the last call that raised."""
 
+    @property
+    def gold(self) -> list[float | None] | None:
+        """The verifier's grade of each completion of the last call, where a learned reward logged it."""
+        return None if self.learned is None else self.learned.gold
+
     def __call__(self, completions: list[Any], **kwargs: Any) -> list[float | None]:
         log_metric = kwargs.get("log_metric")
         self.crashed = []
         try:
-            scores: list[float | None] = list(self.func(completions=completions, **kwargs))
+            scores: list[float | None] = list(self.scorer(completions=completions, **kwargs))
         except Exception:  # noqa: BLE001 - any failure of user code falls back to scoring group by group
             scores = [None] * len(completions)
             for group in groups(len(completions), self.group):
                 self._score_group(list(group), completions, kwargs, scores)
             self.crashed.sort()
+        if self.learned is not None:
+            scores = self.learned.finish(scores, completions, **kwargs)
         self.errors += len(self.crashed)
         if self.crashed and log_metric is not None:
             log_metric(f"rewards/{self.__name__}/errors", float(len(self.crashed)))
@@ -198,7 +209,7 @@ class Guarded:
         """The reward of the completions at `rows`, the columns TRL passes (a list per column) cut to them."""
         n = len(completions)
         cut = {k: [v[i] for i in rows] if isinstance(v, list) and len(v) == n else v for k, v in kwargs.items()}
-        return list(self.func(completions=[completions[i] for i in rows], **cut))
+        return list(self.scorer(completions=[completions[i] for i in rows], **cut))
 
     def _score_group(
         self, rows: list[int], completions: list[Any], kwargs: dict[str, Any], scores: list[float | None]

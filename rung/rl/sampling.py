@@ -73,6 +73,9 @@ class BatchSource:
         self.g, self.world, self.rank = num_generations, world, rank
         self.reward_funcs, self.log = reward_funcs, log
         self.metrics: defaultdict[str, list[float]] = log.metrics
+        self.gold: torch.Tensor | None = None
+        """The verifier's grade of every process's rows of the last scored batch, where a learned reward logs it
+        (NaN where the grader failed)."""
 
     def scored(self, rewards: torch.Tensor, rows: int) -> torch.Tensor:
         """TRL's rewards of every process's rows, this process's `rows` of them unscored where a reward crashed."""
@@ -82,6 +85,10 @@ class BatchSource:
         for func in self.reward_funcs:
             crashed[torch.tensor(func.crashed, dtype=torch.long)] = 1
         rewards[gather(crashed).bool()] = torch.nan
+        graded = next((f.gold for f in self.reward_funcs if f.gold is not None), None)
+        if graded is not None:
+            grades = [math.nan if g is None else g for g in graded]
+            self.gold = gather(torch.tensor(grades, dtype=torch.float, device=rewards.device))
         return rewards
 
     def batch(self, size: int, step: int, generate: Generate, concat: Concat) -> dict[str, Any]:
@@ -92,7 +99,7 @@ class BatchSource:
         global_idx, inputs = self._draw(size, step)
         generated = generate(inputs)
         results, zero = self._score_groups(global_idx, generated)
-        self.log.accuracy_by_bucket(results)
+        self.log.accuracy_by_bucket(results if self.gold is None else self._gold_results(global_idx))
         self.curriculum.update(results, step=step)
         for key, value in self.curriculum.metrics().items():
             self.metrics[f"curriculum/{key}"].append(float(value))
@@ -135,6 +142,16 @@ class BatchSource:
             if not math.isnan(a)
         ]
         return results, zero
+
+    def _gold_results(self, global_idx: list[int]) -> list[curricula.GroupResult]:
+        """Each group's verifier accuracy (the gold grade a learned reward logs, None: NaN), for the accuracy by
+        bucket only: the curricula read what the stage trains on, since the gold grade must never steer training."""
+        accuracy = self.gold.view(-1, self.g).nanmean(dim=1).tolist() if self.gold is not None else []
+        return [
+            curricula.GroupResult(index=i, accuracy=a, reward_std=math.nan, abs_advantage=math.nan)
+            for i, a in zip(global_idx, accuracy, strict=True)
+            if not math.isnan(a)
+        ]
 
     def _refill(
         self,

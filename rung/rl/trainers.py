@@ -28,7 +28,7 @@ from rung.errors import InputError
 from rung.eval.evaluate import grade
 from rung.generate.api import generate
 from rung.generate.completion import encode
-from rung.rl import curricula, episodes, gold, preference, rewards, vllm_rollouts
+from rung.rl import curricula, episodes, gold, kl_probe, preference, rewards, vllm_rollouts
 from rung.rl.advantages import Advantages
 from rung.rl.reward_logs import RewardLog
 from rung.rl.rollouts import generation
@@ -223,7 +223,7 @@ def trainer_for(job: RLJob, callbacks: list[Any] | None = None) -> GRPO | RLOO:
         batch_source=batch_source,
         advantages=Advantages.of(stage, job.key),
         metrics=metrics,
-        generation=partial(generation, key=job.key),
+        generation=partial(generation, key=job.key, init=kl_probe.init_copy(model, stage)),
         **episodic,
     )
     if stage.eval_every is not None and job.heldout is not None:

@@ -92,3 +92,5 @@ class Generation:
     rollouts: Rollouts
     logprobs: Callable[[LogpsBatch], TokenLogps | None]
     """rung's log-probs of a batch, or None for TRL's own computation."""
+    probe: Callable[[LogpsBatch, torch.Tensor], None] | None = None
+    """Called with each batch the loss takes log-probs of and the policy's log-probs of it (rung.rl.kl_probe)."""

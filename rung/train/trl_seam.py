@@ -21,7 +21,8 @@ Private methods overridden (OVERRIDDEN: the leading parameters relied on; the re
   (`ROLLOUT_LOGPROBS`).
 - `_get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, batch_size,
   compute_entropy, compute_aux_loss, **multimodal) -> (logps, entropies | None, aux_loss | None)`:
-  hook `token_logps`.
+  hook `token_logps` (TRL's own: `per_token_logps`); the loss's call (the one with grad enabled) is handed to the
+  `probe` part too, with the policy's log-probs (rung.rl.kl_probe).
 - `_save_checkpoint(model, trial)` / `_load_optimizer_and_scheduler(checkpoint)`: hooks `save_rung_state` /
   `load_rung_state`, plus TRL's generation cycle (below) per process.
 
@@ -38,7 +39,8 @@ Private state and methods read or written (PRIVATE_STATE):
 - `vllm_generation.llm.generate`: the colocated vLLM engine's generate, wrapped by `wrap_vllm_generate`.
 - `model(..., labels=, fused_lm_head=True)` returning `.log_probs` and `.entropy`: the fused LM head TRL
   adds to the trained model: `fused_logps`; SFTTrainer's `compute_loss` calls the model so (`FUSED_LM_HEAD`,
-  the keyword rung.train.prefix's stand-in model answers).
+  the keyword rung.train.prefix's stand-in model answers); `reference_model` adds it to a copy of the init
+  with TRL's `add_fused_lm_head`, as TRL adds it to its own reference model.
 - `aux_loss_enabled` (SFTTrainer: a mixture-of-experts router loss added to the loss): `aux_loss_enabled`.
 - The methods that run each phase of a step (`PHASES`), wrapped on an instance by `wrap_phases` (bench/'s
   timers), and `_generate_and_score_completions` called by `generation_and_scoring` (bench/episodes.py).
@@ -91,8 +93,8 @@ from typing import Any
 import torch
 from trl import GRPOTrainer, RLOOTrainer
 from trl.models import unwrap_model_for_generation
+from trl.trainer.utils import add_fused_lm_head, pad
 from trl.trainer.utils import nanstd as nanstd  # for rung's modules (module docstring)
-from trl.trainer.utils import pad
 
 from rung.train.checkpoints import generation_state
 from rung.train.parts import AdvantageFn, Batches, Generated, Generation, LogpsBatch, TokenLogps
@@ -263,6 +265,13 @@ def generation_context(trainer: Any) -> AbstractContextManager[Any]:
     )
 
 
+def reference_model(trainer: Any, model: Any) -> Any:
+    """`model` (a frozen copy of the init, not yet TRL's) given the fused LM head TRL gives its own reference model
+    (`FUSED_LM_HEAD`, at the trainer's sampling temperature), in eval mode on the trainer's device."""
+    add_fused_lm_head(model, temperature=trainer.temperature)
+    return model.to(trainer.accelerator.device).eval().requires_grad_(False)
+
+
 def global_step(trainer: Any) -> int:
     """The optimizer steps the trainer has taken (transformers' TrainerState)."""
     return int(trainer.state.global_step)
@@ -312,6 +321,7 @@ class Seam:
         parts = None if generation is None else generation(self)
         self.rollouts = None if parts is None else parts.rollouts
         self.logprobs = None if parts is None else parts.logprobs
+        self.probe = None if parts is None else parts.probe
 
     @property
     def group_size(self) -> int:
@@ -356,6 +366,22 @@ class Seam:
             self.batch_source.load(checkpoint)
 
     # TRL's own steps, for the hooks.
+
+    def per_token_logps(self, batch: LogpsBatch) -> TokenLogps:
+        """The trainer's log-probs of `batch`: the `token_logps` hook's, else TRL's own computation."""
+        out = self.token_logps(batch)
+        if out is not None:
+            return out
+        return super()._get_per_token_logps_and_entropies(  # type: ignore[misc]
+            batch.model,
+            batch.input_ids,
+            batch.attention_mask,
+            batch.logits_to_keep,
+            batch.batch_size,
+            batch.compute_entropy,
+            batch.compute_aux_loss,
+            **batch.multimodal,
+        )
 
     def trl_generation_batch(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         """TRL's generation and scoring of `inputs` (rows as the dataset holds them)."""
@@ -453,19 +479,10 @@ class Seam:
         batch = LogpsBatch(
             model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss, multimodal
         )
-        out = self.token_logps(batch)
-        if out is not None:
-            return out
-        return super()._get_per_token_logps_and_entropies(  # type: ignore[misc]
-            model,
-            input_ids,
-            attention_mask,
-            logits_to_keep,
-            batch_size,
-            compute_entropy,
-            compute_aux_loss,
-            **multimodal,
-        )
+        out = self.per_token_logps(batch)
+        if self.probe is not None and torch.is_grad_enabled():  # the loss's forward (TRL's others run without grad)
+            self.probe(batch, out[0])
+        return out
 
     def _save_checkpoint(self, model, trial):
         # rung's state first: TRL writes trainer_state.json last and then deletes the previous
