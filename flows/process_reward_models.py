@@ -7,14 +7,12 @@ import sys
 
 from prefect import flow, get_run_logger
 
-from flows.stage import finish, learned_reward_tags, main
+from flows.stage import finish, learned_reward, learned_reward_tags, main
 from rung import config, paths, tracking
 from rung.answers.rows import read_rows
 from rung.checks.models import chat_template
 from rung.checks.rewardmodels import process_reward_models as checked
-from rung.errors import InputError
 from rung.rewardmodels import heldout, pairs, steps
-from rung.seeding import derive
 from rung.train import launch
 from rung.train.checkpoints import discard
 from rung.train.jobs import ProcessRewardModelJob
@@ -28,12 +26,7 @@ SECTION = "process_reward_models"
 @flow(name="process_reward_models")
 def process_reward_models(name: str, params_file: str = str(paths.PARAMS)) -> None:
     params = config.load(params_file)
-    if name not in params.process_reward_models:
-        raise InputError(
-            f"{SECTION}: no process reward model named {name!r} (have {list(params.process_reward_models)})"
-        )
-    prm, key = params.process_reward_models[name], f"{SECTION}.{name}"
-    seed = derive(params.seed if prm.seed is None else prm.seed, SECTION, name)
+    prm, key, seed = learned_reward(params, SECTION, name)
     init, data_dir = paths.checkpoint(prm.init), paths.learned_reward_data(SECTION, name)
     logged = {
         "global_seed": params.seed,
@@ -61,12 +54,8 @@ def process_reward_models(name: str, params_file: str = str(paths.PARAMS)) -> No
             init=init,
             data=data_dir / heldout.TRAIN,
             work_dir=paths.WORK / SECTION / name,
-            format=params.format,
             seed=seed,
-            dtype=params.model.dtype,
-            device=params.model.device,
-            cpu_matmul=params.model.cpu_matmul,
-            outage_wait=params.tracking.outage_wait,
+            **ProcessRewardModelJob.shared(params),
         )
         out = paths.learned_reward(SECTION, name)
         metrics = {

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from prefect import flow
 
-from flows.stage import finish, learned_reward_tags, main
+from flows.stage import finish, learned_reward, learned_reward_tags, main
 from rung import config, paths, tracking
 from rung.answers.rows import read_rows
 from rung.checks.models import chat_template
@@ -30,10 +30,7 @@ SECTION = "reward_models"
 @flow(name="reward_models")
 def reward_models(name: str, params_file: str = str(paths.PARAMS)) -> None:
     params = config.load(params_file)
-    if name not in params.reward_models:
-        raise InputError(f"{SECTION}: no reward model named {name!r} (have {list(params.reward_models)})")
-    rm, key = params.reward_models[name], f"{SECTION}.{name}"
-    seed = derive(params.seed if rm.seed is None else rm.seed, SECTION, name)
+    rm, key, seed = learned_reward(params, SECTION, name)
     init, data_dir, out = (
         paths.checkpoint(rm.init),
         paths.learned_reward_data(SECTION, name),
@@ -71,12 +68,8 @@ def reward_models(name: str, params_file: str = str(paths.PARAMS)) -> None:
                 init=init,
                 data=data_dir / heldout.TRAIN,
                 work_dir=paths.WORK / SECTION / name / str(i),
-                format=params.format,
                 seed=derive(seed, "member", str(i)),
-                dtype=params.model.dtype,
-                device=params.model.device,
-                cpu_matmul=params.model.cpu_matmul,
-                outage_wait=params.tracking.outage_wait,
+                **RewardModelJob.shared(params),
             )
             trained[str(i)] = launch.train(job, rm.launch, scoring.member_dir(out, i))
         metrics = {

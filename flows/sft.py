@@ -41,12 +41,8 @@ def sft(params_file: str = str(paths.PARAMS)) -> None:
             init=paths.BASE,
             data=paths.TRACES,
             work_dir=paths.WORK / "sft",
-            format=params.format,
             seed=seed,
-            dtype=params.model.dtype,
-            device=params.model.device,
-            cpu_matmul=params.model.cpu_matmul,
-            outage_wait=params.tracking.outage_wait,
+            **SFTJob.shared(params),
         )
         metrics = launch.train(job, params.sft.launch, paths.SFT)
         record_checkpoint(params, "sft", trained=True)

@@ -19,6 +19,7 @@ from rung import config, files, paths, tracking
 from rung.config import Params
 from rung.errors import InputError, Unavailable
 from rung.report import health, keys, timings
+from rung.seeding import derive
 
 Check = Callable[[Params], None]
 
@@ -124,6 +125,16 @@ def record_checkpoint(params: Params, checkpoint: str, trained: bool = False) ->
     )
     if trained and params.tracking.log_models:
         tracking.log_model(model_dir)
+
+
+def learned_reward(params: Params, section: str, name: str) -> tuple[Any, str, int]:
+    """Learned-reward stage `name` of `section` (reward_models, process_reward_models): its settings, params key and
+    seed (its own, or derived from the global one and its name); InputError naming the section for another name."""
+    stages = getattr(params, section)
+    if name not in stages:
+        raise InputError(f"{section}: no stage named {name!r} (have {list(stages)})")
+    settings = stages[name]
+    return settings, f"{section}.{name}", derive(params.seed if settings.seed is None else settings.seed, section, name)
 
 
 def learned_reward_tags(model_dir: Path, init: str) -> None:

@@ -55,6 +55,18 @@ class TrainJob(BaseModel):
     callbacks: list[str] = []
     """Import paths ('module:Class') of extra TRL callbacks, e.g. for tests that observe training."""
 
+    @staticmethod
+    def shared(params: Params) -> dict[str, Any]:
+        """What every kind of job takes from params besides its stage's own section: the answer format, the model's
+        dtype, device and CPU matmul, and how long the end of training waits for MLflow."""
+        return dict(
+            format=params.format,
+            dtype=params.model.dtype,
+            device=params.model.device,
+            cpu_matmul=params.model.cpu_matmul,
+            outage_wait=params.tracking.outage_wait,
+        )
+
     def fingerprint(self) -> dict[str, Any]:
         """The settings a checkpoint depends on (resume only from a checkpoint written for them)."""
         return self.model_dump(
@@ -101,16 +113,12 @@ class RLJob(TrainJob):
             data=paths.FILTERED,
             work_dir=paths.WORK / "rl" / name,
             curves=paths.plot("rl", name),
-            format=params.format,
             seed=derive(params.seed if stage.seed is None else stage.seed, "rl", name),
-            dtype=params.model.dtype,
-            device=params.model.device,
-            cpu_matmul=params.model.cpu_matmul,
             buckets=params.difficulty.buckets,
             heldout=paths.TEST if stage.eval_every else None,
             heldout_sampling=params.eval.sampling,
-            outage_wait=params.tracking.outage_wait,
             environment=params.environment_of(name),
+            **cls.shared(params),
         )
 
     def fingerprint(self) -> dict[str, Any]:
