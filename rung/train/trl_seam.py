@@ -65,7 +65,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from trl import GRPOTrainer, RLOOTrainer
@@ -111,7 +111,15 @@ EPISODE_HOOKS: dict[str, list[str]] = {
 watched (tests/test_trl_seam.py), not overridden, since rung's episodes reach TRL through `rollout_func`."""
 
 
-class Seam:
+if TYPE_CHECKING:
+    # The type checker reads `super()`'s calls as GRPOTrainer's (RLOOTrainer's take the same leading parameters,
+    # OVERRIDDEN); at run time the TRL trainer is the subclass's second base (GRPOSeam, RLOOSeam).
+    _Trainer = GRPOTrainer
+else:
+    _Trainer = object
+
+
+class Seam(_Trainer):
     """The base of rung's trainers on TRL's GRPO family (GRPOSeam, RLOOSeam): the parts it is given (a batch
     source, an advantage function, a metrics sink, a rollout engine and log-probs), hooks whose defaults are TRL's
     behaviour or the parts', TRL's own steps for them to call, and the private overrides that call the hooks."""
@@ -121,7 +129,7 @@ class Seam:
     pending_rewards: torch.Tensor | None = None
     """The rewards of the generation batch TRL is making, from `_calculate_rewards` to `scored_generation_batch`."""
 
-    # The TRL trainer's own attributes the seam reads (declared for type checkers; TRL sets them)
+    # The TRL trainer's own attributes the seam reads, narrower than TRL's annotations (TRL sets them)
     model: Any
     state: Any
     args: Any
@@ -206,7 +214,7 @@ class Seam:
         out = self.token_logps(batch)
         if out is not None:
             return out
-        return super()._get_per_token_logps_and_entropies(  # type: ignore[misc]
+        return super()._get_per_token_logps_and_entropies(
             batch.model,
             batch.input_ids,
             batch.attention_mask,
@@ -219,7 +227,7 @@ class Seam:
 
     def trl_generation_batch(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         """TRL's generation and scoring of `inputs` (rows as the dataset holds them)."""
-        return super()._generate_and_score_completions(inputs)  # type: ignore[misc]
+        return super()._generate_and_score_completions(inputs)
 
     def scored_generation_batch(self, inputs: list[dict[str, Any]]) -> Generated:
         """TRL's generation and scoring of `inputs`, with the rewards and advantages of every process."""
@@ -289,14 +297,14 @@ class Seam:
         return self.generation_batch(inputs)
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)  # type: ignore[misc]
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self.pending_rewards = self.scored(rewards, prompts)
         return self.pending_rewards
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, *args, **kwargs):
         ids = self.rollout(prompt_ids, images, multimodal_fields)
         if ids is None:
-            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, *args, **kwargs)  # type: ignore[misc]
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, *args, **kwargs)
         return (ids, None) if self.ROLLOUT_LOGPROBS else ids
 
     def _get_per_token_logps_and_entropies(
@@ -331,10 +339,10 @@ class Seam:
             {"step": self._step, "buffered": self._buffered_inputs if middle else None},
             checkpoint / generation_state(self.accelerator.process_index),
         )
-        super()._save_checkpoint(model, trial)  # type: ignore[misc]
+        super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
-        super()._load_optimizer_and_scheduler(checkpoint)  # type: ignore[misc]
+        super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None:
             return
         self.load_rung_state(Path(checkpoint))
