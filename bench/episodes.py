@@ -30,7 +30,7 @@ from rung.data.curate import curate
 from rung.envs import FinalAnswer, check, template
 from rung.envs.loop import run, sampler
 from rung.rl.trainers import prompts
-from rung.train import trl_seam
+from rung.train import trl_private
 
 
 def main() -> None:
@@ -89,14 +89,14 @@ def main() -> None:
         return timed_generate
 
     # TRL's generation and tool loop only, not its rewards and log-probs
-    trl_seam.wrap_phases(trainer, timing, ["episodes"])
+    trl_private.wrap_phases(trainer, timing, ["episodes"])
     sampling = SamplingParams(temperature=1.0, max_new_tokens=args.max_completion, batch_size=len(batch))
     print(f"{len(batch)} episodes ({args.prompts} prompts x {args.generations}), {torch.get_num_threads()} threads")
     print(f"{'round':6}{'contender':11}{'tokens':>8}{'seconds':>9}{'tokens/s':>10}{'turns':>7}{'calls':>7}")
     ratios = []
     for r in range(args.repeats):  # alternating, so that the machine's load falls on both alike
         torch.manual_seed(r)
-        trl_seam.generation_and_scoring(trainer, batch)
+        trl_private.generation_and_scoring(trainer, batch)
         t0 = time.perf_counter()
         episodes = run(
             sampler(trainer.model, trainer.eos_token_ids),

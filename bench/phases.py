@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from rung.train import trl_seam
+from rung.train import trl_private
 
 PHASES = (
     "generation",
@@ -25,7 +25,7 @@ PHASES = (
     "checkpoint save",
 )
 TIMED = ("generation", "rewards", "rollout", "loss forward", "step", "checkpoint save")
-"""The trainer's phases (rung.train.trl_seam.PHASES) whose methods are timed."""
+"""The trainer's phases (rung.train.trl_private.PHASES) whose methods are timed."""
 
 
 def _sync() -> None:
@@ -61,7 +61,7 @@ def instrument(trainer: Any, spent: dict[str, float] | None = None) -> dict[str,
         count = (lambda out: sum(len(ids) for ids in out[0])) if phase == "generation" else None
         return timed(spent, phase, method, count)
 
-    trl_seam.wrap_phases(trainer, wrap, TIMED)
+    trl_private.wrap_phases(trainer, wrap, TIMED)
     return spent
 
 

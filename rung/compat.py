@@ -1,8 +1,8 @@
 """The trainer versions rung is tested with. rung reaches into private methods and state of TRL's
-trainers (all of it in rung/train/trl_seam.py, whose tests check it against the pinned TRL), which may
-change in any release: outside the tested minor versions it stops with one line rather than training
-with hooks that silently no longer apply. This module imports no trainer library, so that the stages'
-preflight can run it before they load one (tests/test_startup.py)."""
+trainers (all of it in rung/train/trl_seam.py and rung/train/trl_private.py, whose tests check it against
+the pinned TRL), which may change in any release: outside the tested minor versions it stops with one line
+rather than training with hooks that silently no longer apply. This module imports no trainer library, so that
+the stages' preflight can run it before they load one (tests/test_startup.py)."""
 
 from __future__ import annotations
 

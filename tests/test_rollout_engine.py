@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 from rung.errors import InputError
 from rung.rl.engine import GenerationModel, RolloutEngine, check
 from rung.seeding import derive
-from rung.train.trl_seam import RolloutSettings
+from rung.train.trl_private import RolloutSettings
 
 SETTINGS = RolloutSettings(
     seed=3,

@@ -1,6 +1,6 @@
-"""The seam to TRL (rung.train.trl_seam): each private method it overrides and each private attribute it
-touches, checked against the installed TRL on the tiny model, signatures and return shapes alike, so
-that a TRL release that moves one fails here, naming it, rather than training with a hook that no
+"""The seam to TRL (rung.train.trl_seam and rung.train.trl_private): each private method it overrides and each
+private attribute it touches, checked against the installed TRL on the tiny model, signatures and return shapes
+alike, so that a TRL release that moves one fails here, naming it, rather than training with a hook that no
 longer applies; and no other module of rung touches them."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from datasets import Dataset
 from trl import GRPOTrainer, RLOOTrainer, SFTConfig, SFTTrainer
 
 from rung.rl import trainers
-from rung.train import trl_seam
-from rung.train.trl_seam import train_metrics
+from rung.train import trl_private, trl_seam
+from rung.train.trl_private import train_metrics
 from tests import imports
 from tests.test_rl import _job, _stage
 
@@ -85,10 +85,10 @@ def _reads(tree: ast.Module, names: set[str]) -> list[str]:
 
 PRIVATE = (
     set(trl_seam.OVERRIDDEN)
-    | set(trl_seam.PRIVATE_STATE)
+    | set(trl_private.PRIVATE_STATE)
     | set(trl_seam.EPISODE_HOOKS)
-    | {m for m in trl_seam.PHASES.values() if m.startswith("_")}
-    | {"aux_loss_enabled", trl_seam.FUSED_LM_HEAD}
+    | {m for m in trl_private.PHASES.values() if m.startswith("_")}
+    | {"aux_loss_enabled", trl_private.FUSED_LM_HEAD}
 )
 
 
@@ -105,16 +105,21 @@ def _by_string(tree: ast.Module, names: set[str]) -> list[str]:
     ]
 
 
+SEAM = {imports.ROOT / "rung" / "train" / f"{module}.py" for module in ("trl_seam", "trl_private")}
+"""The seam's two modules: the overriding trainer class, and the accessors of TRL's private state."""
+
+
 def test_only_the_seam_touches_trls_private_methods_and_state():
-    seam = imports.ROOT / "rung" / "train" / "trl_seam.py"
     paths = [*imports.modules().values(), *sorted((imports.ROOT / "bench").rglob("*.py"))]
+    assert SEAM <= set(paths)
     elsewhere = {
         str(path.relative_to(imports.ROOT)): hits
         for path in paths
-        if path != seam and (hits := _reads(tree := ast.parse(path.read_text()), PRIVATE) + _by_string(tree, PRIVATE))
+        if path not in SEAM
+        and (hits := _reads(tree := ast.parse(path.read_text()), PRIVATE) + _by_string(tree, PRIVATE))
     }
     assert elsewhere == {}
-    assert _reads(ast.parse(seam.read_text()), PRIVATE)  # the scan sees the seam's own
+    assert all(_reads(ast.parse(path.read_text()), PRIVATE) for path in SEAM)  # the scan sees each seam module's own
 
 
 def test_the_scan_sees_a_private_name_by_string_and_by_keyword():
@@ -127,10 +132,10 @@ def test_the_phase_methods_and_the_sft_trainers_fused_call_are_trls():
     """bench/'s timers wrap TRL's methods of each phase; rung.train.prefix's stand-in model answers SFTTrainer's
     fused-head call and steps aside for its router loss."""
     for trl in (GRPOTrainer, RLOOTrainer):
-        missing = {p: m for p, m in trl_seam.PHASES.items() if not hasattr(trl, m)}
+        missing = {p: m for p, m in trl_private.PHASES.items() if not hasattr(trl, m)}
         assert missing == {}
     source = inspect.getsource(SFTTrainer.compute_loss)
-    assert f"{trl_seam.FUSED_LM_HEAD}=True" in source and "self.aux_loss_enabled" in source
+    assert f"{trl_private.FUSED_LM_HEAD}=True" in source and "self.aux_loss_enabled" in source
 
 
 @pytest.mark.parametrize("cls", [trainers.GRPO, trainers.RLOO])
@@ -226,13 +231,13 @@ def test_generate_single_turn_returns_each_trainers_shape_on_both_paths(trainer)
 def test_the_rollout_settings_are_each_trainers_attributes(trainer):
     """What rung's rollouts read of a trainer (`ROLLOUT_ATTRIBUTES` and its args), through `rollout_settings`, is
     there on both trainers with the stage's values."""
-    assert [name for name in trl_seam.ROLLOUT_ATTRIBUTES if not hasattr(trainer, name)] == []
-    settings = trl_seam.rollout_settings(trainer)
+    assert [name for name in trl_private.ROLLOUT_ATTRIBUTES if not hasattr(trainer, name)] == []
+    settings = trl_private.rollout_settings(trainer)
     assert (settings.temperature, settings.max_completion_length, settings.num_generations) == (1.0, 4, 2)
     assert settings.eos_token_ids == list(trainer.eos_token_ids) and settings.eos_token_ids and not settings.use_vllm
     assert not settings.top_k and settings.min_p is None and settings.repetition_penalty == 1.0
     assert trainer.rollouts.generator == "rung" and trainer.rollouts.settings == settings
-    with trl_seam.generation_context(trainer) as model:
+    with trl_private.generation_context(trainer) as model:
         assert model is trainer.model
 
 
@@ -298,7 +303,7 @@ def test_load_checkpoint_restores_the_weights(trainer, tmp_path):
     with torch.no_grad():
         for p in trainer.model.parameters():
             p.add_(1.0)
-    trl_seam.load_checkpoint(trainer, str(tmp_path))
+    trl_private.load_checkpoint(trainer, str(tmp_path))
     assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True))
 
 
@@ -350,5 +355,5 @@ def test_no_name_rung_adds_to_a_trainer_is_one_transformers_or_trl_uses(cls):
     private state it restores may."""
     ours = [c for c in cls.__mro__ if c.__module__.startswith("rung.")]
     theirs = [c for c in cls.__mro__ if c not in ours and c is not object]
-    clashes = (_names(ours) & _names(theirs)) - set(trl_seam.OVERRIDDEN) - set(trl_seam.PRIVATE_STATE)
+    clashes = (_names(ours) & _names(theirs)) - set(trl_seam.OVERRIDDEN) - set(trl_private.PRIVATE_STATE)
     assert clashes == set()

@@ -28,7 +28,7 @@ from rung.errors import InputError
 from rung.generate.api import generate_ids
 from rung.rl import lora
 from rung.seeding import derive
-from rung.train.trl_seam import RolloutSettings, generation_context, global_step, rollout_settings
+from rung.train.trl_private import RolloutSettings, generation_context, global_step, rollout_settings
 
 Generator = Literal["rung", "trl", "vllm"]
 

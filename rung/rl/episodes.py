@@ -39,7 +39,7 @@ from rung.eval.episodes import metrics
 from rung.generate.api import positions
 from rung.rl.engine import RolloutEngine
 from rung.rl.rewards import Guarded, RewardFunc, build
-from rung.train.trl_seam import train_metrics
+from rung.train.trl_private import train_metrics
 
 PREFIX = "episodes/"
 STEP_METRICS = (

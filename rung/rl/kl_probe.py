@@ -17,7 +17,8 @@ import torch
 
 from rung.config import RLStageParams
 from rung.train.parts import LogpsBatch, TokenLogps
-from rung.train.trl_seam import Seam, reference_model, train_metrics
+from rung.train.trl_private import reference_model, train_metrics
+from rung.train.trl_seam import Seam
 
 LEARNED = ("reward_model", "process", "judge", "majority")
 """The built-in reward kinds a model gives (or, majority, the group): what the verifier's gold grade is logged for."""

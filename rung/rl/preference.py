@@ -1,8 +1,8 @@
 """RL stages of preference optimization (algorithms dpo, kto, online_dpo; docs/preference.md): TRL's DPOTrainer and
 KTOTrainer on the stage's pairs (rung.rl.pairs), OnlineDPOTrainer with the stage's reward functions (the verifier)
 as its judge. The reference model is the init (TRL copies it, or switches a LoRA stage's adapters off). None of
-them needs a private override of TRL: their per-step metrics are TRL's `_metrics` (rung.train.trl_seam.train_metrics),
-their resume transformers' own checkpoints."""
+them needs a private override of TRL: their per-step metrics are TRL's `_metrics`
+(rung.train.trl_private.train_metrics), their resume transformers' own checkpoints."""
 
 from __future__ import annotations
 

@@ -10,12 +10,12 @@ from statistics import mean
 import torch
 
 from rung.rl import curricula
-from rung.train.trl_seam import nanstd
+from rung.train.trl_private import nanstd
 
 
 class RewardLog:
     """The reward-logging part of rung's RL trainers (rung.rl.sampling.BatchSource calls it): writes into
-    `metrics`, the dict of the step's metrics TRL averages into each training log (rung.train.trl_seam)."""
+    `metrics`, the dict of the step's metrics TRL averages into each training log (rung.train.trl_private)."""
 
     def __init__(
         self, names: list[str], weights: torch.Tensor, buckets: list[str], metrics: defaultdict[str, list[float]]

@@ -25,7 +25,7 @@ from rung.rl.reward_logs import RewardLog
 from rung.rl.rewards import Guarded
 from rung.train.checkpoints import CURRICULUM_STATE
 from rung.train.parts import Concat, Generate, Generated
-from rung.train.trl_seam import nanstd
+from rung.train.trl_private import nanstd
 
 
 class BatchSource:

@@ -35,7 +35,8 @@ from rung.rl.rollouts import generation
 from rung.rl.sampling import BatchSource
 from rung.train.harness import common_args, finalize, fit, peft_config, train_loss, trainable
 from rung.train.jobs import JobResult, RLJob, main
-from rung.train.trl_seam import GRPOSeam, RLOOSeam, train_metrics
+from rung.train.trl_private import train_metrics
+from rung.train.trl_seam import GRPOSeam, RLOOSeam
 
 
 def prompts(rows: list[Row], fmt: FormatParams) -> Dataset:
@@ -194,7 +195,7 @@ def trainer_for(job: RLJob, callbacks: list[Any] | None = None) -> GRPO | RLOO:
         max_turns = environment.spec.max_turns
         episodic = {"rollout_func": episodes.rollouts(environment, job.format, dataset.to_list(), stage, job.key)}
     cls = RLOO if stage.algorithm == "rloo" else GRPO
-    metrics: defaultdict[str, list[float]] = defaultdict(list)  # the step's, which TRL logs (rung.train.trl_seam)
+    metrics: defaultdict[str, list[float]] = defaultdict(list)  # the step's, which TRL logs (rung.train.trl_private)
     log = RewardLog(
         [f.__name__ for f in funcs],
         torch.tensor(weights, dtype=torch.float32),

@@ -19,7 +19,7 @@ from transformers.trainer import TRAINER_STATE_NAME
 
 from rung import onednn, placement
 from rung.config import LoraParams
-from rung.train import movement, trl_seam
+from rung.train import movement, trl_private
 from rung.train.checkpoints import FINAL
 from rung.train.jobs import TrainJob
 
@@ -103,7 +103,7 @@ def fit(trainer: Any, resume: str | None, outage_wait: float = 300.0) -> None:
     which waits up to `outage_wait` seconds at the end for a server that went away). A checkpoint of the
     last step (a job killed while saving or publishing its model, or failed for want of MLflow) is
     loaded rather than trained from: transformers would train one step past max_steps."""
-    if trl_seam.has_train_metrics(trainer):  # logged through them; a plain Trainer logs its loss alone
+    if trl_private.has_train_metrics(trainer):  # logged through them; a plain Trainer logs its loss alone
         trainer.add_callback(movement.UpdateSize(trainer))
     log = None
     if trainer.is_world_process_zero() and importlib.util.find_spec("mlflow"):  # a GPU bench env may lack it
@@ -115,7 +115,7 @@ def fit(trainer: Any, resume: str | None, outage_wait: float = 300.0) -> None:
     if resume:
         state = TrainerState.load_from_json(str(Path(resume) / TRAINER_STATE_NAME))
         if state.global_step >= state.max_steps:
-            trl_seam.load_checkpoint(trainer, resume)
+            trl_private.load_checkpoint(trainer, resume)
             trainer.state = state
             if log:
                 log.add_history(state.log_history)

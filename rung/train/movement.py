@@ -18,7 +18,7 @@ import torch
 from safetensors import safe_open
 from transformers import TrainerCallback
 
-from rung.train.trl_seam import train_metrics
+from rung.train.trl_private import train_metrics
 
 SAMPLE = 4096
 """Elements tracked per trainable tensor per step (the whole of a smaller tensor): ~0.9M for SmolLM2-135M."""

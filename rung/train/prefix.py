@@ -12,7 +12,7 @@ from transformers.cache_utils import CacheLayerMixin
 from trl import SFTTrainer
 
 from rung.generate.decode import shared_prefix
-from rung.train.trl_seam import FUSED_LM_HEAD, aux_loss_enabled
+from rung.train.trl_private import FUSED_LM_HEAD, aux_loss_enabled
 
 MIN_SHARED_PREFIX = 8
 """Below this many shared tokens, encoding them once saves less than the extra forward costs."""

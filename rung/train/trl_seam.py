@@ -1,15 +1,17 @@
-"""rung's one seam to TRL's trainers: every access rung makes to a private method or private state of
-TRL's GRPOTrainer, RLOOTrainer or SFTTrainer (and transformers' Trainer under them) is in this module.
-A TRL upgrade is a review of this file plus a run of tests/test_trl_seam.py, which checks each item
-listed here against the installed TRL on the tiny model; rung.compat refuses untested versions.
+"""rung's one seam to TRL's trainers, with rung.train.trl_private: every access rung makes to a private method
+or private state of TRL's GRPOTrainer, RLOOTrainer or SFTTrainer (and transformers' Trainer under them) is in
+one of these two modules. This one holds `Seam`, the trainer class that overrides TRL's private methods, and
+rung's trainers on it (GRPOSeam, RLOOSeam); rung.train.trl_private the accessors of TRL's private state and of
+the trainer's settings that rung's other modules call. A TRL upgrade is a review of the two plus a run of
+tests/test_trl_seam.py, which checks each item they list against the installed TRL on the tiny model;
+rung.compat refuses untested versions.
 
-rung's logic (rung.rl.sampling, rung.rl.reward_logs, rung.rl.rollouts, rung.rl.engine, rung.train.harness,
-rung.train.movement) uses the public hooks and accessors below. Each override here is thin: it calls one
-hook, whose default is TRL's own behaviour or that of a part the trainer is given (`Seam.__init__`: a
-batch source, an advantage function, a metrics sink, and the rollout engine and log-probs, which read the
-trainer's settings once when built; called with values, they read nothing else of the trainer), so rung
-changes what it changes and nothing else. It lives in rung.train (not rung.rl) because
-the SFT stage's harness shares two of the accesses.
+rung's logic (rung.rl.rollouts, rung.rl.logprobs, rung.rl.kl_probe, rung.rl.trainers) uses the public hooks
+below. Each override here is thin: it calls one hook, whose default is TRL's own behaviour or that of a part the
+trainer is given (`Seam.__init__`: a batch source, an advantage function, a metrics sink, and the rollout engine
+and log-probs, which read the trainer's settings once when built; called with values, they read nothing else of
+the trainer), so rung changes what it changes and nothing else. The seam lives in rung.train (not rung.rl)
+because the SFT stage's harness shares two of the accesses.
 
 Private methods overridden (OVERRIDDEN: the leading parameters relied on; the rest pass through):
 - `_generate_and_score_completions(inputs) -> dict`: hook `generation_batch`; TRL's is
@@ -24,26 +26,10 @@ Private methods overridden (OVERRIDDEN: the leading parameters relied on; the re
   hook `token_logps` (TRL's own: `per_token_logps`); the loss's call (the one with grad enabled) is handed to the
   `probe` part too, with the policy's log-probs (rung.rl.kl_probe).
 - `_save_checkpoint(model, trial)` / `_load_optimizer_and_scheduler(checkpoint)`: hooks `save_rung_state` /
-  `load_rung_state`, plus TRL's generation cycle (below) per process.
+  `load_rung_state`, plus TRL's generation cycle (`_step`, `_buffered_inputs`: rung.train.trl_private) per process.
 
-Private state and methods read or written (PRIVATE_STATE):
-- `_metrics["train"]`: a `defaultdict(list)` of the step's metrics, averaged at each log (GRPO, RLOO, SFT,
-  and DPO, KTO and online DPO: rung.rl.preference, tests/test_preference.py): `train_metrics`.
-- `_logs["advantages"]`: the completions table's advantages, the gathered batch's appended last by
-  `_generate_and_score_completions`: `relog_advantages`.
-- `_step`, `_buffered_inputs`: TRL's generation cycle (one batch per `steps_per_generation *
-  num_iterations` steps; `_buffered_inputs` None until the first); saved in a checkpoint taken in the
-  middle of a cycle and restored, since that batch cannot be regenerated.
-- `_get_output_dir(trial=)`: where `_save_checkpoint` writes `checkpoint-<step>`.
-- `_load_from_checkpoint(path)` (transformers' Trainer): the weights of a checkpoint: `load_checkpoint`.
-- `vllm_generation.llm.generate`: the colocated vLLM engine's generate, wrapped by `wrap_vllm_generate`.
-- `model(..., labels=, fused_lm_head=True)` returning `.log_probs` and `.entropy`: the fused LM head TRL
-  adds to the trained model: `fused_logps`; SFTTrainer's `compute_loss` calls the model so (`FUSED_LM_HEAD`,
-  the keyword rung.train.prefix's stand-in model answers); `reference_model` adds it to a copy of the init
-  with TRL's `add_fused_lm_head`, as TRL adds it to its own reference model.
-- `aux_loss_enabled` (SFTTrainer: a mixture-of-experts router loss added to the loss): `aux_loss_enabled`.
-- The methods that run each phase of a step (`PHASES`), wrapped on an instance by `wrap_phases` (bench/'s
-  timers), and `_generate_and_score_completions` called by `generation_and_scoring` (bench/episodes.py).
+The private state `Seam` reads or writes on itself (`_metrics`, `_logs`, `_step`, `_buffered_inputs`,
+`_get_output_dir`, `vllm_generation.llm`) is listed in rung.train.trl_private's docstring with the rest.
 
 Return shapes relied on (tests/test_trl_seam.py checks each, on both trainers):
 - `_generate_and_score_completions`: a dict of this process's rows. `prompt_ids` / `prompt_mask`
@@ -56,13 +42,6 @@ Return shapes relied on (tests/test_trl_seam.py checks each, on both trainers):
   whole groups; rung's `generation_batch` keeps the batch's size and draws its prompts anew.
 - `_compute_loss(model, inputs)`: a scalar from such a dict, the same from `concat_groups` of its groups.
 
-Public but undocumented trainer attributes rung reads: `num_generations`, `reward_funcs`,
-`reward_func_names`; the rollouts' (`ROLLOUT_ATTRIBUTES`, read once into `RolloutSettings` by
-`rollout_settings`, and `args`' `seed`, `generation_kwargs`, `vllm_mode`, `vllm_tensor_parallel_size`, `bf16`,
-`fp16`, `ds3_gather_for_generation`, `gradient_checkpointing_kwargs`); and
-`trl.models.unwrap_model_for_generation` (`generation_context`). TRL's utils rung uses come from here: `nanstd`,
-`pad`. rung's batch source is given the reward functions' names and weights as rung hands them to TRL, which
-are TRL's `reward_func_names` (a callable's `__name__`) and `reward_weights`.
 
 Multi-turn episodes (EPISODE_HOOKS; nothing of them is overridden: rung's RL stages train episodes through
 GRPOTrainer's public `rollout_func`, rung.rl.episodes, whose `env_mask` TRL takes as its `tool_mask`).
@@ -84,17 +63,13 @@ turns.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from trl import GRPOTrainer, RLOOTrainer
-from trl.models import unwrap_model_for_generation
-from trl.trainer.utils import add_fused_lm_head, pad
-from trl.trainer.utils import nanstd as nanstd  # for rung's modules (module docstring)
+from trl.trainer.utils import pad
 
 from rung.train.checkpoints import generation_state
 from rung.train.parts import AdvantageFn, Batches, Generated, Generation, LogpsBatch, TokenLogps
@@ -118,9 +93,6 @@ OVERRIDDEN: dict[str, list[str]] = {
 }
 """TRL's private methods `Seam` overrides, with the leading parameters it relies on (the rest pass through)."""
 
-PRIVATE_STATE = ("_metrics", "_logs", "_step", "_buffered_inputs", "_get_output_dir", "_load_from_checkpoint")
-"""TRL's (and transformers') private attributes and methods this module reads, writes or calls."""
-
 EPISODE_HOOKS: dict[str, list[str]] = {
     "_generate": ["self", "prompts"],
     "_tool_call_loop": [
@@ -138,146 +110,16 @@ EPISODE_HOOKS: dict[str, list[str]] = {
 """GRPOTrainer's private methods of TRL's own tool loop (module docstring), with their parameters in TRL 1.16:
 watched (tests/test_trl_seam.py), not overridden, since rung's episodes reach TRL through `rollout_func`."""
 
-PHASES: dict[str, str] = {
-    "generation": "_generate_single_turn",  # one turn of rollouts
-    "episodes": "_generate",  # a batch's rollouts, TRL's tool loop included
-    "rewards": "_calculate_rewards",
-    "rollout": "_generate_and_score_completions",  # the above, log-probs of the old policy and advantages
-    "loss forward": "compute_loss",
-    "step": "training_step",  # the rollout (once per generation cycle), loss forward and backward
-    "checkpoint save": "_save_checkpoint",
-}
-"""The trainer method that runs each phase of a training step (bench/phases.py times them)."""
 
-ROLLOUT_ATTRIBUTES = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "max_completion_length",
-    "eos_token_ids",
-    "num_generations",
-    "use_vllm",
-    "model_wrapped",
-)
-"""The trainer attributes a rollout reads (both trainers; GRPO's `use_transformers_continuous_batching` and
-`tools` too, where set)."""
-
-FUSED_LM_HEAD = "fused_lm_head"
-"""The keyword with which TRL's trainers call the model for log-probs through their fused LM head."""
+if TYPE_CHECKING:
+    # The type checker reads `super()`'s calls as GRPOTrainer's (RLOOTrainer's take the same leading parameters,
+    # OVERRIDDEN); at run time the TRL trainer is the subclass's second base (GRPOSeam, RLOOSeam).
+    _Trainer = GRPOTrainer
+else:
+    _Trainer = object
 
 
-def train_metrics(trainer: Any) -> dict[str, list[float]]:
-    """The training metrics of the current step of any TRL trainer: a list per key, which TRL averages
-    into the next log taken while the model is in training mode (under the key's name), then clears."""
-    return trainer._metrics["train"]
-
-
-def has_train_metrics(trainer: Any) -> bool:
-    """Whether the trainer keeps TRL's per-step metrics (`train_metrics`): TRL's trainers do, transformers'
-    plain Trainer (the process reward model's) does not."""
-    return isinstance(getattr(trainer, "_metrics", None), dict)
-
-
-def load_checkpoint(trainer: Any, checkpoint: str) -> None:
-    """Load the weights of `checkpoint` into the trainer's model (transformers' own loader: sharded,
-    FSDP, DeepSpeed and peft checkpoints alike), without training state."""
-    trainer._load_from_checkpoint(checkpoint)
-
-
-def aux_loss_enabled(trainer: Any) -> bool:
-    """Whether TRL's SFTTrainer adds a mixture-of-experts router loss to its loss."""
-    return bool(trainer.aux_loss_enabled)
-
-
-def wrap_phases(
-    trainer: Any, wrap: Callable[[str, Callable[..., Any]], Callable[..., Any]], phases: Iterable[str] = tuple(PHASES)
-) -> None:
-    """Shadow the method of each of `phases` the trainer has (`PHASES`) by `wrap(phase, method)` on the instance:
-    calls through `self.` reach the wrapper, the class's method stays TRL's."""
-    for phase in phases:
-        if hasattr(trainer, PHASES[phase]):
-            setattr(trainer, PHASES[phase], wrap(phase, getattr(trainer, PHASES[phase])))
-
-
-def generation_and_scoring(trainer: Any, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The trainer's rollout phase on `inputs` (a generation batch as the dataset holds its rows)."""
-    return trainer._generate_and_score_completions(inputs)
-
-
-@dataclass(frozen=True)
-class RolloutSettings:
-    """What a TRL trainer's rollouts are asked to do, read once from it (`rollout_settings`)."""
-
-    seed: int
-    temperature: float
-    top_p: float
-    top_k: int | None
-    min_p: float | None
-    repetition_penalty: float
-    generation_kwargs: dict[str, Any]
-    max_completion_length: int
-    eos_token_ids: list[int]
-    num_generations: int
-    use_vllm: bool
-    vllm_mode: str
-    vllm_tensor_parallel_size: int
-    continuous_batching: bool
-    """TRL's transformers continuous batching (GRPO's `use_transformers_continuous_batching`)."""
-    tools: bool
-    """TRL's own tool loop (GRPO's `tools`)."""
-    compute_dtype: torch.dtype | None
-    """bf16 / fp16 mixed precision's dtype; None under float32 compute."""
-
-
-def rollout_settings(trainer: Any) -> RolloutSettings:
-    """The rollout settings of a GRPO-family trainer (`ROLLOUT_ATTRIBUTES` and its args)."""
-    args = trainer.args
-    return RolloutSettings(
-        seed=args.seed,
-        temperature=trainer.temperature,
-        top_p=trainer.top_p,
-        top_k=trainer.top_k,
-        min_p=trainer.min_p,
-        repetition_penalty=trainer.repetition_penalty,
-        generation_kwargs=dict(args.generation_kwargs or {}),
-        max_completion_length=trainer.max_completion_length,
-        eos_token_ids=list(trainer.eos_token_ids),
-        num_generations=trainer.num_generations,
-        use_vllm=bool(trainer.use_vllm),
-        vllm_mode=args.vllm_mode,
-        vllm_tensor_parallel_size=args.vllm_tensor_parallel_size,
-        continuous_batching=bool(getattr(trainer, "use_transformers_continuous_batching", False)),
-        tools=bool(getattr(trainer, "tools", None)),
-        compute_dtype=torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else None,
-    )
-
-
-def generation_context(trainer: Any) -> AbstractContextManager[Any]:
-    """The trainer's model unwrapped for generation (DeepSpeed ZeRO-3 gathered, gradient checkpointing off), as
-    TRL's own generation unwraps it."""
-    return unwrap_model_for_generation(
-        trainer.model_wrapped,
-        trainer.accelerator,
-        gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
-        gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs,
-    )
-
-
-def reference_model(trainer: Any, model: Any) -> Any:
-    """`model` (a frozen copy of the init, not yet TRL's) given the fused LM head TRL gives its own reference model
-    (`FUSED_LM_HEAD`, at the trainer's sampling temperature), in eval mode on the trainer's device."""
-    add_fused_lm_head(model, temperature=trainer.temperature)
-    return model.to(trainer.accelerator.device).eval().requires_grad_(False)
-
-
-def global_step(trainer: Any) -> int:
-    """The optimizer steps the trainer has taken (transformers' TrainerState)."""
-    return int(trainer.state.global_step)
-
-
-class Seam:
+class Seam(_Trainer):
     """The base of rung's trainers on TRL's GRPO family (GRPOSeam, RLOOSeam): the parts it is given (a batch
     source, an advantage function, a metrics sink, a rollout engine and log-probs), hooks whose defaults are TRL's
     behaviour or the parts', TRL's own steps for them to call, and the private overrides that call the hooks."""
@@ -287,7 +129,7 @@ class Seam:
     pending_rewards: torch.Tensor | None = None
     """The rewards of the generation batch TRL is making, from `_calculate_rewards` to `scored_generation_batch`."""
 
-    # The TRL trainer's own attributes the seam reads (declared for type checkers; TRL sets them)
+    # The TRL trainer's own attributes the seam reads, narrower than TRL's annotations (TRL sets them)
     model: Any
     state: Any
     args: Any
@@ -312,8 +154,8 @@ class Seam:
     ) -> None:
         """TRL's trainer arguments, plus the parts: `batch_source` (None: TRL's sampler's batches), the
         `advantages` trained with (None: TRL's), `metrics`, the sink the parts log a step's metrics into,
-        which becomes TRL's (`train_metrics`), and `generation`, the factory of the rollout engine and
-        log-probs (None: TRL's), called once TRL has set the trainer up, since they read its settings."""
+        which becomes TRL's (rung.train.trl_private.train_metrics), and `generation`, the factory of the rollout
+        engine and log-probs (None: TRL's), called once TRL has set the trainer up, since they read its settings."""
         super().__init__(*args, **kwargs)
         self.batch_source, self.advantages = batch_source, advantages
         if metrics is not None:
@@ -372,7 +214,7 @@ class Seam:
         out = self.token_logps(batch)
         if out is not None:
             return out
-        return super()._get_per_token_logps_and_entropies(  # type: ignore[misc]
+        return super()._get_per_token_logps_and_entropies(
             batch.model,
             batch.input_ids,
             batch.attention_mask,
@@ -385,7 +227,7 @@ class Seam:
 
     def trl_generation_batch(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         """TRL's generation and scoring of `inputs` (rows as the dataset holds them)."""
-        return super()._generate_and_score_completions(inputs)  # type: ignore[misc]
+        return super()._generate_and_score_completions(inputs)
 
     def scored_generation_batch(self, inputs: list[dict[str, Any]]) -> Generated:
         """TRL's generation and scoring of `inputs`, with the rewards and advantages of every process."""
@@ -455,14 +297,14 @@ class Seam:
         return self.generation_batch(inputs)
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)  # type: ignore[misc]
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self.pending_rewards = self.scored(rewards, prompts)
         return self.pending_rewards
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, *args, **kwargs):
         ids = self.rollout(prompt_ids, images, multimodal_fields)
         if ids is None:
-            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, *args, **kwargs)  # type: ignore[misc]
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, *args, **kwargs)
         return (ids, None) if self.ROLLOUT_LOGPROBS else ids
 
     def _get_per_token_logps_and_entropies(
@@ -497,10 +339,10 @@ class Seam:
             {"step": self._step, "buffered": self._buffered_inputs if middle else None},
             checkpoint / generation_state(self.accelerator.process_index),
         )
-        super()._save_checkpoint(model, trial)  # type: ignore[misc]
+        super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
-        super()._load_optimizer_and_scheduler(checkpoint)  # type: ignore[misc]
+        super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None:
             return
         self.load_rung_state(Path(checkpoint))
