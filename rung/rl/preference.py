@@ -1,8 +1,10 @@
 """RL stages of preference optimization (algorithms dpo, kto, online_dpo; docs/preference.md): TRL's DPOTrainer and
 KTOTrainer on the stage's pairs (rung.rl.pairs), OnlineDPOTrainer with the stage's reward functions (the verifier)
-as its judge. The reference model is the init (TRL copies it, or switches a LoRA stage's adapters off). None of
-them needs a private override of TRL: their per-step metrics are TRL's `_metrics`
-(rung.train.trl_private.train_metrics), their resume transformers' own checkpoints."""
+as its judge. The reference model is the init (TRL copies it, or switches a LoRA stage's adapters off). rung
+tokenizes the pairs itself (`example_ids`: a model wrote the completions, so their text is plain text) and hands
+TRL the ids (rung.train.trl_private.PretokenizedDPO / PretokenizedKTO); online DPO trains on the ids it generates.
+Their per-step metrics are TRL's `_metrics` (rung.train.trl_private.train_metrics), their resume transformers'
+own checkpoints."""
 
 from __future__ import annotations
 
@@ -10,17 +12,23 @@ import os
 from typing import Any
 
 from datasets import Dataset
-from transformers import AutoTokenizer
-from trl import DPOConfig, DPOTrainer, KTOConfig, KTOTrainer
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from trl import DPOConfig, KTOConfig
+from trl.data_utils import common_prefix_length
 from trl.experimental.online_dpo import OnlineDPOConfig, OnlineDPOTrainer
 
 from rung import compat, files
 from rung.answers import formats
+from rung.answers.formats import Prompt
 from rung.answers.rows import dataset_row, read_rows
 from rung.config import FormatParams, PreferenceParams
+from rung.envs import template
+from rung.generate.completion import encode
+from rung.rewardmodels.encoding import text_ids
 from rung.rl import rewards
 from rung.train.harness import common_args, finalize, fit, peft_config, train_loss, trainable
 from rung.train.jobs import JobResult, RLJob
+from rung.train.trl_private import PretokenizedDPO, PretokenizedKTO
 
 # Per-step curves: our name -> TRL's log keys, the first logged wins (the same names as GRPO's curves where the
 # quantity is the same).
@@ -44,36 +52,45 @@ def curve_point(log: dict[str, Any]) -> dict[str, float]:
     return {"step": log["step"], **{name: float(v) for name, v in found.items() if v is not None}}
 
 
-def _completion(text: str, prompt: Any) -> Any:
-    # TRL reads a conversational example's completions as messages, a plain one's as text
-    return [{"role": "assistant", "content": text}] if isinstance(prompt, list) else text
+def example_ids(tok: PreTrainedTokenizerBase, prompt: Prompt, completion: str) -> tuple[list[int], list[int]]:
+    """A (prompt, completion)'s prompt and completion ids as TRL's DPO and KTO trainers tokenize them (identical on
+    ordinary text), except that the completion's text is tokenized as text: a completion that spells `<|im_end|>`
+    gets the ids of its characters, never the token that would end its turn. A conversation's completion ends as
+    the chat template ends the assistant's turn, a plain prompt's on EOS (TRL adds it)."""
+    prompt_ids = encode(tok, [prompt])[0]
+    if isinstance(prompt, str):
+        return prompt_ids, [*text_ids(tok, completion), tok.eos_token_id]
+    whole = template.render_ids(tok, [*prompt, {"role": "assistant", "content": completion}])
+    n = common_prefix_length(prompt_ids, whole)  # where TRL starts the completion too (a template may differ)
+    return prompt_ids[:n], whole[n:]
 
 
-def pair_dataset(pairs: list[dict[str, Any]], fmt: FormatParams) -> Dataset:
-    """DPO's examples: the prompt put as the stage's format puts it, the chosen and rejected completions."""
+CHOICES = ("chosen", "rejected")
+
+
+def pair_dataset(pairs: list[dict[str, Any]], fmt: FormatParams, tok: PreTrainedTokenizerBase) -> Dataset:
+    """DPO's examples, tokenized: the prompt put as the stage's format puts it, the chosen and rejected completions."""
     rows = []
     for p in pairs:
         prompt = formats.prompt(p["prompt"], fmt)
-        rows.append(
-            {
-                "prompt": prompt,
-                "chosen": _completion(p["chosen"], prompt),
-                "rejected": _completion(p["rejected"], prompt),
-            }
-        )
+        (chosen_prompt, chosen), (rejected_prompt, rejected) = (example_ids(tok, prompt, p[k]) for k in CHOICES)
+        n = min(len(chosen_prompt), len(rejected_prompt))  # both completions start after the prompt they share
+        chosen, rejected = [*chosen_prompt[n:], *chosen], [*rejected_prompt[n:], *rejected]
+        rows.append({"prompt_ids": chosen_prompt[:n], "chosen_ids": chosen, "rejected_ids": rejected})
     return Dataset.from_list(rows)
 
 
-def unpaired_dataset(pairs: list[dict[str, Any]], fmt: FormatParams) -> Dataset:
-    """KTO's examples: each distinct chosen completion of a prompt desirable, each distinct rejected one not."""
+def unpaired_dataset(pairs: list[dict[str, Any]], fmt: FormatParams, tok: PreTrainedTokenizerBase) -> Dataset:
+    """KTO's examples, tokenized: each distinct chosen completion of a prompt desirable, each distinct rejected one
+    not."""
     seen: dict[tuple[str, str], bool] = {}
     for p in pairs:
         seen.setdefault((p["prompt"], p["chosen"]), True)
         seen.setdefault((p["prompt"], p["rejected"]), False)
     rows = []
     for (text, completion), label in seen.items():
-        prompt = formats.prompt(text, fmt)
-        rows.append({"prompt": prompt, "completion": _completion(completion, prompt), "label": label})
+        prompt_ids, completion_ids = example_ids(tok, formats.prompt(text, fmt), completion)
+        rows.append({"prompt_ids": prompt_ids, "completion_ids": completion_ids, "label": label})
     return Dataset.from_list(rows)
 
 
@@ -107,7 +124,7 @@ def trl_config(job: RLJob) -> DPOConfig | KTOConfig | OnlineDPOConfig:
     )
 
 
-def trainer_for(job: RLJob, callbacks: list[Any] | None = None) -> DPOTrainer | KTOTrainer | OnlineDPOTrainer:
+def trainer_for(job: RLJob, callbacks: list[Any] | None = None) -> PretokenizedDPO | PretokenizedKTO | OnlineDPOTrainer:
     """The stage's TRL trainer, ready to fit, on its pairs (dpo, kto) or its prompts (online_dpo)."""
     compat.check()
     stage = job.params
@@ -126,8 +143,8 @@ def trainer_for(job: RLJob, callbacks: list[Any] | None = None) -> DPOTrainer | 
         return OnlineDPOTrainer(reward_funcs=list(funcs), train_dataset=rows, **common)
     pairs = files.read_jsonl(job.data)
     if stage.algorithm == "kto":
-        return KTOTrainer(train_dataset=unpaired_dataset(pairs, job.format), **common)
-    return DPOTrainer(train_dataset=pair_dataset(pairs, job.format), **common)
+        return PretokenizedKTO(train_dataset=unpaired_dataset(pairs, job.format, tok), **common)
+    return PretokenizedDPO(train_dataset=pair_dataset(pairs, job.format, tok), **common)
 
 
 def train(job: RLJob, callbacks: list[Any] | None = None) -> JobResult:

@@ -22,6 +22,10 @@ Private state and methods read or written (PRIVATE_STATE):
   the keyword rung.train.prefix's stand-in model answers); `reference_model` adds it to a copy of the init
   with TRL's `add_fused_lm_head`, as TRL adds it to its own reference model.
 - `aux_loss_enabled` (SFTTrainer: a mixture-of-experts router loss added to the loss): `aux_loss_enabled`.
+- `_prepare_dataset(dataset, processing_class, args, dataset_name)` (DPOTrainer, KTOTrainer; `PREPARE_DATASET`):
+  TRL tokenizes the pairs' text there, special-token strings as special tokens, and offers no public way to skip
+  it; `PretokenizedDPO` / `PretokenizedKTO` take rung's ids (rung.rl.preference.example_ids) instead and keep the
+  rest: dropping examples whose prompt fills `max_length`, and KTO's mismatched completions for its KL estimate.
 - The methods that run each phase of a step (`PHASES`), wrapped on an instance by `wrap_phases` (bench/'s
   timers), and `_generate_and_score_completions` called by `generation_and_scoring` (bench/episodes.py).
 
@@ -42,6 +46,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from datasets import Dataset
+from trl import DPOConfig, DPOTrainer, KTOConfig, KTOTrainer
 from trl.models import unwrap_model_for_generation
 from trl.trainer.utils import add_fused_lm_head
 from trl.trainer.utils import nanstd as nanstd  # for rung's modules (module docstring)
@@ -187,3 +193,36 @@ def reference_model(trainer: Any, model: Any) -> Any:
 def global_step(trainer: Any) -> int:
     """The optimizer steps the trainer has taken (transformers' TrainerState)."""
     return int(trainer.state.global_step)
+
+
+PREPARE_DATASET = ["self", "dataset", "processing_class", "args", "dataset_name"]
+"""The parameters of DPOTrainer's and KTOTrainer's `_prepare_dataset`, which the Pretokenized trainers override."""
+
+
+def _fitting(dataset: Dataset, args: DPOConfig | KTOConfig) -> Dataset:
+    # TRL's own drop: a prompt that fills max_length would leave no completion token to learn from
+    if args.max_length is None or getattr(args, "truncation_mode", "keep_start") != "keep_start":
+        return dataset
+    return dataset.filter(lambda example: len(example["prompt_ids"]) < args.max_length)
+
+
+class PretokenizedDPO(DPOTrainer):
+    """TRL's DPOTrainer on a dataset rung tokenized (`prompt_ids`, `chosen_ids`, `rejected_ids`)."""
+
+    def _prepare_dataset(self, dataset: Dataset, processing_class: Any, args: DPOConfig, dataset_name: str) -> Dataset:
+        return _fitting(dataset, args)
+
+
+class PretokenizedKTO(KTOTrainer):
+    """TRL's KTOTrainer on a dataset rung tokenized (`prompt_ids`, `completion_ids`, `label`)."""
+
+    def _prepare_dataset(self, dataset: Dataset, processing_class: Any, args: KTOConfig, dataset_name: str) -> Dataset:
+        dataset = _fitting(dataset, args)
+        if not self.calculate_KL:
+            return dataset
+
+        def mismatched(batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
+            # as TRL estimates KL: each completion paired with the prompt after it, rotated within a batch
+            return {"KL_completion_ids": [batch["completion_ids"][-1], *batch["completion_ids"][:-1]]}
+
+        return dataset.map(mismatched, batched=True, batch_size=args.per_device_train_batch_size)
