@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from pydantic import ValidationError
 from datasets import Dataset
+from pydantic import ValidationError
 from transformers import TrainerCallback
 from trl import DPOConfig, DPOTrainer, KTOConfig, KTOTrainer
 
@@ -24,6 +24,7 @@ from rung.rl import pairs, preference, trainers
 from rung.train import launch
 from rung.train.checkpoints import FINAL
 from rung.train.jobs import RLJob
+from rung.train.trl_private import PretokenizedDPO, PretokenizedKTO
 from tests.conftest import ROOT
 from tests.rows import sums
 from tests.test_reward_models import scripted
@@ -95,18 +96,26 @@ def _margin(model_dir: Path) -> float:
     return sum(out) / len(out)
 
 
-def _trls_ids(tiny_model: Path, tmp_path: Path, algorithm: str, fmt: FormatParams) -> Dataset:
-    """TRL's own tokenization of PAIRS (its trainer given the text), the ids rung's must equal on ordinary text."""
-    tok = models.load_tokenizer(tiny_model)
+def _text(algorithm: str, fmt: FormatParams) -> Dataset:
+    """PAIRS as TRL's trainers take text: pairs for DPO; for KTO unpaired in rung's order (each pair's chosen, then
+    its rejected), the order TRL's KL estimate pairs completions in."""
     rows = []
     for p in PAIRS:
         prompt = formats.prompt(p["prompt"], fmt)
         done = {k: [{"role": "assistant", "content": p[k]}] if isinstance(prompt, list) else p[k] for k in p}
-        rows.append({"prompt": prompt, "chosen": done["chosen"], "rejected": done["rejected"]})
-    cls, config = (DPOTrainer, DPOConfig) if algorithm == "dpo" else (KTOTrainer, KTOConfig)
+        if algorithm == "dpo":
+            rows.append({"prompt": prompt, "chosen": done["chosen"], "rejected": done["rejected"]})
+        else:
+            rows += [{"prompt": prompt, "completion": done[k], "label": k == "chosen"} for k in ("chosen", "rejected")]
+    return Dataset.from_list(rows)
+
+
+def _prepared(tiny_model: Path, tmp_path: Path, cls: type, dataset: Dataset) -> Dataset:
+    """The dataset `cls` (a TRL trainer or rung's Pretokenized one) trains on: what its `__init__` prepared."""
+    config = DPOConfig if issubclass(cls, DPOTrainer) else KTOConfig
     args = config(output_dir=str(tmp_path), per_device_train_batch_size=2, report_to=[], use_cpu=True)
-    model, _ = models.load(tiny_model)
-    return cls(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok).train_dataset
+    model, tok = models.load(tiny_model)
+    return cls(model=model, args=args, train_dataset=dataset, processing_class=tok).train_dataset
 
 
 def _rungs_ids(tiny_model: Path, algorithm: str, fmt: FormatParams, pairs_: list[dict]) -> Dataset:
@@ -114,16 +123,17 @@ def _rungs_ids(tiny_model: Path, algorithm: str, fmt: FormatParams, pairs_: list
     return build(pairs_, fmt, models.load_tokenizer(tiny_model))
 
 
-ID_COLUMNS = {"dpo": ("prompt_ids", "chosen_ids", "rejected_ids"), "kto": ("prompt_ids", "completion_ids", "label")}
-
-
-@pytest.mark.parametrize("algorithm", ["dpo", "kto"])
+@pytest.mark.parametrize(
+    ("algorithm", "trl", "rungs"), [("dpo", DPOTrainer, PretokenizedDPO), ("kto", KTOTrainer, PretokenizedKTO)]
+)
 @pytest.mark.parametrize("fmt", [FMT, FormatParams(template="plain")], ids=["chat", "plain"])
-def test_on_ordinary_text_rungs_ids_are_trls(tiny_model, tmp_path, algorithm, fmt):
-    theirs = _trls_ids(tiny_model, tmp_path, algorithm, fmt)
-    ours = _rungs_ids(tiny_model, algorithm, fmt, PAIRS)
-    for column in ID_COLUMNS[algorithm]:
-        assert sorted(map(str, ours[column])) == sorted(map(str, theirs[column])), column
+def test_on_ordinary_text_rung_trains_on_trls_own_ids(tiny_model, tmp_path, algorithm, trl, rungs, fmt):
+    """The same examples, columns and ids (KTO's KL completions included) as TRL's tokenization of the text."""
+    theirs = _prepared(tiny_model, tmp_path, trl, _text(algorithm, fmt))
+    ours = _prepared(tiny_model, tmp_path, rungs, _rungs_ids(tiny_model, algorithm, fmt, PAIRS))
+    ids = sorted(c for c in theirs.column_names if c.endswith("_ids") or c == "label")
+    assert len(ids) >= 3 and ids == sorted(c for c in ours.column_names if c.endswith("_ids") or c == "label")
+    assert [[row[c] for c in ids] for row in ours] == [[row[c] for c in ids] for row in theirs]
 
 
 @pytest.mark.parametrize("algorithm", ["dpo", "kto"])
