@@ -15,7 +15,7 @@ from itertools import islice
 import pytest
 import torch
 from datasets import Dataset
-from trl import GRPOTrainer, RLOOTrainer, SFTConfig, SFTTrainer
+from trl import DPOTrainer, GRPOTrainer, KTOTrainer, RLOOTrainer, SFTConfig, SFTTrainer
 
 from rung.rl import trainers
 from rung.train import trl_private, trl_seam
@@ -42,6 +42,15 @@ def test_the_seam_overrides_the_listed_methods_and_no_others():
     assert {name for name in vars(trl_seam.Seam) if name.startswith("_") and not name.startswith("__")} == set(
         trl_seam.OVERRIDDEN
     )
+
+
+@pytest.mark.parametrize("trainer", [DPOTrainer, KTOTrainer])
+def test_prepare_dataset_keeps_the_signature_the_pretokenized_trainers_override(trainer):
+    """Its return, the ids and columns TRL trains on, is checked against rung's in tests/test_preference.py."""
+    assert list(inspect.signature(trainer._prepare_dataset).parameters) == trl_private.PREPARE_DATASET
+    rungs = {DPOTrainer: trl_private.PretokenizedDPO, KTOTrainer: trl_private.PretokenizedKTO}[trainer]
+    assert list(inspect.signature(rungs._prepare_dataset).parameters) == trl_private.PREPARE_DATASET
+    assert "tokenize_fn" in inspect.getsource(trainer._prepare_dataset)  # TRL still tokenizes there
 
 
 def test_generate_single_turn_takes_what_each_trainer_passes():
@@ -88,7 +97,7 @@ PRIVATE = (
     | set(trl_private.PRIVATE_STATE)
     | set(trl_seam.EPISODE_HOOKS)
     | {m for m in trl_private.PHASES.values() if m.startswith("_")}
-    | {"aux_loss_enabled", trl_private.FUSED_LM_HEAD}
+    | {"aux_loss_enabled", trl_private.FUSED_LM_HEAD, "_prepare_dataset"}
 )
 
 
