@@ -31,6 +31,10 @@ def learned_reward(section: str, name: str) -> Path:
     return MODELS / section / name
 
 
+PRM_SETTINGS = "process_reward_model.json"
+"""Beside a process reward model's weights: the splitter and answer format it was trained with, which scoring reuses."""
+
+
 def learned_reward_data(section: str, name: str) -> Path:
     """What a learned reward trains and is held out on (pairs, graded samples, step labels): data/<section>/<name>."""
     return Path("data") / section / name

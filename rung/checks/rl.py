@@ -11,7 +11,7 @@ from rung import compat
 from rung.checks.models import lora_targets
 from rung.config import Params
 from rung.errors import InputError
-from rung.rl import advantages, learned_rewards, rewards, vllm_rollouts
+from rung.rl import advantages, reward_models_used, vllm_rollouts
 from rung.train import launch
 
 
@@ -31,17 +31,19 @@ def rl_stages(params: Params) -> None:
         for reward, spec in stage.rewards.items():
             if spec.import_path is not None:
                 _reward(spec.import_path, bool(spec.args), f"{key}.rewards.{reward}")
-            elif reward in learned_rewards.STAGES:
+            elif reward in reward_models_used.STAGES:
                 sections = {
                     "reward_models": params.reward_models,
                     "process_reward_models": params.process_reward_models,
                 }
-                learned_rewards.check(reward, spec.args, sections, f"{key}.rewards.{reward}")
+                reward_models_used.check(reward, spec.args, sections, f"{key}.rewards.{reward}")
         advantages.resolve(stage, key)  # an objective given by its import path: loaded, its signature checked
 
 
 def _reward(path: str, factory: bool, key: str) -> None:
     """A custom reward resolves to a callable that takes the completions (or, with args, a factory)."""
+    from rung.rl import rewards  # its registry holds the learned rewards (torch): only for a custom reward
+
     func = rewards.load_custom(path, key)
     if factory:
         return

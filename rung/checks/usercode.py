@@ -20,7 +20,7 @@ from rung.config import Params
 from rung.config.envs import BUILTIN_ENVIRONMENTS
 from rung.errors import InputError
 from rung.objectives import OBJECTIVES
-from rung.rl import judge, learned_rewards
+from rung.rl import reward_models_used
 
 ENVIRONMENT_STAGES = ("difficulty", "rl", "eval_base", "eval_sft", "eval_rl")
 """The dvc.yaml stages (a foreach as one) that run the experiment's environment. The traces stage runs only the
@@ -114,10 +114,10 @@ def _models_read(params: Params) -> list[tuple[str, Path]]:
     for name, stage in params.rl.stages.items():
         for reward, spec in stage.rewards.items():
             key, model = f"rl.stages.{name}.rewards.{reward}.args.model", spec.args.get("model")
-            if spec.import_path is None and reward in learned_rewards.STAGES and isinstance(model, str):
-                out.append((key, learned_rewards.model_dir(model, reward)))
+            if spec.import_path is None and reward in reward_models_used.STAGES and isinstance(model, str):
+                out.append((key, reward_models_used.model_dir(model, reward)))
             elif spec.import_path is None and reward == "judge":
-                out.append((key, judge.model_dir(model or "sft")))
+                out.append((key, reward_models_used.judge_dir(model or "sft")))
     return out
 
 

@@ -19,13 +19,11 @@ from transformers import (
 from rung import files, models, placement
 from rung.config import FormatParams
 from rung.errors import InputError
+from rung.paths import PRM_SETTINGS as SETTINGS
 from rung.rewardmodels.encoding import prompt_ids, step_ids
 from rung.rewardmodels.steps import split
 
 MEMBER = "member-{}"
-
-SETTINGS = "process_reward_model.json"
-"""Beside a PRM's weights: the splitter and answer format it was trained with, which scoring must reuse."""
 
 
 def member_dir(out_dir: Path, i: int) -> Path:

@@ -27,11 +27,6 @@ TEMPLATE = (
 _VERDICT = re.compile(r"\s*(correct|incorrect)\s*\.?\s*", re.IGNORECASE)
 
 
-def model_dir(model: str) -> Path:
-    """The judge's model: a checkpoint name (base, sft) or a directory."""
-    return paths.checkpoint(model) if model in ("base", "sft") else Path(model)
-
-
 def verdict(written: str) -> float | None:
     """1.0 for `correct`, 0.0 for `incorrect` alone on the judge's first line; None otherwise."""
     first = written.strip().split("\n", 1)[0] if written.strip() else ""

@@ -7,39 +7,20 @@ rung.rl.gold)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from statistics import mean
 from typing import Any, Literal
 
 import torch
 
-from rung import paths
 from rung.answers.grading import grade
 from rung.answers.rows import Problem, problem
 from rung.config import FormatParams, RLStageParams
-from rung.errors import InputError
 from rung.rewardmodels import scoring
 from rung.rewardmodels.encoding import completion_ids, prompt_ids
-from rung.rewardmodels.scoring import SETTINGS, ProcessRewardModel
+from rung.rewardmodels.scoring import ProcessRewardModel
 from rung.rl import gold
 from rung.rl.completions import text
-
-STAGES = {"reward_model": "reward_models", "process": "process_reward_models"}
-"""The params section whose stages each learned reward kind can name as its `model`."""
-AGGREGATES = {"reward_model": ("mean", "min", "mean_minus_std"), "process": ("min", "last", "mean")}
-"""Each kind's `aggregate`s, the first its default: over an ensemble's members, over a solution's steps."""
-
-
-def known_aggregate(kind: str, how: str, key: str) -> str:
-    if how not in AGGREGATES[kind]:
-        raise InputError(f"{key}: {how!r} is not one of {list(AGGREGATES[kind])}")
-    return how
-
-
-def model_dir(model: str, kind: str) -> Path:
-    """`<section>/<name>` names that stage's output (data/models/<section>/<name>); anything else is a path."""
-    section, _, name = model.partition("/")
-    return paths.learned_reward(section, name) if section == STAGES[kind] and name else Path(model)
+from rung.rl.reward_models_used import known_aggregate, model_dir
 
 
 def aggregate(members: torch.Tensor, how: str, lam: float) -> torch.Tensor:
@@ -184,21 +165,3 @@ class Process(Learned):
 
     def score(self, completions: list[Any], prompt_text: list[str], **_: Any) -> list[float | None]:
         return [self.one(p, text(c)) for c, p in zip(completions, prompt_text, strict=True)]
-
-
-def check(kind: str, args: dict[str, Any], sections: dict[str, Any], key: str) -> None:
-    """Before any compute: the `model` of a learned reward is a stage of its section in params, or a directory
-    holding such a model (a reward model: sequence-classification checkpoints; a PRM: its settings file)."""
-    known_aggregate(kind, args.get("aggregate", AGGREGATES[kind][0]), f"{key}.args.aggregate")
-    model = args.get("model")
-    if not isinstance(model, str):
-        raise InputError(f"{key}.args.model: missing; a {STAGES[kind]} stage (`{STAGES[kind]}/<name>`) or a path")
-    section, _, name = model.partition("/")
-    if section == STAGES[kind] and name:
-        if name not in sections[section]:
-            raise InputError(f"{key}.args.model: {section} has no stage {name!r} (have {list(sections[section])})")
-        return
-    if kind == "reward_model":
-        scoring.members(model, f"{key}.args.model")
-    elif not (Path(model) / SETTINGS).is_file():
-        raise InputError(f"{key}.args.model: {model} is not a process reward model (no {SETTINGS})")
