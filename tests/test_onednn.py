@@ -139,12 +139,14 @@ def test_an_sft_job_with_lora_trains_on_onednn(tiny_model, tmp_path):
 def test_freed_memory_is_reused_without_faulting_pages_again():
     """Once keep_freed_memory has run, a 256 MB buffer allocated, touched and freed again and again is
     served from pages the process holds: glibc's default maps it afresh each time and faults in all 65,536
-    of its pages again (the heap settles after two rounds)."""
+    of its pages again (the heap settles after two rounds). Counts are the whole process's, so a round in which
+    another thread of a busy test worker faults pages too can read high: a settled round must exist among the last
+    three, where glibc's default faults in every one of them (a CI worker read [1, 0, 0, 17583] once)."""
     if not keep_freed_memory():
         pytest.skip("not glibc")
     faults = []
-    for _ in range(4):
+    for _ in range(5):
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         torch.ones(64 << 20)
         faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-    assert faults[-1] < 4096, faults
+    assert min(faults[2:]) < 4096, faults
